@@ -1,0 +1,32 @@
+# Two entry points (see README): `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYSPARK_VERSION := 4.2.0
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install test demo bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q "uv>=0.5"
+	$(VENV)/bin/uv pip install --python $(PY) -e ".[test]" hatchling
+	@# pyspark-client (pulled by the spark provider) writes into pyspark/ too: put pyspark's files back last.
+	$(VENV)/bin/uv pip install --python $(PY) --reinstall --no-deps "pyspark==$(PYSPARK_VERSION)"
+	touch $@
+
+test: install
+	$(PY) -m pytest
+
+demo: install
+	$(PY) dags_example/run_demo.py
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .demo dist build

@@ -1,0 +1,439 @@
+"""The write configuration (SPEC §3–§6): frozen dataclasses, validation, JSON and fingerprint.
+
+``build_write_config(**kwargs)`` takes the flat arguments of ``ShardedWriteOperator`` and is the
+one place that checks everything that can be checked before Spark starts; its messages name the
+argument at fault. The Spark job receives ``WriteConfig.to_dict()`` inline (never secrets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from . import encoding, layout, routing
+from .errors import ConfigError
+from .storage.base import StorageOptions
+
+CONFIG_FORMAT_VERSION = 1
+INPUT_FORMATS = ("parquet", "orc", "json", "csv", "avro", "delta", "text")
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} {value!r} must be an integer > 0")
+
+
+def _positive_number(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name} {value!r} must be a number > 0")
+
+
+def _str_map(name: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{name} {value!r} must be a mapping of string keys")
+    return {k: str(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Exactly one of ``path`` (with ``format``/``options``), ``table`` or ``sql``."""
+
+    path: str | None = None
+    format: str = "parquet"
+    options: dict[str, str] = field(default_factory=dict)
+    table: str | None = None
+    sql: str | None = None
+
+    def validate(self) -> None:
+        given = [n for n, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)) if v]
+        if len(given) != 1:
+            raise ConfigError(
+                "give exactly one of input_path, input_table or input_sql"
+                + (f" (got {', '.join(given)})" if given else " (got none)")
+            )
+        if self.path is not None and self.format not in INPUT_FORMATS:
+            raise ConfigError(f"input_format {self.format!r} is not supported; choose one of {list(INPUT_FORMATS)}")
+        for name, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)):
+            if v is not None and not isinstance(v, str):
+                raise ConfigError(f"{name} {v!r} must be a string")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "options": dict(self.options), "table": self.table, "sql": self.sql}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
+        return cls(path=d.get("path"), format=d.get("format", "parquet"), options=dict(d.get("options") or {}),
+                   table=d.get("table"), sql=d.get("sql"))
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """``binary``: one column (binary or string); ``json``: named columns → JSON object."""
+
+    format: str = "binary"
+    column: str | None = None
+    columns: tuple[str, ...] | None = None
+
+    def validate(self) -> None:
+        encoding.validate_value_format(self.format)
+        if self.format == "binary":
+            if not self.column or not isinstance(self.column, str):
+                raise ConfigError("value_format 'binary' needs value_column (one binary or string column)")
+            if self.columns:
+                raise ConfigError("value_columns is for value_format 'json'; with 'binary' use value_column")
+        else:
+            if self.column and self.columns:
+                raise ConfigError("give value_column or value_columns, not both")
+            cols = self.value_columns()
+            if not cols or not all(isinstance(c, str) and c for c in cols):
+                raise ConfigError("value_format 'json' needs value_columns (a non-empty list of column names)")
+            if len(set(cols)) != len(cols):
+                raise ConfigError(f"value_columns {list(cols)} repeats a column")
+
+    def value_columns(self) -> tuple[str, ...]:
+        if self.columns:
+            return tuple(self.columns)
+        return (self.column,) if self.column else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "column": self.column, "columns": list(self.columns) if self.columns else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ValueSpec:
+        cols = d.get("columns")
+        return cls(format=d.get("format", "binary"), column=d.get("column"), columns=tuple(cols) if cols else None)
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """``hash`` (num_dbs or max_keys_per_shard) or ``cel`` (direct / categorical / inferred)."""
+
+    strategy: str = "hash"
+    num_dbs: int | None = None
+    max_keys_per_shard: int | None = None
+    cel_expr: str | None = None
+    cel_columns: dict[str, str | None] | None = None
+    routing_values: tuple[Any, ...] | None = None
+    infer_routing_values: bool = False
+
+    @property
+    def cel_mode(self) -> str | None:
+        if self.strategy != "cel":
+            return None
+        return "categorical" if (self.routing_values is not None or self.infer_routing_values) else "direct"
+
+    def validate(self, key_column: str) -> None:
+        if self.strategy == "hash":
+            if self.cel_columns or self.routing_values is not None or self.infer_routing_values:
+                raise ConfigError("cel_columns, routing_values and infer_routing_values need cel_expr")
+            if (self.num_dbs is None) == (self.max_keys_per_shard is None):
+                raise ConfigError("give exactly one of num_dbs or max_keys_per_shard for hash sharding")
+            if self.num_dbs is not None:
+                routing.validate_num_dbs(self.num_dbs)
+            _positive_int("max_keys_per_shard", self.max_keys_per_shard, allow_none=True)
+            return
+        if self.strategy != "cel":
+            raise ConfigError(f"sharding strategy {self.strategy!r} must be 'hash' or 'cel'")
+        if self.max_keys_per_shard is not None:
+            raise ConfigError("max_keys_per_shard applies to hash sharding only, not with cel_expr")
+        columns = routing.normalize_cel_columns(self.cel_columns if self.cel_columns is not None else [key_column])
+        routing.compile_cel(self.cel_expr or "", columns)
+        if self.routing_values is not None and self.infer_routing_values:
+            raise ConfigError("give routing_values or infer_routing_values=True, not both")
+        if self.routing_values is not None:
+            values = routing.validate_routing_values(list(self.routing_values))
+            if self.num_dbs is not None and self.num_dbs != len(values):
+                raise ConfigError(
+                    f"num_dbs {self.num_dbs} disagrees with routing_values ({len(values)} values); "
+                    "leave num_dbs unset for categorical routing"
+                )
+        elif self.infer_routing_values:
+            if self.num_dbs is not None:
+                raise ConfigError("num_dbs is inferred with infer_routing_values=True; leave it unset")
+        elif self.num_dbs is None:
+            raise ConfigError("CEL direct routing needs num_dbs (the expression returns an id in [0, num_dbs))")
+        else:
+            routing.validate_num_dbs(self.num_dbs)
+
+    def resolved_cel_columns(self, key_column: str) -> dict[str, str | None]:
+        return routing.normalize_cel_columns(self.cel_columns if self.cel_columns is not None else [key_column])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy, "num_dbs": self.num_dbs, "max_keys_per_shard": self.max_keys_per_shard,
+            "cel_expr": self.cel_expr, "cel_columns": dict(self.cel_columns) if self.cel_columns is not None else None,
+            "routing_values": list(self.routing_values) if self.routing_values is not None else None,
+            "infer_routing_values": self.infer_routing_values,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShardingSpec:
+        rv = d.get("routing_values")
+        return cls(
+            strategy=d.get("strategy", "hash"), num_dbs=d.get("num_dbs"), max_keys_per_shard=d.get("max_keys_per_shard"),
+            cel_expr=d.get("cel_expr"), cel_columns=d.get("cel_columns"),
+            routing_values=tuple(rv) if rv is not None else None,
+            infer_routing_values=bool(d.get("infer_routing_values", False)),
+        )
+
+
+@dataclass(frozen=True)
+class ShardRetry:
+    """Retry policy of the single-db path: whole write retried into a fresh ``attempt=NN``."""
+
+    max_retries: int = 2
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def validate(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ConfigError(f"shard_retry.max_retries {self.max_retries!r} must be an integer >= 0")
+        _positive_number("shard_retry.initial_backoff_s", self.initial_backoff_s)
+        _positive_number("shard_retry.max_backoff_s", self.max_backoff_s)
+
+    def backoff(self, retry_number: int) -> float:
+        return min(self.max_backoff_s, self.initial_backoff_s * (2 ** max(0, retry_number - 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_retries": self.max_retries, "initial_backoff_s": self.initial_backoff_s, "max_backoff_s": self.max_backoff_s}
+
+    @classmethod
+    def from_value(cls, value: Any) -> ShardRetry | None:
+        if value is None or isinstance(value, ShardRetry):
+            return value
+        if isinstance(value, bool):
+            raise ConfigError(f"shard_retry {value!r} must be an integer (max retries) or a mapping")
+        if isinstance(value, int):
+            return cls(max_retries=value)
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"max_retries", "initial_backoff_s", "max_backoff_s"}
+            if unknown:
+                raise ConfigError(f"shard_retry has unknown keys {sorted(unknown)}")
+            return cls(**dict(value))
+        raise ConfigError(f"shard_retry {value!r} must be an integer (max retries) or a mapping")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    batch_size: int = 50_000
+    verify_routing: bool = True
+    sample_size: int = 20
+    cache_input: bool = False
+    sort_within_partitions: bool = True
+    max_writes_per_second: float | None = None
+    max_write_bytes_per_second: float | None = None
+    shard_retry: ShardRetry | None = None
+    sort_run_rows: int = 1_000_000
+    allow_duplicate_keys: bool = False
+    lease_seconds: float = 600.0
+    heartbeat_seconds: float = 60.0
+
+    def validate(self) -> None:
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("sample_size", self.sample_size)
+        _positive_int("sort_run_rows", self.sort_run_rows)
+        _positive_number("max_writes_per_second", self.max_writes_per_second, allow_none=True)
+        _positive_number("max_write_bytes_per_second", self.max_write_bytes_per_second, allow_none=True)
+        _positive_number("lease_seconds", self.lease_seconds)
+        _positive_number("heartbeat_seconds", self.heartbeat_seconds)
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ConfigError(
+                f"heartbeat_seconds {self.heartbeat_seconds} must be shorter than lease_seconds {self.lease_seconds}"
+            )
+        for name in ("verify_routing", "cache_input", "sort_within_partitions", "allow_duplicate_keys"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} {getattr(self, name)!r} must be True or False")
+        if self.shard_retry is not None:
+            self.shard_retry.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["shard_retry"] = self.shard_retry.to_dict() if self.shard_retry else None
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WriteOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown write options {sorted(unknown)}")
+        data = dict(d)
+        data["shard_retry"] = ShardRetry.from_value(data.get("shard_retry"))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    run_id: str
+    output_uri: str
+    input: InputSpec
+    key_column: str
+    value: ValueSpec
+    sharding: ShardingSpec
+    key_encoding: str | None = None
+    options: WriteOptions = field(default_factory=WriteOptions)
+    spark_conf_overrides: dict[str, str] = field(default_factory=dict)
+    storage_options: StorageOptions = field(default_factory=StorageOptions)
+    airflow_context: dict[str, Any] | None = None
+    format_version: int = CONFIG_FORMAT_VERSION
+
+    def validate(self) -> WriteConfig:
+        layout.validate_run_id(self.run_id)
+        if layout.normalize_root(self.output_uri) != self.output_uri:
+            raise ConfigError(f"output_uri {self.output_uri!r} is not in canonical form; build configs with build_write_config")
+        self.input.validate()
+        if not isinstance(self.key_column, str) or not self.key_column:
+            raise ConfigError(f"key_column {self.key_column!r} must be a non-empty column name")
+        self.value.validate()
+        if self.key_encoding is not None:
+            encoding.validate_key_encoding(self.key_encoding)
+        self.sharding.validate(self.key_column)
+        self.options.validate()
+        self.storage_options.validate()
+        if self.format_version != CONFIG_FORMAT_VERSION:
+            raise ConfigError(f"config format_version {self.format_version} is not supported (expected {CONFIG_FORMAT_VERSION})")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "run_id": self.run_id,
+            "output_uri": self.output_uri,
+            "input": self.input.to_dict(),
+            "key_column": self.key_column,
+            "key_encoding": self.key_encoding,
+            "value": self.value.to_dict(),
+            "sharding": self.sharding.to_dict(),
+            "options": self.options.to_dict(),
+            "spark_conf_overrides": dict(self.spark_conf_overrides),
+            "storage_options": self.storage_options.to_dict(),
+            "airflow_context": dict(self.airflow_context) if self.airflow_context else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WriteConfig:
+        version = d.get("format_version", CONFIG_FORMAT_VERSION)
+        if version != CONFIG_FORMAT_VERSION:
+            raise ConfigError(f"config format_version {version!r} is not supported (expected {CONFIG_FORMAT_VERSION})")
+        try:
+            return cls(
+                run_id=d["run_id"], output_uri=d["output_uri"], input=InputSpec.from_dict(d["input"]),
+                key_column=d["key_column"], key_encoding=d.get("key_encoding"),
+                value=ValueSpec.from_dict(d["value"]), sharding=ShardingSpec.from_dict(d["sharding"]),
+                options=WriteOptions.from_dict(d.get("options") or {}),
+                spark_conf_overrides=_str_map("spark_conf_overrides", d.get("spark_conf_overrides")),
+                storage_options=StorageOptions.from_dict(d.get("storage_options")),
+                airflow_context=d.get("airflow_context"),
+            )
+        except KeyError as exc:
+            raise ConfigError(f"write config is missing {exc.args[0]!r}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> WriteConfig:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"write config is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def fingerprint(self) -> str:
+        """Stable over runs of the same write: excludes run_id and Airflow context."""
+        data = self.to_dict()
+        data.pop("run_id")
+        data.pop("airflow_context")
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def with_run_id(self, run_id: str) -> WriteConfig:
+        return replace(self, run_id=run_id)
+
+
+def build_write_config(
+    *,
+    output_uri: str,
+    key_column: str,
+    input_path: str | None = None,
+    input_format: str = "parquet",
+    input_options: Mapping[str, Any] | None = None,
+    input_table: str | None = None,
+    input_sql: str | None = None,
+    value_column: str | None = None,
+    value_columns: list[str] | tuple[str, ...] | None = None,
+    value_format: str = "binary",
+    num_dbs: int | None = None,
+    max_keys_per_shard: int | None = None,
+    cel_expr: str | None = None,
+    cel_columns: Mapping[str, str] | list[str] | None = None,
+    routing_values: list[Any] | tuple[Any, ...] | None = None,
+    infer_routing_values: bool = False,
+    key_encoding: str | None = None,
+    run_id: str | None = None,
+    batch_size: int = 50_000,
+    verify_routing: bool = True,
+    sample_size: int = 20,
+    cache_input: bool = False,
+    sort_within_partitions: bool = True,
+    max_writes_per_second: float | None = None,
+    max_write_bytes_per_second: float | None = None,
+    shard_retry: Any = None,
+    sort_run_rows: int = 1_000_000,
+    allow_duplicate_keys: bool = False,
+    lease_seconds: float = 600.0,
+    heartbeat_seconds: float = 60.0,
+    spark_conf_overrides: Mapping[str, Any] | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | None = None,
+    airflow_context: Mapping[str, Any] | None = None,
+) -> WriteConfig:
+    """Flat operator-style arguments → validated ``WriteConfig`` (generates a run id if none)."""
+    if isinstance(storage_options, StorageOptions):
+        storage = storage_options
+    else:
+        storage = StorageOptions.from_dict(dict(storage_options or {}))
+    if cel_expr is None and (cel_columns is not None or routing_values is not None or infer_routing_values):
+        raise ConfigError("cel_columns, routing_values and infer_routing_values need cel_expr")
+    if value_columns is not None and not isinstance(value_columns, (list, tuple)):
+        raise ConfigError(f"value_columns {value_columns!r} must be a list of column names")
+    if routing_values is not None and not isinstance(routing_values, (list, tuple)):
+        raise ConfigError(f"routing_values {routing_values!r} must be a list")
+    config = WriteConfig(
+        run_id=run_id if run_id is not None else layout.new_run_id(),
+        output_uri=layout.normalize_root(output_uri),
+        input=InputSpec(path=input_path, format=input_format, options=_str_map("input_options", input_options),
+                        table=input_table, sql=input_sql),
+        key_column=key_column,
+        key_encoding=key_encoding,
+        value=ValueSpec(format=value_format, column=value_column,
+                        columns=tuple(value_columns) if value_columns else None),
+        sharding=ShardingSpec(
+            strategy="cel" if cel_expr is not None else "hash", num_dbs=num_dbs,
+            max_keys_per_shard=max_keys_per_shard, cel_expr=cel_expr,
+            cel_columns=dict(cel_columns) if isinstance(cel_columns, Mapping) else (
+                {c: None for c in cel_columns} if cel_columns is not None else None),
+            routing_values=tuple(routing_values) if routing_values is not None else None,
+            infer_routing_values=infer_routing_values,
+        ),
+        options=WriteOptions(
+            batch_size=batch_size, verify_routing=verify_routing, sample_size=sample_size,
+            cache_input=cache_input, sort_within_partitions=sort_within_partitions,
+            max_writes_per_second=max_writes_per_second, max_write_bytes_per_second=max_write_bytes_per_second,
+            shard_retry=ShardRetry.from_value(shard_retry), sort_run_rows=sort_run_rows,
+            allow_duplicate_keys=allow_duplicate_keys, lease_seconds=lease_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+        ),
+        spark_conf_overrides=_str_map("spark_conf_overrides", spark_conf_overrides),
+        storage_options=storage,
+        airflow_context=dict(airflow_context) if airflow_context else None,
+    )
+    return config.validate()

@@ -1,0 +1,136 @@
+"""Key encodings and value formats (SPEC §5).
+
+Stored RocksDB keys are exactly ``encode_key(key)``; stored values exactly ``encode_value``.
+Routing never looks at the encoding: it hashes ``routing.canonical_bytes(key)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError, InputDataError, KeyEncodingError
+
+KEY_ENCODINGS = ("u64be", "u32be", "utf8", "raw")
+VALUE_FORMATS = ("binary", "json")
+_DEFAULT_KEY_ENCODING = {"int": "u64be", "string": "utf8", "binary": "raw"}
+_KEY_KIND_OF_ENCODING = {"u64be": "int", "u32be": "int", "utf8": "string", "raw": "binary"}
+_PACK_U64 = struct.Struct(">Q")
+_PACK_U32 = struct.Struct(">I")
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def default_key_encoding(key_kind: str) -> str:
+    """``key_kind`` is 'int', 'string' or 'binary' (the type of the key column)."""
+    try:
+        return _DEFAULT_KEY_ENCODING[key_kind]
+    except KeyError:
+        raise ConfigError(f"key type {key_kind!r} is not supported: keys must be integers, strings or binary") from None
+
+
+def key_kind_of_encoding(encoding: str) -> str:
+    validate_key_encoding(encoding)
+    return _KEY_KIND_OF_ENCODING[encoding]
+
+
+def validate_key_encoding(encoding: object) -> str:
+    if encoding not in KEY_ENCODINGS:
+        raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
+    return encoding  # type: ignore[return-value]
+
+
+def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
+    if key is None:
+        raise InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
+    if encoding == "u64be" or encoding == "u32be":
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not an integer (rule: {encoding} needs integer keys)")
+        limit = (1 << 64) if encoding == "u64be" else (1 << 32)
+        if key < 0 or key >= limit:
+            raise KeyEncodingError(
+                f"column {column!r}: key {_show(key)} is out of range (rule: {encoding} takes 0..{limit - 1}; "
+                "negative keys need another key_encoding)"
+            )
+        return (_PACK_U64 if encoding == "u64be" else _PACK_U32).pack(key)
+    if encoding == "utf8":
+        if not isinstance(key, str):
+            raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not a string (rule: utf8 needs string keys)")
+        return key.encode("utf-8")
+    if encoding == "raw":
+        if isinstance(key, (bytes, bytearray, memoryview)):
+            return bytes(key)
+        raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not binary (rule: raw needs bytes keys)")
+    raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
+
+
+def decode_key(data: bytes, encoding: str) -> Any:
+    if encoding == "u64be":
+        return _PACK_U64.unpack(data)[0]
+    if encoding == "u32be":
+        return _PACK_U32.unpack(data)[0]
+    if encoding == "utf8":
+        return data.decode("utf-8")
+    if encoding == "raw":
+        return bytes(data)
+    raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
+
+
+def validate_value_format(fmt: object) -> str:
+    if fmt not in VALUE_FORMATS:
+        raise ConfigError(f"value_format {fmt!r} is not supported; choose one of {list(VALUE_FORMATS)}")
+    return fmt  # type: ignore[return-value]
+
+
+def encode_binary_value(value: Any, *, column: str = "value") -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise InputDataError(
+        f"column {column!r}: value {_show(value)} is neither binary nor string (rule: value_format 'binary')"
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def encode_json_value(row: Mapping[str, Any]) -> bytes:
+    """Compact JSON object with sorted keys; NaN/Infinity are refused (not valid JSON)."""
+    try:
+        return json.dumps(row, separators=(",", ":"), sort_keys=True, default=_json_default,
+                          ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        for name, value in row.items():
+            try:
+                json.dumps(value, default=_json_default, allow_nan=False)
+            except (TypeError, ValueError):
+                raise InputDataError(
+                    f"column {name!r}: value {_show(value)} cannot be stored as JSON ({exc}; rule: value_format 'json')"
+                ) from None
+        raise InputDataError(f"row cannot be stored as JSON: {exc}") from None
+
+
+def decode_value(data: bytes, fmt: str) -> Any:
+    if fmt == "binary":
+        return bytes(data)
+    if fmt == "json":
+        return json.loads(data)
+    raise ConfigError(f"value_format {fmt!r} is not supported; choose one of {list(VALUE_FORMATS)}")

@@ -1,0 +1,274 @@
+"""Run records (SPEC §7): the writer's state, renewed by a heartbeat lease.
+
+The record is written with conditional puts: the lifecycle remembers the etag of its own last
+write, so a record someone else changed (e.g. a cleanup that reaped an expired lease) is never
+silently overwritten by a late heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+from . import layout, serialization as ser
+from .errors import ObjectNotFoundError, RunRecordError
+from .storage.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+RUN_RECORD_FORMAT_VERSION = 1
+RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+STATUSES = (RUNNING, SUCCEEDED, FAILED)
+_WHAT = "run record"
+_ERR = RunRecordError
+_TRACEBACK_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class RunError:
+    type: str
+    message: str
+    traceback_tail: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> RunError:
+        tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-_TRACEBACK_TAIL_CHARS:]
+        return cls(type=type(exc).__name__, message=str(exc), traceback_tail=tail)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "traceback_tail": self.traceback_tail}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RunError:
+        return cls(type=str(obj.get("type") or "Error"), message=str(obj.get("message") or ""),
+                   traceback_tail=obj.get("traceback_tail"))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    status: str
+    started_at: datetime
+    updated_at: datetime
+    lease_expires_at: datetime
+    output_uri: str
+    finished_at: datetime | None = None
+    manifest_ref: str | None = None
+    error: RunError | None = None
+    num_dbs: int | None = None
+    config_fingerprint: str | None = None
+    writer: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    format_version: int = RUN_RECORD_FORMAT_VERSION
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in (SUCCEEDED, FAILED)
+
+    def lease_expired(self, now: datetime) -> bool:
+        return self.status == RUNNING and now >= self.lease_expires_at
+
+    def validate(self) -> RunRecord:
+        if self.status not in STATUSES:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: status {self.status!r} is not one of {list(STATUSES)}")
+        try:
+            layout.validate_run_id(self.run_id)
+        except Exception as exc:
+            raise _ERR(f"{_WHAT}: {exc}") from None
+        if self.status == SUCCEEDED and not self.manifest_ref:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: status succeeded without manifest_ref")
+        if self.status == FAILED and self.error is None:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: status failed without error")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version, "run_id": self.run_id, "status": self.status,
+            "started_at": ser.ts_str(self.started_at), "updated_at": ser.ts_str(self.updated_at),
+            "lease_expires_at": ser.ts_str(self.lease_expires_at), "finished_at": ser.ts_str(self.finished_at),
+            "manifest_ref": self.manifest_ref, "error": self.error.to_dict() if self.error else None,
+            "output_uri": self.output_uri, "num_dbs": self.num_dbs, "config_fingerprint": self.config_fingerprint,
+            "writer": dict(self.writer), "stats": dict(self.stats),
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RunRecord:
+        error = obj.get("error")
+        return cls(
+            format_version=obj["format_version"],
+            run_id=ser.require(obj, "run_id", str, _WHAT, _ERR),
+            status=ser.require(obj, "status", str, _WHAT, _ERR),
+            started_at=ser.ts_field(obj, "started_at", _WHAT, _ERR),  # type: ignore[arg-type]
+            updated_at=ser.ts_field(obj, "updated_at", _WHAT, _ERR),  # type: ignore[arg-type]
+            lease_expires_at=ser.ts_field(obj, "lease_expires_at", _WHAT, _ERR),  # type: ignore[arg-type]
+            finished_at=ser.ts_field(obj, "finished_at", _WHAT, _ERR, optional=True),
+            manifest_ref=ser.require(obj, "manifest_ref", str, _WHAT, _ERR, optional=True),
+            error=RunError.from_dict(error) if isinstance(error, dict) else None,
+            output_uri=ser.require(obj, "output_uri", str, _WHAT, _ERR),
+            num_dbs=ser.require(obj, "num_dbs", int, _WHAT, _ERR, optional=True),
+            config_fingerprint=ser.require(obj, "config_fingerprint", str, _WHAT, _ERR, optional=True),
+            writer=dict(obj.get("writer") or {}),
+            stats=dict(obj.get("stats") or {}),
+        ).validate()
+
+    def to_bytes(self) -> bytes:
+        return ser.dumps(self.to_dict())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RunRecord:
+        return cls.from_dict(ser.loads_object(data, _WHAT, _ERR, RUN_RECORD_FORMAT_VERSION))
+
+
+def read_run_record(store: ObjectStore, run_id: str) -> RunRecord | None:
+    try:
+        obj = store.get(layout.run_record_key(run_id))
+    except ObjectNotFoundError:
+        return None
+    return RunRecord.from_bytes(obj.data)
+
+
+class RunRecordLifecycle:
+    """Start a run record, keep its lease alive from a daemon thread, and finish it exactly once.
+
+    Use as a context manager: an exception inside marks the run failed (type, message, traceback
+    tail) and is re-raised.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        run_id: str,
+        *,
+        lease_seconds: float = 600.0,
+        heartbeat_seconds: float = 60.0,
+        num_dbs: int | None = None,
+        config_fingerprint: str | None = None,
+        writer: dict[str, Any] | None = None,
+        clock: Callable[[], datetime] = layout.utc_now,
+    ):
+        self.store = store
+        self.key = layout.run_record_key(run_id)
+        self.lease = timedelta(seconds=lease_seconds)
+        self.heartbeat_seconds = heartbeat_seconds
+        self.clock = clock
+        now = clock()
+        self.record = RunRecord(
+            run_id=run_id, status=RUNNING, started_at=now, updated_at=now, lease_expires_at=now + self.lease,
+            output_uri=store.root, num_dbs=num_dbs, config_fingerprint=config_fingerprint, writer=dict(writer or {}),
+        )
+        self._etag: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False  # someone else changed the record: stop renewing, never overwrite
+
+    @property
+    def ref(self) -> str:
+        return self.store.uri(self.key)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _write(self, record: RunRecord) -> None:
+        """Conditional write over our own last version; a foreign change marks the lease lost."""
+        etag = self.store.put_if_match(self.key, record.to_bytes(), self._etag)
+        if etag is None:
+            self.lost = True
+            raise RunRecordError(
+                f"run record {self.ref} was changed by someone else (reaped as abandoned?); not overwriting it"
+            )
+        self._etag = etag
+        self.record = record
+
+    def start(self) -> RunRecordLifecycle:
+        with self._lock:
+            self._write(self.record)
+        log.info("run %s: run record started at %s (lease %ss)", self.record.run_id, self.ref, self.lease.total_seconds())
+        self._thread = threading.Thread(target=self._beat_loop, name=f"run-record-heartbeat-{self.record.run_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def heartbeat(self) -> bool:
+        """Renew the lease once; a failed write is logged, never raised. True if renewed."""
+        with self._lock:
+            if self.record.is_terminal or self.lost:
+                return False
+            now = self.clock()
+            try:
+                self._write(replace(self.record, updated_at=now, lease_expires_at=now + self.lease))
+                return True
+            except Exception as exc:
+                log.warning("run %s: heartbeat could not renew the lease: %s", self.record.run_id, exc)
+                return False
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_seconds):
+            self.heartbeat()
+            if self.lost:
+                return
+
+    def update(self, **changes: Any) -> None:
+        """Record facts learned during the run (num_dbs, stats, writer info)."""
+        with self._lock:
+            self._write(replace(self.record, updated_at=self.clock(), **changes))
+
+    def still_running(self) -> bool:
+        """Re-read our record from storage: False if it is no longer ours and running."""
+        current = read_run_record(self.store, self.record.run_id)
+        return current is not None and current.status == RUNNING and not self.lost
+
+    def succeed(self, manifest_ref: str, stats: dict[str, Any] | None = None) -> RunRecord:
+        self._finish(status=SUCCEEDED, manifest_ref=manifest_ref, stats=dict(stats or self.record.stats))
+        log.info("run %s: run record marked succeeded (manifest %s)", self.record.run_id, manifest_ref)
+        return self.record
+
+    def fail(self, exc: BaseException) -> RunRecord:
+        self._finish(status=FAILED, error=RunError.from_exception(exc))
+        log.error("run %s: run record marked failed: %s: %s", self.record.run_id, type(exc).__name__, exc)
+        return self.record
+
+    def _finish(self, **changes: Any) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        now = self.clock()
+        with self._lock:
+            if self.record.is_terminal:
+                return
+            self._write(replace(self.record, updated_at=now, finished_at=now, **changes))
+
+    def __enter__(self) -> RunRecordLifecycle:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and not self.record.is_terminal and not self.lost:
+            try:
+                self.fail(exc)
+            except Exception as write_exc:  # the original error matters more than the bookkeeping
+                log.error("run %s: could not mark the run failed: %s", self.record.run_id, write_exc)
+        self._stop.set()
+
+
+def mark_failed(store: ObjectStore, run_id: str, message: str, *, error_type: str = "RunAbandoned",
+                clock: Callable[[], datetime] = layout.utc_now) -> RunRecord | None:
+    """Mark a still-running record failed from outside the writer (killed / abandoned).
+
+    Conditional on the version read, so a writer finishing at the same moment wins.
+    """
+    key = layout.run_record_key(run_id)
+    try:
+        obj = store.get(key)
+    except ObjectNotFoundError:
+        return None
+    record = RunRecord.from_bytes(obj.data)
+    if record.is_terminal:
+        return record
+    now = clock()
+    failed = replace(record, status=FAILED, updated_at=now, finished_at=now,
+                     error=RunError(type=error_type, message=message))
+    if store.put_if_match(key, failed.to_bytes(), obj.etag) is None:
+        return read_run_record(store, run_id)
+    return failed

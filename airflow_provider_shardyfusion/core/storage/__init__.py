@@ -1,0 +1,27 @@
+"""Object storage behind one interface: ``open_store(root, options)`` picks the back end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import layout
+from ..errors import ConfigError
+from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
+
+
+def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None) -> ObjectStore:
+    normalized = layout.normalize_root(root)
+    if isinstance(options, dict) or options is None:
+        options = StorageOptions.from_dict(options)
+    if normalized.startswith("file://"):
+        from .local import LocalStore
+
+        return LocalStore(normalized)
+    if normalized.startswith("s3://"):
+        from .s3 import S3Store
+
+        return S3Store(normalized, options)
+    raise ConfigError(f"no storage back end for {root!r}")
+
+
+__all__ = ["ObjectInfo", "ObjectStore", "StorageOptions", "StoredObject", "open_store"]

@@ -1,0 +1,122 @@
+"""The small object-store interface every back end implements (SPEC §3)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .. import layout
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach the store. Only the non-secret fields are ever persisted (``to_dict``).
+
+    Credentials given here are used in-process (e.g. by the Airflow hook building a reader);
+    they are excluded from ``repr`` and ``to_dict`` so they never reach manifests, run
+    records, argv or logs. Without them boto3's default chain applies (env, profile, role).
+    """
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    addressing_style: str | None = None  # "path" | "virtual" | "auto"
+    max_attempts: int = 5
+    aws_access_key_id: str | None = field(default=None, repr=False)
+    aws_secret_access_key: str | None = field(default=None, repr=False)
+    aws_session_token: str | None = field(default=None, repr=False)
+
+    _PUBLIC = ("endpoint_url", "region_name", "addressing_style", "max_attempts")
+    _SECRET = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+
+    def validate(self) -> None:
+        if self.addressing_style not in (None, "path", "virtual", "auto"):
+            raise ConfigError(
+                f"storage_options.addressing_style {self.addressing_style!r} must be 'path', 'virtual' or 'auto'"
+            )
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigError(f"storage_options.max_attempts {self.max_attempts!r} must be an integer >= 1")
+        if self.endpoint_url is not None and not str(self.endpoint_url).startswith(("http://", "https://")):
+            raise ConfigError(f"storage_options.endpoint_url {self.endpoint_url!r} must start with http:// or https://")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._PUBLIC if getattr(self, k) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> StorageOptions:
+        data = dict(data or {})
+        unknown = set(data) - set(cls._PUBLIC) - set(cls._SECRET)
+        if unknown:
+            raise ConfigError(f"storage_options has unknown keys {sorted(unknown)}; allowed: {list(cls._PUBLIC + cls._SECRET)}")
+        opts = cls(**data)
+        opts.validate()
+        return opts
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: datetime | None = None
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    data: bytes
+    etag: str
+
+
+class ObjectStore(abc.ABC):
+    """Objects addressed by keys relative to ``root`` (a normalized output URI)."""
+
+    root: str
+
+    def uri(self, key: str) -> str:
+        return layout.join(self.root, key)
+
+    def key_of(self, uri: str) -> str:
+        return layout.relative_key(self.root, uri)
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
+        """Write atomically; return the new etag."""
+
+    @abc.abstractmethod
+    def put_if_match(
+        self, key: str, data: bytes, etag: str | None, *, content_type: str = "application/json"
+    ) -> str | None:
+        """Write only if the object's etag is ``etag`` (``None``: only if absent).
+
+        Return the new etag, or ``None`` if the object changed in between (nothing written).
+        """
+
+    def put_if_absent(self, key: str, data: bytes, *, content_type: str = "application/json") -> bool:
+        return self.put_if_match(key, data, None, content_type=content_type) is not None
+
+    @abc.abstractmethod
+    def get(self, key: str) -> StoredObject:
+        """Raise ``ObjectNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in key order."""
+
+    @abc.abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
+        """Delete; absent keys are fine. Return ``(key, error)`` for each failure."""
+
+    @abc.abstractmethod
+    def upload_file(self, local_path: str, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def download_file(self, key: str, local_path: str) -> None: ...

@@ -1,0 +1,1 @@
+"""Airflow side of the provider: thin shells around core."""

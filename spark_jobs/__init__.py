@@ -1,0 +1,1 @@
+"""The bundled PySpark application (SPEC §6), shipped to the cluster with --py-files."""
