@@ -1,0 +1,120 @@
+"""Two-phase publish (SPEC §6 steps 11–13): manifest, own-record check, then ``_CURRENT``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from . import layout
+from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError
+from .manifest import Manifest
+from .pointer import CurrentPointer
+from .run_record import RunRecordLifecycle
+from .storage.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+CURRENT_RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
+
+
+def read_current(store: ObjectStore) -> tuple[CurrentPointer | None, str | None]:
+    """The pointer and its etag (for a conditional replace), or ``(None, None)`` if absent."""
+    try:
+        obj = store.get(layout.CURRENT_KEY)
+    except ObjectNotFoundError:
+        return None, None
+    return CurrentPointer.from_bytes(obj.data), obj.etag
+
+
+def _run_started_at(store: ObjectStore, pointer: CurrentPointer) -> str | None:
+    try:
+        manifest = Manifest.from_bytes(store.get(store.key_of(pointer.manifest_ref)).data)
+    except (ObjectNotFoundError, ManifestValidationError) as exc:
+        log.warning("current manifest %s is unreadable (%s); treating it as older", pointer.manifest_ref, exc)
+        return None
+    return manifest.stats.get("run_started_at")
+
+
+def _refuse_backwards(store: ObjectStore, current: CurrentPointer, manifest: Manifest) -> None:
+    ours = manifest.stats.get("run_started_at")
+    theirs = _run_started_at(store, current)
+    if theirs is not None and ours is not None and theirs > ours:
+        raise PublishManifestError(
+            f"_CURRENT names run {current.run_id!r}, which started at {theirs}, after this run "
+            f"({manifest.run_id!r}, {ours}); refusing to move it backwards (pass allow_rollback=True to force)"
+        )
+
+
+def write_current(
+    store: ObjectStore,
+    manifest: Manifest,
+    manifest_ref: str,
+    *,
+    allow_rollback: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CurrentPointer:
+    """Point ``_CURRENT`` at ``manifest_ref`` with a conditional put, 3 retries (1 s, 2 s, 4 s).
+
+    Refuses to move to a run that started before the run currently named, unless
+    ``allow_rollback``: a slow old run must not replace a newer snapshot.
+    """
+    pointer = CurrentPointer(manifest_ref=manifest_ref, run_id=manifest.run_id, updated_at=layout.utc_now())
+    last_error: Exception | None = None
+    for attempt, backoff in enumerate((*CURRENT_RETRY_BACKOFF_S, None)):
+        try:
+            current, etag = read_current(store)
+        except Exception as exc:  # transient storage errors: retry with backoff
+            last_error = exc
+        else:
+            if current is not None and current.run_id != manifest.run_id and not allow_rollback:
+                _refuse_backwards(store, current, manifest)
+            try:
+                if store.put_if_match(layout.CURRENT_KEY, pointer.to_bytes(), etag) is not None:
+                    return pointer
+                last_error = PublishManifestError("_CURRENT changed while publishing (concurrent writer)")
+            except Exception as exc:
+                last_error = exc
+        if backoff is None:
+            break
+        log.warning("run %s: writing _CURRENT failed (%s); retry %d in %.0fs", manifest.run_id, last_error, attempt + 1, backoff)
+        sleep(backoff)
+    raise PublishManifestError(
+        f"could not write {store.uri(layout.CURRENT_KEY)} after {len(CURRENT_RETRY_BACKOFF_S)} retries: {last_error}"
+    )
+
+
+def publish(
+    store: ObjectStore,
+    manifest: Manifest,
+    lifecycle: RunRecordLifecycle,
+    *,
+    allow_rollback: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Write the manifest, re-check our run record, then move ``_CURRENT``. Returns the manifest URI."""
+    manifest.validate()
+    key = layout.manifest_key(manifest.run_id, layout.utc_now())
+    if not store.put_if_absent(key, manifest.to_bytes()):
+        raise PublishManifestError(f"manifest {store.uri(key)} already exists; manifests are immutable")
+    manifest_ref = store.uri(key)
+    log.info("run %s: manifest written to %s", manifest.run_id, manifest_ref)
+    if not lifecycle.still_running():
+        raise PublishManifestError(
+            f"run record of {manifest.run_id!r} is no longer 'running' (reaped as abandoned?); _CURRENT left unchanged"
+        )
+    write_current(store, manifest, manifest_ref, allow_rollback=allow_rollback, sleep=sleep)
+    log.info("run %s: _CURRENT now points at %s", manifest.run_id, manifest_ref)
+    return manifest_ref
+
+
+def delete_losing_attempts(store: ObjectStore, run_id: str, winner_urls: Iterable[str]) -> tuple[int, list[tuple[str, str]]]:
+    """Best effort: delete every object of this run's shards not under a winning attempt."""
+    keep = tuple(store.key_of(u).rstrip("/") + "/" for u in winner_urls)
+    doomed = [o.key for o in store.list(layout.shards_prefix(run_id)) if not o.key.startswith(keep)]
+    if not doomed:
+        return 0, []
+    failures = store.delete_many(doomed)
+    for key, err in failures:
+        log.warning("run %s: could not delete losing attempt object %s: %s", run_id, key, err)
+    return len(doomed) - len(failures), failures

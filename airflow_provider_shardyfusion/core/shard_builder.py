@@ -1,0 +1,251 @@
+"""Build one RocksDB shard from Arrow batches with bounded memory (SPEC §6 step 8).
+
+Rows are buffered as Arrow columns until ``sort_run_rows``; each run is sorted by encoded key
+(numpy for integer keys, Arrow for strings/bytes), written as one SST with ``SstFileWriter``
+in slices of ``batch_size`` rows (the only place Python objects per row exist), then ingested.
+Later runs are checked against the database for duplicate keys before they are ingested.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import checksum, encoding
+from .arrow_codec import first_null_row
+from .errors import InputDataError
+from .manifest import ShardFile
+from .rate_limit import WriteLimiter
+
+log = logging.getLogger(__name__)
+
+# Files a read-only open does not need: the lock and RocksDB's informational logs.
+_SKIP_FILES = ("LOCK", "LOG")
+
+
+def _rocksdb_options() -> Any:
+    from rocksdict import Options
+
+    # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
+    return Options(raw_mode=True)
+
+
+@dataclass(frozen=True)
+class BuiltShard:
+    db_dir: str
+    row_count: int
+    min_key: bytes
+    max_key: bytes
+    files: tuple[ShardFile, ...]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def byte_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass
+class _Run:
+    keys: list[bytes]
+    order: np.ndarray | None
+    values: pa.Array
+
+
+class ShardBuilder:
+    def __init__(
+        self,
+        workdir: str,
+        key_encoding: str,
+        *,
+        key_column: str = "key",
+        sort_run_rows: int = 1_000_000,
+        batch_size: int = 50_000,
+        allow_duplicate_keys: bool = False,
+        limiter: WriteLimiter | None = None,
+    ):
+        self.workdir = workdir
+        self.db_dir = os.path.join(workdir, "db")
+        self.key_encoding = key_encoding
+        self.key_kind = encoding.key_kind_of_encoding(key_encoding)
+        self.key_column = key_column
+        self.sort_run_rows = sort_run_rows
+        self.batch_size = batch_size
+        self.allow_duplicate_keys = allow_duplicate_keys
+        self.limiter = limiter
+        self._keys: list[pa.Array] = []
+        self._values: list[pa.Array] = []
+        self._buffered = 0
+        self._db: Any = None
+        self._runs = 0
+        self.rows_written = 0
+        self._min: bytes | None = None
+        self._max: bytes | None = None
+        self.timings: dict[str, float] = {"sort_s": 0.0, "sst_write_s": 0.0, "ingest_s": 0.0, "rate_limit_wait_s": 0.0}
+        os.makedirs(workdir, exist_ok=True)
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def add(self, keys: pa.Array, values: pa.Array) -> None:
+        if len(keys) == 0:
+            return
+        null_at = first_null_row(keys)
+        if null_at is not None:
+            raise InputDataError(f"column {self.key_column!r}: null key (rule: keys must not be null)")
+        self._keys.append(keys)
+        self._values.append(values)
+        self._buffered += len(keys)
+        if self._buffered >= self.sort_run_rows:
+            self._flush_run()
+
+    # -- one sorted run -------------------------------------------------------------------------
+
+    def _sorted_int_keys(self, keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        arr = keys.cast(pa.int64()).to_numpy(zero_copy_only=False) if not pa.types.is_uint64(keys.type) else None
+        if arr is None:  # uint64 columns cannot be negative; keep their full range
+            u = keys.to_numpy(zero_copy_only=False).astype(np.uint64)
+        else:
+            if arr.size and arr.min() < 0:
+                encoding.encode_key(int(arr[arr < 0][0]), self.key_encoding, column=self.key_column)
+            u = arr.astype(np.uint64)
+        if self.key_encoding == "u32be" and u.size and u.max() > np.uint64(0xFFFFFFFF):
+            encoding.encode_key(int(u[u > np.uint64(0xFFFFFFFF)][0]), self.key_encoding, column=self.key_column)
+        order = np.argsort(u, kind="stable")
+        return u[order], order
+
+    def _duplicates(self, sorted_keys: Any, n: int) -> np.ndarray:
+        """Boolean mask over positions 1..n-1: True where the key equals its predecessor."""
+        if n < 2:
+            return np.zeros(0, dtype=bool)
+        if isinstance(sorted_keys, np.ndarray):
+            return sorted_keys[1:] == sorted_keys[:-1]
+        eq = pc.equal(sorted_keys.slice(1), sorted_keys.slice(0, n - 1))
+        return eq.to_numpy(zero_copy_only=False).astype(bool)
+
+    def _decode_for_message(self, key_bytes: bytes) -> Any:
+        return encoding.decode_key(key_bytes, self.key_encoding)
+
+    def _prepare_run(self) -> _Run:
+        keys = pa.concat_arrays(self._keys) if len(self._keys) > 1 else self._keys[0]
+        values = pa.concat_arrays(self._values) if len(self._values) > 1 else self._values[0]
+        self._keys, self._values, self._buffered = [], [], 0
+        n = len(keys)
+        if self.key_kind == "int":
+            sorted_u, order = self._sorted_int_keys(keys)
+            width = 8 if self.key_encoding == "u64be" else 4
+            buf = sorted_u.astype(">u8" if width == 8 else ">u4").tobytes()
+            dup = self._duplicates(sorted_u, n)
+            key_list = [buf[i : i + width] for i in range(0, n * width, width)]
+        else:
+            bin_keys = keys.cast(pa.binary()) if not pa.types.is_binary(keys.type) else keys
+            if self.key_kind == "string" and not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+                encoding.encode_key(keys[0].as_py(), self.key_encoding, column=self.key_column)
+            if self.key_kind == "binary" and (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+                encoding.encode_key(keys[0].as_py(), self.key_encoding, column=self.key_column)
+            order = pc.sort_indices(bin_keys).to_numpy()
+            sorted_bin = bin_keys.take(pa.array(order))
+            dup = self._duplicates(sorted_bin, n)
+            key_list = sorted_bin.to_pylist()
+        if dup.any():
+            if not self.allow_duplicate_keys:
+                at = int(np.argmax(dup)) + 1
+                shown = encoding._show(self._decode_for_message(key_list[at]))
+                raise InputDataError(
+                    f"column {self.key_column!r}: duplicate key {shown} (rule: keys must be unique within a snapshot; "
+                    "allow_duplicate_keys=True keeps the last row seen, non-deterministically)"
+                )
+            # Last seen wins: with a stable sort the later row of equal keys comes last.
+            keep = np.append(~dup, True)
+            order = order[keep]
+            key_list = [k for k, kept in zip(key_list, keep) if kept]
+        return _Run(keys=key_list, order=order, values=values)
+
+    def _flush_run(self) -> None:
+        if not self._keys:
+            return
+        t0 = time.perf_counter()
+        run = self._prepare_run()
+        t1 = time.perf_counter()
+        self.timings["sort_s"] += t1 - t0
+        from rocksdict import IngestExternalFileOptions, Rdict, SstFileWriter
+
+        opts = _rocksdb_options()
+        if self._db is None:
+            os.makedirs(self.db_dir, exist_ok=True)
+            self._db = Rdict(self.db_dir, options=opts)
+        check_existing = self._runs > 0 and (
+            not self.allow_duplicate_keys and self._max is not None and run.keys[0] <= self._max
+        )
+        sst_path = os.path.join(self.workdir, f"run-{self._runs:05d}.sst")
+        writer = SstFileWriter(options=opts)
+        writer.open(sst_path)
+        values = run.values.take(pa.array(run.order)) if run.order is not None else run.values
+        n = len(run.keys)
+        for start in range(0, n, self.batch_size):
+            ks = run.keys[start : start + self.batch_size]
+            vs = values.slice(start, len(ks)).to_pylist()
+            if check_existing:
+                self._check_not_stored(ks)
+            if self.limiter is not None and self.limiter.active:
+                self.limiter.acquire(len(ks), sum(map(len, ks)) + sum(map(len, vs)))
+            for k, v in zip(ks, vs):
+                writer[k] = v
+        writer.finish()
+        t2 = time.perf_counter()
+        self.timings["sst_write_s"] += t2 - t1
+        ingest = IngestExternalFileOptions()
+        ingest.set_move_files(True)
+        self._db.ingest_external_file([sst_path], ingest)
+        self.timings["ingest_s"] += time.perf_counter() - t2
+        self._min = run.keys[0] if self._min is None else min(self._min, run.keys[0])
+        self._max = run.keys[-1] if self._max is None else max(self._max, run.keys[-1])
+        self.rows_written += n
+        self._runs += 1
+        log.info("shard run %d: %d rows sorted and ingested (%.2fs sort, %.2fs write)", self._runs, n, t1 - t0, t2 - t1)
+
+    def _check_not_stored(self, keys: list[bytes]) -> None:
+        found = self._db.get(keys)
+        for k, v in zip(keys, found):
+            if v is not None:
+                raise InputDataError(
+                    f"column {self.key_column!r}: duplicate key {encoding._show(self._decode_for_message(k))} "
+                    "(rule: keys must be unique within a snapshot)"
+                )
+
+    # -- result ---------------------------------------------------------------------------------
+
+    def finish(self) -> BuiltShard | None:
+        """Flush, close and describe the database; ``None`` if no row was added."""
+        self._flush_run()
+        if self._db is None:
+            return None
+        self._db.close()
+        self._db = None
+        if self.limiter is not None:
+            self.timings["rate_limit_wait_s"] = self.limiter.waited_s
+        t0 = time.perf_counter()
+        files = []
+        for name in sorted(os.listdir(self.db_dir)):
+            path = os.path.join(self.db_dir, name)
+            if name in _SKIP_FILES or name.startswith("LOG.old") or not os.path.isfile(path):
+                continue
+            files.append(ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path)))
+        self.timings["checksum_s"] = time.perf_counter() - t0
+        assert self._min is not None and self._max is not None
+        return BuiltShard(db_dir=self.db_dir, row_count=self.rows_written, min_key=self._min, max_key=self._max,
+                          files=tuple(files), timings=dict(self.timings))
+
+    def close(self) -> None:
+        if self._db is not None:
+            try:
+                self._db.close()
+            finally:
+                self._db = None
+        shutil.rmtree(self.workdir, ignore_errors=True)

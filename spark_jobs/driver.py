@@ -1,0 +1,299 @@
+"""The write flow of SPEC §6, run on the Spark driver. Each step logs with the run id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+import airflow_provider_shardyfusion as provider
+from airflow_provider_shardyfusion.core import encoding, layout, routing
+from airflow_provider_shardyfusion.core.config import WriteConfig
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError, InputDataError, ShardAssignmentError, ShardyfusionError,
+)
+from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
+from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
+
+from . import errors as job_errors
+from . import faults as fault_injection
+from . import spark_types
+from .conf_overrides import spark_conf_overrides
+from .routing_task import SHARD_ID_COL, RoutingPlan, make_route_fn, make_token_fn
+from .shard_task import RESULT_DDL, WritePlan, make_write_fn, unsample_value, write_one_shard
+
+log = logging.getLogger("shardyfusion.job")
+_NOT_RETRYABLE = (InputDataError, ConfigError, ShardAssignmentError)
+
+
+class _Step:
+    """Log a step's start and duration, and keep the duration for the manifest stats."""
+
+    def __init__(self, run_id: str, durations: dict[str, float], name: str):
+        self.run_id, self.durations, self.name = run_id, durations, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+        log.info("run %s: %s ...", self.run_id, self.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        took = time.perf_counter() - self.t0
+        self.durations[self.name] = round(self.durations.get(self.name, 0.0) + took, 3)
+        if exc[0] is None:
+            log.info("run %s: %s done in %.2fs", self.run_id, self.name, took)
+
+
+def read_input(spark, config: WriteConfig):
+    spec = config.input
+    if spec.table:
+        return spark.table(spec.table)
+    if spec.sql:
+        return spark.sql(spec.sql)
+    return spark.read.format(spec.format).options(**spec.options).load(spec.path)
+
+
+def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
+    return {
+        "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
+        "spark_version": spark.version, "python_version": platform.python_version(),
+        "spark_app_id": spark.sparkContext.applicationId, "airflow": config.airflow_context,
+    }
+
+
+def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the whole write; return the succeeded run record as a dict. Raises provider errors."""
+    config.validate()
+    faults = fault_injection.load() if faults is None else faults
+    store = open_store(config.output_uri, config.storage_options)
+    run_id = config.run_id
+    durations: dict[str, float] = {}
+    lifecycle = RunRecordLifecycle(
+        store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
+        num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(), writer=writer_info(spark, config),
+    )
+    log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
+    cached = None
+    with spark_conf_overrides(spark, config.spark_conf_overrides), lifecycle:
+        try:
+            with _Step(run_id, durations, "read_input"):
+                df = read_input(spark, config)
+                key_kind = spark_types.key_kind(df.schema, config.key_column)
+                key_encoding = config.key_encoding or encoding.default_key_encoding(key_kind)
+                if encoding.key_kind_of_encoding(key_encoding) != key_kind:
+                    raise ConfigError(
+                        f"key_encoding {key_encoding!r} does not fit key_column {config.key_column!r} of kind {key_kind}"
+                    )
+                for col in config.value.value_columns():
+                    spark_types.field_of(df.schema, col, what="value column")
+            needs_prepass = config.sharding.max_keys_per_shard is not None or config.sharding.infer_routing_values
+            if config.options.cache_input or needs_prepass:
+                cached = _persist(df, run_id)
+                df = cached if cached is not None else df
+            with _Step(run_id, durations, "plan_routing"):
+                plan = _routing_plan(df, config, key_kind, faults)
+            lifecycle.update(num_dbs=plan.num_dbs)
+            write_plan = _write_plan(config, key_encoding, plan, faults)
+            if plan.num_dbs == 1:
+                results = _write_single_db(spark, df, config, write_plan, faults, durations)
+            else:
+                with _Step(run_id, durations, "route_shuffle_write"):
+                    results = _write_sharded(df, plan, write_plan)
+            with _Step(run_id, durations, "verify_routing"):
+                _verify_routing(config, plan, results)
+            selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+            manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results)
+            with _Step(run_id, durations, "publish"):
+                manifest_ref = publish(store, manifest, lifecycle)
+            stats = dict(manifest.stats, durations_s=dict(durations))
+            record = lifecycle.succeed(manifest_ref, stats)
+        except BaseException as exc:
+            raise job_errors.translate(exc) from exc
+        finally:
+            if cached is not None:
+                cached.unpersist(blocking=False)
+    with _Step(run_id, durations, "delete_losers"):
+        deleted, failures = delete_losing_attempts(store, run_id, [s.db_url for s in manifest.shards])
+        log.info("run %s: deleted %d objects of non-winning attempts (%d failures)", run_id, deleted, len(failures))
+    return record.to_dict()
+
+
+def _persist(df, run_id: str):
+    from pyspark import StorageLevel
+
+    try:
+        cached = df.persist(StorageLevel.MEMORY_AND_DISK)
+        log.info("run %s: input persisted (MEMORY_AND_DISK)", run_id)
+        return cached
+    except Exception as exc:  # caching is an optimization: go on uncached
+        log.warning("run %s: could not persist the input (%s); continuing uncached", run_id, exc)
+        return None
+
+
+def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]) -> RoutingPlan:
+    sharding = config.sharding
+    wrong = bool(faults.get("wrong_router"))
+    if sharding.strategy == "hash":
+        num_dbs = sharding.num_dbs
+        if num_dbs is None:
+            count = df.count()
+            num_dbs = max(1, math.ceil(count / sharding.max_keys_per_shard))
+            log.info("run %s: %d rows, max_keys_per_shard %d -> num_dbs %d", config.run_id, count,
+                     sharding.max_keys_per_shard, num_dbs)
+        return RoutingPlan(config.key_column, key_kind, num_dbs, "hash", wrong_router=wrong)
+    columns = sharding.resolved_cel_columns(config.key_column)
+    typed = tuple((c, t or spark_types.cel_type(df.schema, c)) for c, t in columns.items())
+    for c, _ in typed:
+        spark_types.field_of(df.schema, c, what="cel_columns entry")
+    routing.compile_cel(sharding.cel_expr or "", dict(typed))  # fail fast on the driver
+    mode = sharding.cel_mode
+    values = sharding.routing_values
+    if sharding.infer_routing_values:
+        probe = RoutingPlan(config.key_column, key_kind, 1, "cel", sharding.cel_expr, typed, "categorical", None)
+        rows = df.mapInArrow(make_token_fn(probe, ""), "token string").distinct().collect()
+        tokens = [json.loads(r.token) for r in rows]
+        values = routing.validate_routing_values(sorted(tokens))
+        log.info("run %s: inferred %d routing values", config.run_id, len(values))
+    num_dbs = len(values) if values is not None else sharding.num_dbs
+    return RoutingPlan(config.key_column, key_kind, num_dbs, "cel", sharding.cel_expr, typed, mode,
+                       tuple(values) if values is not None else None, wrong_router=wrong)
+
+
+def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, faults: dict[str, Any]) -> WritePlan:
+    opts = config.options
+    sample_cols = (config.key_column,) + tuple(c for c, _ in plan.cel_columns if c != config.key_column)
+    return WritePlan(
+        output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=config.run_id,
+        key_column=config.key_column, key_encoding=key_encoding, value_format=config.value.format,
+        value_columns=config.value.value_columns(), batch_size=opts.batch_size, sort_run_rows=opts.sort_run_rows,
+        allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
+        max_write_bytes_per_second=opts.max_write_bytes_per_second,
+        sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,
+        sample_columns=sample_cols, faults=faults,
+    )
+
+
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
+    from pyspark.sql import types as T
+
+    routed_schema = T.StructType(df.schema.fields + [T.StructField(SHARD_ID_COL, T.IntegerType(), False)])
+    routed = df.mapInArrow(make_route_fn(plan), routed_schema)
+    # Partition index == shard id: one task per shard, never a hash partitioner on the id.
+    partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
+    rows = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
+    return [json.loads(r.result) for r in rows]
+
+
+def _write_single_db(spark, df, config: WriteConfig, write_plan: WritePlan, faults: dict[str, Any],
+                     durations: dict[str, float]) -> list[dict[str, Any]]:
+    """num_dbs == 1: global sort, coalesce, stream Arrow batches to the driver, write there."""
+    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+
+    sorted_df = df.orderBy(config.key_column)
+    parallelism = spark.sparkContext.defaultParallelism
+    # coalesce keeps the global order (repartition would shuffle it away).
+    ordered = sorted_df.coalesce(max(1, parallelism))
+    retry = config.options.shard_retry
+    max_retries = retry.max_retries if retry else 0
+    fail_first = int(faults.get("single_db_fail_attempts", 0))
+    limiter = WriteLimiter(config.options.max_writes_per_second, config.options.max_write_bytes_per_second)
+    for attempt in range(max_retries + 1):
+        try:
+            with _Step(config.run_id, durations, "single_db_write"):
+                if attempt < fail_first:
+                    raise fault_injection.InjectedFault(f"injected failure of single-db attempt {attempt}")
+                out = write_one_shard(write_plan, _stream_batches(ordered), db_id=0, attempt=attempt,
+                                      task_attempt_id=None, limiter=limiter)
+            return [out]
+        except _NOT_RETRYABLE:
+            raise
+        except Exception as exc:
+            translated = job_errors.translate(exc)
+            if isinstance(translated, _NOT_RETRYABLE) or attempt >= max_retries:
+                raise translated from exc
+            backoff = retry.backoff(attempt + 1) if retry else 0
+            log.warning("run %s: single-db attempt %d failed (%s: %s); retrying in %.1fs as attempt %d",
+                        config.run_id, attempt, type(exc).__name__, exc, backoff, attempt + 1)
+            time.sleep(backoff)
+    raise AssertionError("unreachable")
+
+
+def _stream_batches(df):
+    """Arrow batches of ``df`` in partition order, one partition prefetched, without pandas."""
+    def to_ipc(batches):
+        for batch in batches:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as w:
+                w.write_batch(batch)
+            yield pa.RecordBatch.from_pydict({"ipc": [sink.getvalue().to_pybytes()]},
+                                             schema=pa.schema([("ipc", pa.binary())]))
+
+    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(prefetchPartitions=True):
+        yield from pa.ipc.open_stream(row.ipc)
+
+
+def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[str, Any]]) -> None:
+    """Recompute the shard of sampled stored keys with the reader's routing (step 6)."""
+    if not config.options.verify_routing:
+        log.info("run %s: verify_routing disabled", config.run_id)
+        return
+    if plan.strategy == "cel" and len(plan.cel_columns) > 1:
+        log.info("run %s: verify_routing skipped: CEL routing over %d columns", config.run_id, len(plan.cel_columns))
+        return
+    router = routing.CelRouter(plan.cel_spec()) if plan.strategy == "cel" else None
+    checked = 0
+    for item in results:
+        db_id = item["result"]["db_id"]
+        for row in item["sample"]:
+            values = {k: unsample_value(v) for k, v in row.items()}
+            key = values[config.key_column]
+            expected = router.route(values) if router else routing.route_key(key, plan.num_dbs)
+            if expected != db_id:
+                raise ShardAssignmentError(
+                    f"verify_routing: key {encoding._show(key)} was written to shard {db_id} but the reader routes "
+                    f"it to shard {expected}; nothing was published"
+                )
+            checked += 1
+    log.info("run %s: verify_routing checked %d sampled keys", config.run_id, checked)
+
+
+def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, selection: WinnerSelection,
+              lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[dict[str, Any]]) -> Manifest:
+    task_totals: dict[str, float] = {}
+    for item in results:
+        for k, v in (item["result"].get("timings") or {}).items():
+            task_totals[k] = round(task_totals.get(k, 0.0) + v, 3)
+    entries = selection.entries()
+    stats = {
+        "rows": sum(e.row_count for e in entries), "bytes": sum(e.byte_size for e in entries),
+        "num_dbs": plan.num_dbs, "empty_shards": len(selection.empty_db_ids), "shards_written": len(entries),
+        "attempts_seen": selection.attempts_seen, "run_started_at": layout.format_ts(lifecycle.record.started_at),
+        "durations_s": dict(durations), "task_time_totals_s": task_totals,
+    }
+    try:
+        import rocksdict
+
+        library_version = getattr(rocksdict, "__version__", None)
+    except ImportError:  # pragma: no cover
+        library_version = None
+    return Manifest(
+        run_id=config.run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=plan.num_dbs,
+        sharding=ShardingInfo(
+            strategy=plan.strategy, key_column=config.key_column, cel_expr=plan.cel_expr,
+            cel_columns=dict(plan.cel_columns) if plan.cel_columns else None, cel_mode=plan.cel_mode,
+            routing_values=plan.routing_values,
+        ),
+        key_encoding=key_encoding, value_format=config.value.format, value_columns=config.value.value_columns(),
+        storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True},
+        shards=entries, stats=stats, writer=writer_info(spark, config),
+    ).validate()

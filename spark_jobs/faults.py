@@ -1,0 +1,36 @@
+"""Test-only fault injection, read on the driver from ``SHARDYFUSION_TEST_FAULTS`` (JSON).
+
+The driver passes the parsed dict into task closures, so executors see it even when their
+Python workers were started before the variable was set. Keys:
+  fail_shard_attempt: {"db_id": int, "attempt": int}     raise in that task attempt
+  slow_shard_attempt: {"db_id": int, "attempt": int, "seconds": float}
+  wrong_router: true                                      route to (id + 1) % num_dbs
+  single_db_fail_attempts: int                            fail the first N single-db attempts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+ENV_VAR = "SHARDYFUSION_TEST_FAULTS"
+
+
+class InjectedFault(RuntimeError):
+    """A failure injected by a test; retryable like any infrastructure error."""
+
+
+def load() -> dict[str, Any]:
+    raw = os.environ.get(ENV_VAR)
+    return json.loads(raw) if raw else {}
+
+
+def before_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None:
+    fail = faults.get("fail_shard_attempt")
+    if fail and fail.get("db_id") == db_id and fail.get("attempt", 0) == attempt:
+        raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt}")
+    slow = faults.get("slow_shard_attempt")
+    if slow and slow.get("db_id") == db_id and slow.get("attempt", 0) == attempt:
+        time.sleep(float(slow.get("seconds", 5)))

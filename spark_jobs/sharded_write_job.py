@@ -1,0 +1,54 @@
+"""Entry point: ``spark-submit [--py-files bundle.zip] sharded_write_job.py --config-b64 <base64 JSON>``.
+
+Exit codes: 0 published; 1 the write failed (error in the run record and on stderr);
+2 the config was rejected before a run record existed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import os
+import sys
+
+try:
+    import spark_jobs  # noqa: F401  (from the --py-files bundle)
+except ImportError:  # run from a source checkout without a bundle
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sharded_write_job")
+    parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the WriteConfig JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+
+    try:
+        config = WriteConfig.from_json(base64.urlsafe_b64decode(args.config_b64.encode()).decode()).validate()
+    except (ShardyfusionError, ValueError) as exc:
+        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.driver import run_write
+
+    spark = SparkSession.builder.appName(f"shardyfusion-{config.run_id}").getOrCreate()
+    try:
+        record = run_write(spark, config)
+        print(f"shardyfusion job published run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
+        return 0
+    except Exception as exc:
+        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
