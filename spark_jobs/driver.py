@@ -105,7 +105,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             lifecycle.update(num_dbs=plan.num_dbs)
             write_plan = _write_plan(config, key_encoding, plan, faults)
             if plan.num_dbs == 1:
-                results = _write_single_db(spark, df, config, write_plan, faults, durations)
+                results = _write_single_db(spark, df, config, plan, write_plan, faults, durations)
             else:
                 with _Step(run_id, durations, "route_shuffle_write"):
                     results = _write_sharded(df, plan, write_plan)
@@ -183,22 +183,28 @@ def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, fault
     )
 
 
-def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
+def _routed(df, plan: RoutingPlan):
     from pyspark.sql import types as T
 
     routed_schema = T.StructType(df.schema.fields + [T.StructField(SHARD_ID_COL, T.IntegerType(), False)])
-    routed = df.mapInArrow(make_route_fn(plan), routed_schema)
+    return df.mapInArrow(make_route_fn(plan), routed_schema)
+
+
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
     # Partition index == shard id: one task per shard, never a hash partitioner on the id.
-    partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
+    partitioned = _routed(df, plan).repartitionById(plan.num_dbs, SHARD_ID_COL)
     rows = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]
 
 
-def _write_single_db(spark, df, config: WriteConfig, write_plan: WritePlan, faults: dict[str, Any],
+def _write_single_db(spark, df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
                      durations: dict[str, float]) -> list[dict[str, Any]]:
     """num_dbs == 1: global sort, coalesce, stream Arrow batches to the driver, write there."""
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
 
+    if plan.strategy == "cel":
+        # One shard, but CEL tokens / ids must still be valid: route, check, drop the id.
+        df = _routed(df, plan).drop(SHARD_ID_COL)
     sorted_df = df.orderBy(config.key_column)
     parallelism = spark.sparkContext.defaultParallelism
     # coalesce keeps the global order (repartition would shuffle it away).

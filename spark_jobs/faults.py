@@ -2,7 +2,8 @@
 
 The driver passes the parsed dict into task closures, so executors see it even when their
 Python workers were started before the variable was set. Keys:
-  fail_shard_attempt: {"db_id": int, "attempt": int}     raise in that task attempt
+  fail_shard_attempt: {"db_id": int, "attempt": int}     raise in that task attempt, before writing
+  fail_after_upload: {"db_id": int, "attempt": int}      raise after its files were uploaded
   slow_shard_attempt: {"db_id": int, "attempt": int, "seconds": float}
   wrong_router: true                                      route to (id + 1) % num_dbs
   single_db_fail_attempts: int                            fail the first N single-db attempts
@@ -34,3 +35,9 @@ def before_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None
     slow = faults.get("slow_shard_attempt")
     if slow and slow.get("db_id") == db_id and slow.get("attempt", 0) == attempt:
         time.sleep(float(slow.get("seconds", 5)))
+
+
+def after_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None:
+    fail = faults.get("fail_after_upload")
+    if fail and fail.get("db_id") == db_id and fail.get("attempt", 0) == attempt:
+        raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt} after upload")

@@ -130,6 +130,7 @@ def make_write_fn(plan: WritePlan):
         db_id, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         faults.before_shard_write(plan.faults, db_id, attempt)
         out = write_one_shard(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tid)
+        faults.after_shard_write(plan.faults, db_id, attempt)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition

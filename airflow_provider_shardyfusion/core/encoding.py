@@ -64,7 +64,12 @@ def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
     if encoding == "utf8":
         if not isinstance(key, str):
             raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not a string (rule: utf8 needs string keys)")
-        return key.encode("utf-8")
+        try:
+            return key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise KeyEncodingError(
+                f"column {column!r}: key {_show(key)} is not valid Unicode text ({exc.reason}; rule: utf8 keys)"
+            ) from None
     if encoding == "raw":
         if isinstance(key, (bytes, bytearray, memoryview)):
             return bytes(key)

@@ -35,7 +35,7 @@ _SHARD_KEY_RE = re.compile(
 
 
 def validate_run_id(run_id: object, *, what: str = "run_id") -> str:
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id) or run_id in (".", ".."):
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id) or run_id in (".", ".."):
         raise ConfigError(
             f"{what} {run_id!r} is invalid: use 1-128 characters of [A-Za-z0-9._-] "
             "(no slashes, not '.' or '..')"
@@ -84,7 +84,7 @@ def normalize_root(uri: object) -> str:
     if text.startswith("s3://"):
         rest = text[len("s3://") :]
         bucket, _, prefix = rest.partition("/")
-        if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+        if not re.fullmatch(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
             raise ConfigError(f"output_uri {uri!r} is invalid: {bucket!r} is not a valid S3 bucket name")
         parts = [p for p in prefix.split("/") if p]
         if any(p in (".", "..") for p in parts):
@@ -105,12 +105,17 @@ def local_path_of(root: str) -> str:
 
 
 def join(root: str, key: str) -> str:
-    return root.rstrip("/") + "/" + key.lstrip("/")
+    return _with_slash(root) + key.lstrip("/")
+
+
+def _with_slash(root: str) -> str:
+    # ``file:///`` (the filesystem root) already ends with its separator; stripping it would give ``file:``.
+    return root if root.endswith(":///") else root.rstrip("/") + "/"
 
 
 def relative_key(root: str, uri: str) -> str:
     """Key of ``uri`` relative to ``root``; refuses anything outside the root."""
-    prefix = root.rstrip("/") + "/"
+    prefix = _with_slash(root)
     if not uri.startswith(prefix):
         raise ManifestValidationError(f"{uri!r} lies outside the output root {root!r}")
     key = uri[len(prefix) :]
@@ -175,17 +180,22 @@ class ShardKey:
 
 
 def parse_manifest_key(key: str) -> ManifestKey | None:
-    m = _MANIFEST_KEY_RE.match(key)
-    return ManifestKey(parse_ts(m["ts"]), m["run_id"]) if m else None
+    m = _MANIFEST_KEY_RE.fullmatch(key)
+    if not m or m["run_id"] in (".", ".."):
+        return None
+    try:
+        return ManifestKey(parse_ts(m["ts"]), m["run_id"])
+    except ValueError:  # digits in the right places, but not a date (month 13, …)
+        return None
 
 
 def parse_run_record_key(key: str) -> str | None:
-    m = _RUN_RECORD_KEY_RE.match(key)
-    return m["run_id"] if m else None
+    m = _RUN_RECORD_KEY_RE.fullmatch(key)
+    return m["run_id"] if m and m["run_id"] not in (".", "..") else None
 
 
 def parse_shard_key(key: str) -> ShardKey | None:
-    m = _SHARD_KEY_RE.match(key)
+    m = _SHARD_KEY_RE.fullmatch(key)
     if not m or m["run_id"] in (".", ".."):
         return None
     return ShardKey(

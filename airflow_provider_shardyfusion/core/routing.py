@@ -41,7 +41,10 @@ def canonical_bytes(key: Any) -> bytes:
                 f"key {_show(key)} is outside the signed 64-bit range -2**63..2**63-1 (rule: integer routing keys)"
             ) from None
     if isinstance(key, str):
-        return key.encode("utf-8")
+        try:
+            return key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputDataError(f"key {_show(key)} is not valid Unicode text ({exc.reason}; rule: str keys route as UTF-8)") from None
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     if key is None:

@@ -69,6 +69,8 @@ class S3Store(ObjectStore):
         except Exception as exc:
             if _code(exc) in _PRECONDITION_CODES:
                 return None
+            if etag is not None and _code(exc) in _NOT_FOUND_CODES:  # If-Match on a deleted object: S3 says 404
+                return None
             raise self._wrap(exc, "conditional put", key) from exc
         return str(resp.get("ETag", "")).strip('"')
 

@@ -1,0 +1,340 @@
+"""The Spark application in local mode against the local store and a moto S3 server.
+
+Every test reads the published shards back with rocksdict (raw mode) and compares them with
+the generated input, and checks routing, manifest, _CURRENT and run record agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_shardyfusion.core import encoding, layout, routing
+from airflow_provider_shardyfusion.core.config import build_write_config
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError, InputDataError, KeyEncodingError, ShardAssignmentError,
+)
+from airflow_provider_shardyfusion.core.manifest import Manifest
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.run_record import read_run_record
+from airflow_provider_shardyfusion.core.storage import open_store
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    # local[2,2]: two cores, and a failed task is retried once (needed by the retry tests).
+    session = (
+        SparkSession.builder.master("local[2,2]").appName("shardyfusion-tests")
+        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.adaptive.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def run(spark, faults=None, **kwargs):
+    from spark_jobs.driver import run_write
+
+    return run_write(spark, build_write_config(**kwargs), faults=faults or {})
+
+
+def write_parquet(tmp_path, table: pa.Table, name="input") -> str:
+    path = str(tmp_path / f"{name}.parquet")
+    pq.write_table(table, path)
+    return path
+
+
+def read_snapshot(root, storage_options=None):
+    """Follow _CURRENT → manifest, download every shard and return (manifest, {db_id: {key: value}})."""
+    from rocksdict import AccessType, Options, Rdict
+
+    store = open_store(root, storage_options)
+    pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
+    pointer.check_root(store.root)
+    manifest = Manifest.from_bytes(store.get(store.key_of(pointer.manifest_ref)).data)
+    assert manifest.run_id == pointer.run_id
+    shards = {}
+    for shard in manifest.shards:
+        local = tempfile.mkdtemp()
+        prefix = store.key_of(shard.db_url)
+        for f in shard.files:
+            store.download_file(f"{prefix}/{f.name}", os.path.join(local, f.name))
+            assert os.path.getsize(os.path.join(local, f.name)) == f.size
+        db = Rdict(local, options=Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            shards[shard.db_id] = dict(db.items())
+        finally:
+            db.close()
+        assert len(shards[shard.db_id]) == shard.row_count
+        keys = sorted(shards[shard.db_id])
+        assert keys[0].hex() == shard.min_key and keys[-1].hex() == shard.max_key
+    record = read_run_record(store, manifest.run_id)
+    assert record is not None and record.status == "succeeded"
+    assert record.manifest_ref == pointer.manifest_ref
+    assert record.num_dbs == manifest.num_dbs
+    return manifest, shards
+
+
+def assert_exact(manifest, shards, expected: dict, key_encoding: str, router=None):
+    """Every input row stored once, in the shard its key routes to, with the exact value."""
+    seen = 0
+    for db_id, items in shards.items():
+        for kb, vb in items.items():
+            key = encoding.decode_key(kb, key_encoding)
+            assert key in expected, f"unexpected key {key!r}"
+            assert vb == expected[key], f"value of {key!r} differs"
+            want = router(key) if router else routing.route_key(key, manifest.num_dbs)
+            assert want == db_id, f"key {key!r} stored in shard {db_id}, routes to {want}"
+            seen += 1
+    assert seen == len(expected)
+    assert manifest.row_count == len(expected)
+
+
+def int_table(n, seed=0):
+    keys = list(range(n))
+    random.Random(seed).shuffle(keys)
+    return pa.table({"id": pa.array(keys, pa.int64()), "payload": [f"value-{k}" for k in keys]}), {
+        k: f"value-{k}".encode() for k in keys
+    }
+
+
+@pytest.mark.s3
+def test_hash_int_keys_round_trip_both_stores(spark, tmp_path, any_root):
+    root, opts = any_root
+    table, expected = int_table(20_000)
+    record = run(spark, output_uri=root, storage_options=opts, key_column="id",
+                 input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=8,
+                 sort_run_rows=3_000, batch_size=1_000)
+    manifest, shards = read_snapshot(root, opts)
+    assert manifest.num_dbs == 8 and manifest.key_encoding == "u64be" and len(manifest.shards) == 8
+    assert record["stats"]["rows"] == 20_000 and record["stats"]["empty_shards"] == 0
+    assert_exact(manifest, shards, expected, "u64be")
+    # No attempt other than the winners is left under this run's shards.
+    store = open_store(root, opts)
+    winners = tuple(store.key_of(s.db_url) + "/" for s in manifest.shards)
+    assert all(o.key.startswith(winners) for o in store.list(layout.shards_prefix(manifest.run_id)))
+
+
+def test_string_and_binary_keys_json_values(spark, tmp_path):
+    names = [f"user-{i:05d}-é" for i in range(3_000)]
+    table = pa.table({"name": names, "age": list(range(3_000)), "city": ["Zürich"] * 3_000})
+    root = f"file://{tmp_path}/str"
+    run(spark, output_uri=root, key_column="name", input_path=write_parquet(tmp_path, table),
+        value_format="json", value_columns=["age", "city"], num_dbs=5)
+    manifest, shards = read_snapshot(root)
+    expected = {n: encoding.encode_json_value({"age": i, "city": "Zürich"}) for i, n in enumerate(names)}
+    assert manifest.key_encoding == "utf8" and manifest.value_format == "json"
+    assert_exact(manifest, shards, expected, "utf8")
+
+    blobs = [bytes([i % 256, i // 256, 7]) for i in range(2_000)]
+    btable = pa.table({"k": pa.array(blobs, pa.binary()), "v": pa.array([b[::-1] for b in blobs], pa.binary())})
+    broot = f"file://{tmp_path}/bin"
+    run(spark, output_uri=broot, key_column="k", input_path=write_parquet(tmp_path, btable, "b"),
+        value_column="v", num_dbs=3)
+    manifest, shards = read_snapshot(broot)
+    assert manifest.key_encoding == "raw"
+    assert_exact(manifest, shards, {b: b[::-1] for b in blobs}, "raw")
+
+
+def test_max_keys_per_shard_and_more_shards_than_keys(spark, tmp_path):
+    table, expected = int_table(1_000, seed=3)
+    root = f"file://{tmp_path}/mk"
+    record = run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table),
+                 value_column="payload", max_keys_per_shard=300)
+    manifest, shards = read_snapshot(root)
+    assert manifest.num_dbs == 4 and record["num_dbs"] == 4
+    assert_exact(manifest, shards, expected, "u64be")
+
+    few = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "payload": ["a", "b", "c"]})
+    root2 = f"file://{tmp_path}/sparse"
+    record = run(spark, output_uri=root2, key_column="id", input_path=write_parquet(tmp_path, few, "few"),
+                 value_column="payload", num_dbs=16)
+    manifest, shards = read_snapshot(root2)
+    # More shards than cores and than keys: one task per shard, the empty ones left out (sparse).
+    assert record["stats"]["attempts_seen"] == 16
+    assert len(manifest.shards) == 3 and record["stats"]["empty_shards"] == 13
+    assert_exact(manifest, shards, {1: b"a", 2: b"b", 3: b"c"}, "u64be")
+
+
+def test_empty_input_publishes_an_empty_snapshot(spark, tmp_path):
+    empty = pa.table({"id": pa.array([], pa.int64()), "payload": pa.array([], pa.string())})
+    root = f"file://{tmp_path}/empty"
+    record = run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, empty),
+                 value_column="payload", num_dbs=4)
+    manifest, shards = read_snapshot(root)
+    assert manifest.shards == () and shards == {} and record["stats"]["rows"] == 0
+    assert record["stats"]["empty_shards"] == 4
+    assert not list(open_store(root).list("shards/"))  # empty shards do no storage I/O
+
+
+def test_cel_direct_categorical_and_inferred(spark, tmp_path):
+    rows = 2_000
+    table = pa.table({
+        "id": pa.array(range(rows), pa.int64()),
+        "region": [["eu", "us", "apac"][i % 3] for i in range(rows)],
+        "payload": [f"p{i}" for i in range(rows)],
+    })
+    path = write_parquet(tmp_path, table)
+    expected = {i: f"p{i}".encode() for i in range(rows)}
+
+    root = f"file://{tmp_path}/direct"
+    run(spark, output_uri=root, key_column="id", input_path=path, value_column="payload",
+        cel_expr="shard_hash(id) % 4u", num_dbs=4)
+    manifest, shards = read_snapshot(root)
+    assert manifest.sharding.cel_mode == "direct" and manifest.sharding.cel_columns == {"id": "int"}
+    assert_exact(manifest, shards, expected, "u64be")  # same as hash routing, by construction
+
+    region_of = {i: ["eu", "us", "apac"][i % 3] for i in range(rows)}
+    root = f"file://{tmp_path}/cat"
+    run(spark, output_uri=root, key_column="id", input_path=path, value_column="payload",
+        cel_expr="region", cel_columns={"region": "string"}, routing_values=["us", "eu", "apac"])
+    manifest, shards = read_snapshot(root)
+    order = ["us", "eu", "apac"]
+    assert manifest.num_dbs == 3 and list(manifest.sharding.routing_values) == order
+    assert_exact(manifest, shards, expected, "u64be", router=lambda k: order.index(region_of[k]))
+
+    root = f"file://{tmp_path}/inferred"
+    run(spark, output_uri=root, key_column="id", input_path=path, value_column="payload",
+        cel_expr="region", cel_columns=["region"], infer_routing_values=True)
+    manifest, shards = read_snapshot(root)
+    inferred = ["apac", "eu", "us"]  # sorted distinct tokens
+    assert list(manifest.sharding.routing_values) == inferred
+    assert_exact(manifest, shards, expected, "u64be", router=lambda k: inferred.index(region_of[k]))
+
+
+def test_single_db_sorted_and_retried_into_attempt_01(spark, tmp_path):
+    table, expected = int_table(5_000, seed=9)
+    root = f"file://{tmp_path}/one"
+    record = run(spark, faults={"single_db_fail_attempts": 1}, output_uri=root, key_column="id",
+                 input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=1,
+                 shard_retry={"max_retries": 2, "initial_backoff_s": 0.1})
+    manifest, shards = read_snapshot(root)
+    assert [s.attempt for s in manifest.shards] == [1]
+    assert manifest.shards[0].db_url.endswith("/db=00000/attempt=01")
+    assert_exact(manifest, shards, expected, "u64be")
+    assert record["stats"]["rows"] == 5_000
+
+
+def test_task_failure_after_upload_retry_wins_and_failed_attempt_is_deleted(spark, tmp_path):
+    table, expected = int_table(4_000, seed=5)
+    root = f"file://{tmp_path}/retry"
+    run(spark, faults={"fail_after_upload": {"db_id": 2, "attempt": 0}}, output_uri=root, key_column="id",
+        input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=4)
+    manifest, shards = read_snapshot(root)
+    retried = manifest.shard(2)
+    assert retried.attempt == 1 and "/attempt=01-task=" in retried.db_url
+    assert_exact(manifest, shards, expected, "u64be")
+    db2 = [o.key for o in open_store(root).list(layout.shard_db_prefix(manifest.run_id, 2))]
+    assert db2 and all("/attempt=01-task=" in k for k in db2)  # the failed attempt=00 files are gone
+
+
+def _assert_failed_and_unpublished(root, run_id, previous_pointer, error_type, needle):
+    store = open_store(root)
+    record = read_run_record(store, run_id)
+    assert record is not None and record.status == "failed"
+    assert record.error.type == error_type and needle in record.error.message
+    try:
+        current = store.get(layout.CURRENT_KEY).data
+    except KeyError:
+        current = None
+    assert current == previous_pointer
+
+
+def test_verify_routing_mismatch_publishes_nothing(spark, tmp_path):
+    table, _ = int_table(1_000)
+    root = f"file://{tmp_path}/wrong"
+    with pytest.raises(ShardAssignmentError, match="verify_routing"):
+        run(spark, faults={"wrong_router": True}, output_uri=root, key_column="id", run_id="wrong-router",
+            input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=4)
+    _assert_failed_and_unpublished(root, "wrong-router", None, "ShardAssignmentError", "verify_routing")
+    assert not list(open_store(root).list("manifests/"))
+
+
+@pytest.mark.parametrize(
+    "case", ["null_key", "duplicate_key", "negative_u64be", "unknown_token", "cel_out_of_range"],
+)
+def test_bad_rows_fail_clearly_and_keep_current(spark, tmp_path, case):
+    root = f"file://{tmp_path}/bad"
+    good, _ = int_table(100)
+    run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, good, "good"),
+        value_column="payload", num_dbs=2, run_id="good-run")
+    before = open_store(root).get(layout.CURRENT_KEY).data
+    ids = list(range(50))
+    kwargs = dict(value_column="payload", num_dbs=2)
+    if case == "null_key":
+        ids[7] = None
+        err, needle = InputDataError, "null key"
+    elif case == "duplicate_key":
+        ids[9] = 3
+        err, needle = InputDataError, "duplicate key 3"
+    elif case == "negative_u64be":
+        ids[5] = -42
+        err, needle = KeyEncodingError, "-42"
+    elif case == "unknown_token":
+        kwargs = dict(value_column="payload", cel_expr="id < 25 ? 'low' : id < 40 ? 'mid' : 'high'",
+                      routing_values=["low", "mid"])
+        err, needle = ShardAssignmentError, "'high'"
+    else:
+        kwargs = dict(value_column="payload", cel_expr="id", num_dbs=40)
+        err, needle = ShardAssignmentError, "shard id 40"
+    table = pa.table({"id": pa.array(ids, pa.int64()), "payload": [f"v{i}" for i in range(50)]})
+    with pytest.raises(err, match=needle):
+        run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table, case),
+            run_id=f"bad-{case.replace('_', '-')}", **kwargs)
+    _assert_failed_and_unpublished(root, f"bad-{case.replace('_', '-')}", before, err.__name__, needle)
+
+
+def test_bad_column_is_a_config_error_in_the_run_record(spark, tmp_path):
+    table, _ = int_table(10)
+    root = f"file://{tmp_path}/cfg"
+    with pytest.raises(ConfigError, match="'nope' is not a column"):
+        run(spark, output_uri=root, key_column="nope", input_path=write_parquet(tmp_path, table),
+            value_column="payload", num_dbs=2, run_id="bad-column")
+    _assert_failed_and_unpublished(root, "bad-column", None, "ConfigError", "nope")
+
+
+def test_spark_submit_entry_script_success_and_failure(tmp_path):
+    """The real entry script through spark-submit: exit 0 publishes; exit 1 carries the writer's error."""
+    import base64
+
+    table, expected = int_table(2_000, seed=11)
+    path = write_parquet(tmp_path, table)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    spark_submit = str(Path(sys.executable).parent / "spark-submit")
+    entry = str(ROOT / "spark_jobs" / "sharded_write_job.py")
+
+    def submit(**kwargs):
+        cfg = build_write_config(input_path=path, key_column="id", value_column="payload", **kwargs)
+        b64 = base64.urlsafe_b64encode(cfg.to_json().encode()).decode()
+        return subprocess.run([spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", entry,
+                               "--config-b64", b64], env=env, capture_output=True, text=True, timeout=300)
+
+    ok_root = f"file://{tmp_path}/submit"
+    done = submit(output_uri=ok_root, num_dbs=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest, shards = read_snapshot(ok_root)
+    assert_exact(manifest, shards, expected, "u64be")
+    assert manifest.writer["spark_app_id"].startswith("local-")
+
+    dupes = pa.table({"id": pa.array([1, 2, 2], pa.int64()), "payload": ["a", "b", "c"]})
+    path = write_parquet(tmp_path, dupes, "dupes")
+    failed = submit(output_uri=f"file://{tmp_path}/submit-bad", num_dbs=2, run_id="submit-bad")
+    assert failed.returncode == 1
+    # spark-submit's PythonRunner merges the driver's stderr into stdout.
+    assert "shardyfusion job failed: InputDataError: column 'id': duplicate key 2" in failed.stdout + failed.stderr

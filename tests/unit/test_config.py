@@ -1,0 +1,331 @@
+"""Write configuration: build, validate, serialize, fingerprint (SPEC §3-§6, §8.1)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from airflow_provider_shardyfusion.core.config import (
+    ShardRetry,
+    WriteConfig,
+    build_write_config,
+)
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.storage import StorageOptions
+
+BASE = dict(output_uri="file:///data/out", key_column="id", input_path="/data/in", value_column="payload", num_dbs=4)
+
+
+def build(**over):
+    return build_write_config(**{**BASE, **over})
+
+
+# ---- happy path -----------------------------------------------------------------------------
+
+
+def test_build_happy_path_defaults():
+    cfg = build(run_id="run-1")
+    assert cfg.run_id == "run-1"
+    assert cfg.output_uri == "file:///data/out"
+    assert cfg.input.path == "/data/in" and cfg.input.format == "parquet" and cfg.input.table is None
+    assert cfg.key_column == "id" and cfg.key_encoding is None
+    assert cfg.value.format == "binary" and cfg.value.column == "payload"
+    assert cfg.sharding.strategy == "hash" and cfg.sharding.num_dbs == 4 and cfg.sharding.cel_mode is None
+    assert cfg.options.batch_size == 50_000 and cfg.options.verify_routing is True and cfg.options.sample_size == 20
+    assert cfg.options.lease_seconds == 600 and cfg.options.heartbeat_seconds == 60
+    assert cfg.storage_options == StorageOptions()
+
+
+def test_build_generates_run_id():
+    first, second = build(), build()
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}", first.run_id)
+    assert first.run_id != second.run_id
+
+
+def test_build_normalizes_output_uri():
+    assert build(output_uri="s3a://my-bucket/snap/").output_uri == "s3://my-bucket/snap"
+    assert build(output_uri="/data/out/").output_uri == "file:///data/out"
+
+
+def test_cel_modes():
+    direct = build(cel_expr="shard_hash(id) % 4u")
+    assert direct.sharding.strategy == "cel" and direct.sharding.cel_mode == "direct"
+    cat = build(num_dbs=None, cel_expr="region", cel_columns={"region": "string"}, routing_values=["eu", "us"])
+    assert cat.sharding.cel_mode == "categorical" and cat.sharding.routing_values == ("eu", "us")
+    inferred = build(num_dbs=None, cel_expr="region", cel_columns=["region"], infer_routing_values=True)
+    assert inferred.sharding.cel_mode == "categorical" and inferred.sharding.cel_columns == {"region": None}
+
+
+def full_config(**over):
+    args = dict(
+        output_uri="s3://my-bucket/snap", key_column="user_id", input_path="s3://in/data", input_format="csv",
+        input_options={"header": "true", "sep": ";"}, value_columns=["name", "age"], value_format="json",
+        num_dbs=None, cel_expr="region", cel_columns={"region": "string"}, routing_values=["eu", "us", "ap"],
+        key_encoding="utf8", run_id="run-7", batch_size=1000, verify_routing=False, sample_size=5,
+        cache_input=True, sort_within_partitions=False, max_writes_per_second=100.0,
+        max_write_bytes_per_second=1e6, shard_retry={"max_retries": 3, "initial_backoff_s": 0.5},
+        sort_run_rows=10, allow_duplicate_keys=True, lease_seconds=30.0, heartbeat_seconds=5.0,
+        spark_conf_overrides={"spark.sql.shuffle.partitions": 8},
+        storage_options={"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1",
+                         "addressing_style": "path", "max_attempts": 2},
+        airflow_context={"dag_id": "d", "task_id": "t", "run_id": "manual__1", "try_number": 2},
+    )
+    args.update(over)
+    return build_write_config(**args)
+
+
+@pytest.mark.parametrize("make", [lambda: build(run_id="r1"), full_config], ids=["minimal", "full"])
+def test_dict_and_json_round_trip(make):
+    cfg = make()
+    assert WriteConfig.from_dict(cfg.to_dict()) == cfg
+    text = cfg.to_json()
+    back = WriteConfig.from_json(text)
+    assert back == cfg
+    assert back.validate() == cfg
+    assert back.to_json() == text  # deterministic
+    assert json.loads(text) == cfg.to_dict()
+
+
+def test_full_config_values_survive_json():
+    back = WriteConfig.from_json(full_config().to_json())
+    assert back.input.options == {"header": "true", "sep": ";"}
+    assert back.value.columns == ("name", "age")
+    assert back.options.shard_retry == ShardRetry(max_retries=3, initial_backoff_s=0.5)
+    assert back.spark_conf_overrides == {"spark.sql.shuffle.partitions": "8"}
+    assert back.storage_options.endpoint_url == "http://127.0.0.1:9000"
+    assert back.airflow_context == {"dag_id": "d", "task_id": "t", "run_id": "manual__1", "try_number": 2}
+
+
+def test_secrets_never_serialized():
+    cfg = build(storage_options={"aws_access_key_id": "AKIDSECRETID", "aws_secret_access_key": "TOPSECRETKEY",
+                                 "aws_session_token": "SESSIONTOKENX"})
+    assert cfg.storage_options.aws_secret_access_key == "TOPSECRETKEY"  # usable in-process
+    for text in (cfg.to_json(), repr(cfg), cfg.fingerprint()):
+        for secret in ("AKIDSECRETID", "TOPSECRETKEY", "SESSIONTOKENX"):
+            assert secret not in text
+
+
+def test_fingerprint_stable_across_run_ids_and_airflow_context():
+    a = full_config(run_id="run-a", airflow_context={"dag_id": "x"})
+    b = full_config(run_id="run-b", airflow_context=None)
+    assert a.fingerprint() == b.fingerprint()
+    assert a.with_run_id("run-c").fingerprint() == a.fingerprint()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", a.fingerprint())
+    assert WriteConfig.from_json(a.to_json()).fingerprint() == a.fingerprint()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(key_column="other"), dict(batch_size=999), dict(routing_values=["eu", "us", "af"]),
+     dict(output_uri="s3://my-bucket/snap2"), dict(value_columns=["age", "name"]), dict(key_encoding=None)],
+)
+def test_fingerprint_changes_with_config(change):
+    assert full_config(**change).fingerprint() != full_config().fingerprint()
+
+
+def test_with_run_id():
+    cfg = build(run_id="r1")
+    assert cfg.with_run_id("r2").run_id == "r2" and cfg.run_id == "r1"
+
+
+# ---- one test per rule ----------------------------------------------------------------------
+
+
+def assert_config_error(names, **over):
+    with pytest.raises(ConfigError) as info:
+        build(**over)
+    message = str(info.value)
+    for name in names if isinstance(names, tuple) else (names,):
+        assert name in message, f"{name!r} not named in: {message}"
+    return message
+
+
+def test_bad_run_id():
+    assert_config_error(("run_id", "'a/b'"), run_id="a/b")
+
+
+def test_bad_run_id_too_long():
+    assert_config_error("run_id", run_id="r" * 129)
+
+
+def test_bad_output_uri():
+    assert_config_error(("output_uri", "'relative/out'"), output_uri="relative/out")
+
+
+def test_bad_output_uri_dotdot():
+    assert_config_error("output_uri", output_uri="s3://bucket/a/../b")
+
+
+def test_num_dbs_and_max_keys_both():
+    assert_config_error(("num_dbs", "max_keys_per_shard"), max_keys_per_shard=1000)
+
+
+def test_num_dbs_and_max_keys_neither():
+    assert_config_error(("num_dbs", "max_keys_per_shard"), num_dbs=None)
+
+
+def test_max_keys_per_shard_alone_is_fine_and_positive():
+    assert build(num_dbs=None, max_keys_per_shard=1000).sharding.max_keys_per_shard == 1000
+    assert_config_error("max_keys_per_shard", num_dbs=None, max_keys_per_shard=0)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5])
+def test_num_dbs_invalid(bad):
+    assert_config_error("num_dbs", num_dbs=bad)
+
+
+def test_cel_compile_error():
+    assert_config_error(("cel_expr", "'id +'"), cel_expr="id +")
+
+
+def test_cel_undeclared_column():
+    assert_config_error(("cel_expr", "region"), cel_expr="region", num_dbs=None, routing_values=["a"])
+
+
+def test_cel_direct_without_num_dbs():
+    assert_config_error(("num_dbs", "CEL"), num_dbs=None, cel_expr="shard_hash(id) % 4u")
+
+
+def test_cel_options_without_cel_expr():
+    assert_config_error(("cel_columns", "cel_expr"), cel_columns=["x"])
+
+
+def test_routing_values_duplicates():
+    assert_config_error(("routing_values", "unique", "'eu'"), num_dbs=None, cel_expr="id", routing_values=["eu", "us", "eu"])
+
+
+def test_routing_values_mixed_types():
+    assert_config_error(("routing_values", "all strings or all integers"), num_dbs=None, cel_expr="id",
+                        routing_values=["eu", 1])
+
+
+def test_routing_values_null():
+    assert_config_error(("routing_values", "null"), num_dbs=None, cel_expr="id", routing_values=["eu", None])
+
+
+def test_routing_values_length_vs_num_dbs():
+    assert_config_error(("num_dbs", "routing_values"), num_dbs=3, cel_expr="id", routing_values=["eu", "us"])
+
+
+def test_routing_values_and_infer_both():
+    assert_config_error(("routing_values", "infer_routing_values"), num_dbs=None, cel_expr="id",
+                        routing_values=["eu"], infer_routing_values=True)
+
+
+@pytest.mark.parametrize("name", ["max_writes_per_second", "max_write_bytes_per_second"])
+@pytest.mark.parametrize("bad", [0, -1, 0.0])
+def test_rate_limits_must_be_positive(name, bad):
+    assert_config_error(name, **{name: bad})
+
+
+def test_batch_size_zero():
+    assert_config_error("batch_size", batch_size=0)
+
+
+def test_sample_size_zero():
+    assert_config_error("sample_size", sample_size=0)
+
+
+def test_no_input():
+    assert_config_error(("input_path", "input_table", "input_sql", "none"), input_path=None)
+
+
+def test_two_inputs():
+    message = assert_config_error(("input_path", "input_table"), input_table="db.tbl")
+    assert "got input_path, input_table" in message
+
+
+def test_bad_input_format():
+    assert_config_error(("input_format", "'xls'"), input_format="xls")
+
+
+def test_binary_without_value_column():
+    assert_config_error(("value_column", "binary"), value_column=None)
+
+
+def test_binary_with_value_columns():
+    assert_config_error("value_columns", value_columns=["a", "b"])
+
+
+def test_json_without_value_columns():
+    assert_config_error(("value_columns", "json"), value_column=None, value_format="json")
+
+
+def test_json_repeated_value_columns():
+    assert_config_error("value_columns", value_column=None, value_format="json", value_columns=["a", "a"])
+
+
+def test_bad_value_format():
+    assert_config_error(("value_format", "'xml'"), value_format="xml")
+
+
+def test_bad_key_encoding():
+    assert_config_error(("key_encoding", "'zigzag'"), key_encoding="zigzag")
+
+
+def test_heartbeat_not_shorter_than_lease():
+    assert_config_error(("heartbeat_seconds", "lease_seconds"), heartbeat_seconds=600, lease_seconds=600)
+    assert_config_error(("heartbeat_seconds", "lease_seconds"), heartbeat_seconds=700, lease_seconds=600)
+
+
+def test_unknown_storage_option_key():
+    assert_config_error(("storage_options", "'bogus'"), storage_options={"bogus": 1})
+
+
+def test_bad_storage_option_values():
+    assert_config_error("storage_options.addressing_style", storage_options={"addressing_style": "sideways"})
+    assert_config_error("storage_options.endpoint_url", storage_options={"endpoint_url": "ftp://x"})
+    assert_config_error("storage_options.max_attempts", storage_options={"max_attempts": 0})
+
+
+def test_empty_key_column():
+    assert_config_error("key_column", key_column="")
+
+
+def test_bad_shard_retry():
+    assert_config_error(("shard_retry", "'x'"), shard_retry={"x": 1})
+    assert_config_error("shard_retry.max_retries", shard_retry=-1)
+    assert_config_error("shard_retry", shard_retry=True)
+
+
+def test_shard_retry_backoff():
+    retry = ShardRetry(max_retries=5, initial_backoff_s=1.0, max_backoff_s=5.0)
+    assert [retry.backoff(n) for n in (1, 2, 3, 4, 5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+# ---- deserialization errors -----------------------------------------------------------------
+
+
+def test_from_json_not_json():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        WriteConfig.from_json("{nope")
+
+
+def test_from_dict_future_version():
+    data = build(run_id="r1").to_dict()
+    data["format_version"] = 99
+    with pytest.raises(ConfigError, match="format_version 99"):
+        WriteConfig.from_dict(data)
+
+
+def test_from_dict_missing_field():
+    data = build(run_id="r1").to_dict()
+    del data["key_column"]
+    with pytest.raises(ConfigError, match="'key_column'"):
+        WriteConfig.from_dict(data)
+
+
+def test_from_dict_unknown_option():
+    data = build(run_id="r1").to_dict()
+    data["options"]["turbo"] = True
+    with pytest.raises(ConfigError, match="'turbo'"):
+        WriteConfig.from_dict(data)
+
+
+def test_validate_refuses_non_canonical_output_uri():
+    data = build(run_id="r1").to_dict()
+    data["output_uri"] = "file:///data/out/"
+    with pytest.raises(ConfigError, match="output_uri"):
+        WriteConfig.from_dict(data).validate()

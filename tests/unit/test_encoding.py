@@ -1,0 +1,221 @@
+"""Key encodings and value formats (SPEC §5)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_shardyfusion.core import encoding
+from airflow_provider_shardyfusion.core.encoding import (
+    decode_key,
+    decode_value,
+    encode_binary_value,
+    encode_json_value,
+    encode_key,
+)
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, KeyEncodingError
+
+U64_MAX, U32_MAX = 2**64 - 1, 2**32 - 1
+
+
+@pytest.mark.parametrize(
+    ("key", "enc", "stored"),
+    [
+        (0, "u64be", b"\x00" * 8),
+        (1, "u64be", b"\x00" * 7 + b"\x01"),
+        (U64_MAX, "u64be", b"\xff" * 8),
+        (0x0102030405060708, "u64be", bytes(range(1, 9))),
+        (0, "u32be", b"\x00" * 4),
+        (0x01020304, "u32be", b"\x01\x02\x03\x04"),
+        (U32_MAX, "u32be", b"\xff" * 4),
+        ("", "utf8", b""),
+        ("héllo", "utf8", "héllo".encode()),
+        (b"", "raw", b""),
+        (b"\x00\xffab", "raw", b"\x00\xffab"),
+    ],
+)
+def test_encode_decode_known_bytes(key, enc, stored):
+    assert encode_key(key, enc) == stored
+    assert decode_key(stored, enc) == key
+
+
+def test_raw_accepts_bytearray_and_memoryview():
+    assert encode_key(bytearray(b"ab"), "raw") == b"ab"
+    assert encode_key(memoryview(b"ab"), "raw") == b"ab"
+    assert type(encode_key(bytearray(b"ab"), "raw")) is bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, U64_MAX))
+def test_u64be_round_trip(key):
+    data = encode_key(key, "u64be")
+    assert len(data) == 8 and decode_key(data, "u64be") == key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, U32_MAX))
+def test_u32be_round_trip(key):
+    data = encode_key(key, "u32be")
+    assert len(data) == 4 and decode_key(data, "u32be") == key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_utf8_round_trip(key):
+    assert decode_key(encode_key(key, "utf8"), "utf8") == key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary())
+def test_raw_round_trip(key):
+    assert decode_key(encode_key(key, "raw"), "raw") == key
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, U64_MAX), st.integers(0, U64_MAX))
+def test_u64be_preserves_order(a, b):
+    ea, eb = encode_key(a, "u64be"), encode_key(b, "u64be")
+    assert (a < b) == (ea < eb) and (a == b) == (ea == eb)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, U32_MAX), st.integers(0, U32_MAX))
+def test_u32be_preserves_order(a, b):
+    ea, eb = encode_key(a, "u32be"), encode_key(b, "u32be")
+    assert (a < b) == (ea < eb) and (a == b) == (ea == eb)
+
+
+def test_sorted_encoded_keys_give_sorted_ints():
+    keys = [5, 256, 1, 2**40, 255, 0, 65536, 2**63]
+    assert [decode_key(e, "u64be") for e in sorted(encode_key(k, "u64be") for k in keys)] == sorted(keys)
+
+
+@pytest.mark.parametrize(
+    ("key", "enc", "error", "shown"),
+    [
+        (-1, "u64be", KeyEncodingError, "-1"),
+        (U64_MAX + 1, "u64be", KeyEncodingError, str(U64_MAX + 1)),
+        (-5, "u32be", KeyEncodingError, "-5"),
+        (U32_MAX + 1, "u32be", KeyEncodingError, str(U32_MAX + 1)),
+        ("12", "u64be", KeyEncodingError, "'12'"),
+        (1.5, "u32be", KeyEncodingError, "1.5"),
+        (True, "u64be", KeyEncodingError, "True"),
+        (7, "utf8", KeyEncodingError, "7"),
+        (b"ab", "utf8", KeyEncodingError, "b'ab'"),
+        ("ab", "raw", KeyEncodingError, "'ab'"),
+        (3, "raw", KeyEncodingError, "3"),
+        ("\ud800", "utf8", KeyEncodingError, "'\\ud800'"),  # lone surrogate: not encodable as UTF-8
+    ],
+)
+def test_bad_keys_name_column_and_value(key, enc, error, shown):
+    with pytest.raises(error) as info:
+        encode_key(key, enc, column="user_id")
+    message = str(info.value)
+    assert "'user_id'" in message
+    assert shown in message
+    assert isinstance(info.value, InputDataError)
+
+
+@pytest.mark.parametrize("enc", encoding.KEY_ENCODINGS)
+def test_null_key_rejected_naming_column(enc):
+    with pytest.raises(InputDataError, match="'user_id'.*null"):
+        encode_key(None, enc, column="user_id")
+
+
+def test_long_offending_value_is_truncated():
+    with pytest.raises(KeyEncodingError) as info:
+        encode_key("x" * 10_000, "u64be", column="k")
+    assert len(str(info.value)) < 400 and "..." in str(info.value)
+
+
+def test_unknown_key_encoding():
+    with pytest.raises(ConfigError, match="key_encoding 'zigzag'"):
+        encode_key(1, "zigzag")
+    with pytest.raises(ConfigError, match="key_encoding 'zigzag'"):
+        decode_key(b"\x00", "zigzag")
+    with pytest.raises(ConfigError, match="key_encoding"):
+        encoding.validate_key_encoding(None)
+
+
+@pytest.mark.parametrize(("kind", "enc"), [("int", "u64be"), ("string", "utf8"), ("binary", "raw")])
+def test_default_key_encoding(kind, enc):
+    assert encoding.default_key_encoding(kind) == enc
+    assert encoding.key_kind_of_encoding(enc) == kind
+
+
+def test_default_key_encoding_unknown_kind():
+    with pytest.raises(ConfigError, match="'double'"):
+        encoding.default_key_encoding("double")
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+
+def test_binary_values():
+    assert encode_binary_value(b"\x00\x01") == b"\x00\x01"
+    assert encode_binary_value("é") == "é".encode()
+    assert encode_binary_value(None) == b""
+    assert decode_value(b"\x00\x01", "binary") == b"\x00\x01"
+
+
+def test_binary_value_wrong_type_names_column():
+    with pytest.raises(InputDataError, match=r"'payload'.*42"):
+        encode_binary_value(42, column="payload")
+
+
+def test_json_value_compact_and_sorted():
+    row = {"b": 1, "a": "é", "c": [1, 2.5, None], "d": {"z": 1, "y": 2}, "e": True}
+    data = encode_json_value(row)
+    assert data == '{"a":"é","b":1,"c":[1,2.5,null],"d":{"y":2,"z":1},"e":true}'.encode()
+    assert decode_value(data, "json") == row
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=10),
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.text(),
+                  st.floats(allow_nan=False, allow_infinity=False)),
+        max_size=8,
+    )
+)
+def test_json_value_round_trip(row):
+    data = encode_json_value(row)
+    assert decode_value(data, "json") == row
+    assert data == json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_json_value_extended_types():
+    row = {"when": dt.datetime(2024, 1, 2, 3, 4, 5), "day": dt.date(2024, 1, 2),
+           "amount": decimal.Decimal("12.50"), "blob": b"\x00\xff"}
+    assert json.loads(encode_json_value(row)) == {
+        "when": "2024-01-02T03:04:05", "day": "2024-01-02", "amount": "12.50",
+        "blob": base64.b64encode(b"\x00\xff").decode(),
+    }
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), [1.0, float("nan")]])
+def test_json_value_refuses_nan_naming_column(bad):
+    with pytest.raises(InputDataError) as info:
+        encode_json_value({"ok": 1, "score": bad})
+    assert "'score'" in str(info.value)
+    assert "'ok'" not in str(info.value)
+
+
+def test_json_value_unserializable_names_column():
+    with pytest.raises(InputDataError, match="'obj'"):
+        encode_json_value({"obj": object()})
+
+
+def test_unknown_value_format():
+    with pytest.raises(ConfigError, match="value_format 'avro'"):
+        decode_value(b"", "avro")
+    with pytest.raises(ConfigError, match="value_format"):
+        encoding.validate_value_format("text")
+    assert encoding.validate_value_format("json") == "json"

@@ -1,0 +1,339 @@
+"""Persisted objects (SPEC §7): _CURRENT pointer, manifest, run record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError, RunRecordError
+from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.run_record import RunError, RunRecord
+
+T0 = datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
+ROOT = "s3://my-bucket/snap"
+RUN = "20240102T030405Z-0a1b2c3d"
+
+
+def shard(db_id, *, run_id=RUN, root=ROOT, attempt=0, task=7, url=None):
+    return ShardEntry(
+        db_id=db_id,
+        db_url=url or layout.join(root, layout.attempt_key(run_id, db_id, attempt, task)),
+        attempt=attempt, task_attempt_id=task, row_count=10 + db_id, byte_size=1000 + db_id,
+        min_key="0000000000000001", max_key="00000000000000ff",
+        files=(ShardFile("000001.sst", 900, "xxh3_128:" + "a" * 32), ShardFile("CURRENT", 16, "xxh3_128:" + "b" * 32)),
+    )
+
+
+def manifest(**over):
+    base = dict(
+        run_id=RUN, created_at=T0, output_uri=ROOT, num_dbs=4,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        shards=(shard(0), shard(2), shard(3, attempt=1, task=None)), value_columns=("payload",),
+        storage_engine={"name": "rocksdb", "writer": "rocksdict 0.3.29"},
+        stats={"rows": 36, "empty_shards": [1]}, writer={"provider": "0.1.0", "spark": "4.2.0"},
+    )
+    base.update(over)
+    return Manifest(**base)
+
+
+def manifest_json(**changes):
+    data = manifest().to_dict()
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+# ---- _CURRENT -------------------------------------------------------------------------------
+
+
+def pointer(run_id=RUN, root=ROOT, ref=None):
+    return CurrentPointer(manifest_ref=ref or layout.join(root, layout.manifest_key(run_id, T0)), run_id=run_id,
+                          updated_at=T0)
+
+
+def test_pointer_round_trips():
+    p = pointer()
+    assert CurrentPointer.from_dict(p.to_dict()) == p
+    assert CurrentPointer.from_bytes(p.to_bytes()) == p
+    assert set(p.to_dict()) == {"format_version", "manifest_ref", "manifest_content_type", "run_id", "updated_at"}
+    assert json.loads(p.to_bytes())["updated_at"] == "2024-01-02T03:04:05.123456Z"
+
+
+def test_pointer_check_root_accepts_own_manifest():
+    pointer().check_root(ROOT)
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        layout.join("s3://my-bucket/other", layout.manifest_key(RUN, T0)),  # another root
+        layout.join("s3://my-bucket/snap-2", layout.manifest_key(RUN, T0)),  # root sharing a string prefix
+        layout.join("s3://evil-bucket/snap", layout.manifest_key(RUN, T0)),
+        layout.join(ROOT, layout.manifest_key("other-run", T0)),  # another run's manifest
+        f"{ROOT}/manifests/../runs/run_id={RUN}/manifest.json",
+        f"{ROOT}/runs/run_id={RUN}/run.json",  # not a manifest key
+        f"{ROOT}/manifests/x_run_id={RUN}/manifest.json",
+    ],
+)
+def test_pointer_check_root_refuses(ref):
+    with pytest.raises(ManifestValidationError, match="manifest_ref"):
+        pointer(ref=ref).check_root(ROOT)
+
+
+def test_pointer_future_version():
+    data = pointer().to_dict() | {"format_version": 2}
+    with pytest.raises(ManifestValidationError, match="format_version 2"):
+        CurrentPointer.from_bytes(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("field", ["manifest_ref", "run_id", "updated_at", "manifest_content_type"])
+def test_pointer_missing_field(field):
+    data = pointer().to_dict()
+    del data[field]
+    with pytest.raises(ManifestValidationError, match=field):
+        CurrentPointer.from_bytes(json.dumps(data).encode())
+
+
+def test_pointer_bad_run_id():
+    data = pointer().to_dict() | {"run_id": "../x"}
+    with pytest.raises(ManifestValidationError, match="run_id"):
+        CurrentPointer.from_bytes(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("data", [b"not json", b"[1]", b"", b"\xff\xfe"])
+def test_pointer_not_json(data):
+    with pytest.raises(ManifestValidationError, match="_CURRENT"):
+        CurrentPointer.from_bytes(data)
+
+
+# ---- manifest -------------------------------------------------------------------------------
+
+
+def test_manifest_round_trips():
+    m = manifest().validate()
+    assert Manifest.from_dict(m.to_dict()) == m
+    assert Manifest.from_bytes(m.to_bytes()) == m
+    back = Manifest.from_bytes(m.to_bytes())
+    assert back.shard(2).files[0] == ShardFile("000001.sst", 900, "xxh3_128:" + "a" * 32)
+    assert back.shard(3).task_attempt_id is None and back.shard(1) is None
+    assert back.row_count == 10 + 12 + 13 and back.byte_size == 1000 + 1002 + 1003
+
+
+def test_manifest_cel_round_trip():
+    m = manifest(num_dbs=3, sharding=ShardingInfo(strategy="cel", key_column="id", cel_expr="region",
+                                                  cel_columns={"region": "string"}, cel_mode="categorical",
+                                                  routing_values=("eu", "us", "ap")),
+                 shards=(shard(0), shard(2)))
+    back = Manifest.from_bytes(m.to_bytes())
+    assert back == m and back.sharding.routing_values == ("eu", "us", "ap")
+
+
+def test_manifest_bytes_are_compact_sorted_json():
+    data = manifest().to_bytes()
+    assert data == json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+    assert json.loads(data)["sharding"]["hash_algorithm"] == "xxh3_64"
+
+
+def test_manifest_empty_shard_list_is_valid():
+    assert Manifest.from_bytes(manifest(shards=()).to_bytes()).shards == ()
+
+
+def test_manifest_future_format_version():
+    with pytest.raises(ManifestValidationError, match="format_version 2"):
+        Manifest.from_bytes(manifest_json(format_version=2))
+    with pytest.raises(ManifestValidationError, match="format_version"):
+        manifest(format_version=2).validate()
+
+
+def test_manifest_missing_hash_algorithm():
+    data = manifest().to_dict()
+    del data["sharding"]["hash_algorithm"]
+    with pytest.raises(ManifestValidationError, match="hash_algorithm"):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+def test_manifest_unknown_hash_algorithm():
+    data = manifest().to_dict()
+    data["sharding"]["hash_algorithm"] = "murmur3"
+    with pytest.raises(ManifestValidationError, match="'murmur3'"):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+def test_manifest_duplicate_shard_ids():
+    with pytest.raises(ManifestValidationError, match="db_id 2 appears more than once"):
+        Manifest.from_bytes(manifest(shards=(shard(2), shard(2, attempt=1))).to_bytes())
+
+
+@pytest.mark.parametrize("db_id", [4, -1, 100])
+def test_manifest_shard_id_out_of_range(db_id):
+    bad = shard(0, url=layout.join(ROOT, f"shards/run_id={RUN}/db=00000/attempt=00"))
+    with pytest.raises(ManifestValidationError, match=rf"{db_id} is outside \[0, 4\)"):
+        Manifest.from_bytes(manifest(shards=(replace(bad, db_id=db_id),)).to_bytes())
+
+
+def test_manifest_routing_values_length_mismatch():
+    sharding = ShardingInfo(strategy="cel", key_column="id", cel_expr="region", cel_columns={"region": "string"},
+                            cel_mode="categorical", routing_values=("eu", "us"))
+    with pytest.raises(ManifestValidationError, match="routing_values has 2 values but num_dbs is 4"):
+        Manifest.from_bytes(manifest(sharding=sharding).to_bytes())
+
+
+def test_manifest_categorical_without_routing_values():
+    sharding = ShardingInfo(strategy="cel", key_column="id", cel_expr="region", cel_columns={"region": "string"},
+                            cel_mode="categorical")
+    with pytest.raises(ManifestValidationError, match="routing_values"):
+        manifest(sharding=sharding).validate()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{ROOT}/shards/run_id=other-run/db=00001/attempt=00",  # another run
+        f"{ROOT}/shards/run_id={RUN}x/db=00001/attempt=00",  # run id sharing a prefix
+        f"s3://my-bucket/elsewhere/shards/run_id={RUN}/db=00001/attempt=00",  # another root
+        f"s3://evil-bucket/snap/shards/run_id={RUN}/db=00001/attempt=00",
+        f"file:///snap/shards/run_id={RUN}/db=00001/attempt=00",
+        f"{ROOT}/shards/run_id={RUN}/../run_id=other-run/db=00001/attempt=00",  # '..' escape
+        f"{ROOT}/shards/run_id={RUN}/db=00001/../../../../etc",
+        f"{ROOT}/manifests/x",
+    ],
+)
+def test_manifest_db_url_outside_own_shards_folder(url):
+    with pytest.raises(ManifestValidationError, match="db_url"):
+        Manifest.from_bytes(manifest(shards=(shard(1, url=url),)).to_bytes())
+
+
+def test_manifest_db_url_on_file_root():
+    root = "file:///data/snap"
+    ok = manifest(output_uri=root, shards=(shard(0, root=root),))
+    assert Manifest.from_bytes(ok.to_bytes()) == ok
+    with pytest.raises(ManifestValidationError, match="db_url"):
+        manifest(output_uri=root, shards=(shard(0, root="file:///data/other"),)).validate()
+
+
+@pytest.mark.parametrize("data", [b"not json", b"", b"[]", b'"manifest"', b"\xff\x00"])
+def test_manifest_not_json(data):
+    with pytest.raises(ManifestValidationError, match="manifest"):
+        Manifest.from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(key_encoding="zigzag"), "key_encoding"),
+        (dict(value_format="xml"), "value_format"),
+        (dict(num_dbs=0), "num_dbs"),
+        (dict(run_id="../x"), "run_id"),
+        (dict(output_uri="relative/x"), "output_uri"),
+        (dict(created_at="yesterday"), "created_at"),
+        (dict(num_dbs="4"), "num_dbs"),
+        (dict(format_version="1"), "format_version"),
+        (dict(shards=[1, 2]), "shard entry"),
+    ],
+)
+def test_manifest_other_bad_fields(change, match):
+    with pytest.raises(ManifestValidationError, match=match):
+        Manifest.from_bytes(manifest_json(**change))
+
+
+def test_manifest_shard_file_name_escape():
+    data = manifest().to_dict()
+    data["shards"][0]["files"][0]["name"] = "../../etc/passwd"
+    with pytest.raises(ManifestValidationError, match="name"):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+def test_manifest_negative_counts():
+    with pytest.raises(ManifestValidationError, match="negative"):
+        manifest(shards=(replace(shard(0), row_count=-1),)).validate()
+
+
+# ---- run record -----------------------------------------------------------------------------
+
+
+def record(**over):
+    base = dict(run_id=RUN, status="running", started_at=T0, updated_at=T0 + timedelta(seconds=5),
+                lease_expires_at=T0 + timedelta(minutes=10), output_uri=ROOT, num_dbs=4,
+                config_fingerprint="sha256:" + "0" * 64, writer={"spark_app_id": "local-1"})
+    base.update(over)
+    return RunRecord(**base)
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        record(),
+        record(status="succeeded", finished_at=T0 + timedelta(minutes=2),
+               manifest_ref=layout.join(ROOT, layout.manifest_key(RUN, T0)), stats={"rows": 10}),
+        record(status="failed", finished_at=T0 + timedelta(minutes=1),
+               error=RunError(type="ShardWriteError", message="db 3 failed", traceback_tail="Traceback...")),
+    ],
+    ids=["running", "succeeded", "failed"],
+)
+def test_run_record_round_trips(rec):
+    rec.validate()
+    assert RunRecord.from_dict(rec.to_dict()) == rec
+    assert RunRecord.from_bytes(rec.to_bytes()) == rec
+
+
+def test_run_record_lease_expired():
+    rec = record()
+    assert not rec.lease_expired(T0 + timedelta(minutes=9))
+    assert rec.lease_expired(T0 + timedelta(minutes=10))
+    assert not record(status="failed", error=RunError("X", "y")).lease_expired(T0 + timedelta(days=1))
+    assert not rec.is_terminal and record(status="failed", error=RunError("X", "y")).is_terminal
+
+
+def test_run_error_from_exception():
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        err = RunError.from_exception(exc)
+    assert err.type == "ValueError" and err.message == "boom" and "boom" in err.traceback_tail
+
+
+def run_record_json(**changes):
+    data = record().to_dict()
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+def test_run_record_bad_status():
+    with pytest.raises(RunRecordError, match="status 'paused'"):
+        RunRecord.from_bytes(run_record_json(status="paused"))
+
+
+def test_run_record_succeeded_without_manifest_ref():
+    with pytest.raises(RunRecordError, match="manifest_ref"):
+        RunRecord.from_bytes(run_record_json(status="succeeded"))
+
+
+def test_run_record_failed_without_error():
+    with pytest.raises(RunRecordError, match="error"):
+        RunRecord.from_bytes(run_record_json(status="failed"))
+
+
+def test_run_record_future_version():
+    with pytest.raises(RunRecordError, match="format_version 3"):
+        RunRecord.from_bytes(run_record_json(format_version=3))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [(dict(run_id=".."), "run_id"), (dict(started_at="yesterday"), "started_at"),
+     (dict(lease_expires_at=None), "lease_expires_at"), (dict(output_uri=None), "output_uri"),
+     (dict(format_version=None), "format_version")],
+)
+def test_run_record_bad_fields(change, match):
+    with pytest.raises(RunRecordError, match=match):
+        RunRecord.from_bytes(run_record_json(**change))
+
+
+@pytest.mark.parametrize("data", [b"nope", b"[]", b""])
+def test_run_record_not_json(data):
+    with pytest.raises(RunRecordError, match="run record"):
+        RunRecord.from_bytes(data)
