@@ -1,0 +1,217 @@
+"""``shardyfusion``: inspect and query published snapshots from a shell; every command prints JSON.
+
+    shardyfusion current  URI                     the _CURRENT pointer
+    shardyfusion manifest URI [--run-id RUN]      the live manifest, or the one of a given run
+    shardyfusion runs     URI                     every run record under runs/
+    shardyfusion get      URI KEY [KEY ...]       look keys up through ShardedReader
+
+S3-compatible servers: ``--endpoint-url``, ``--region``, ``--path-style``. Credentials are never
+flags: boto3 takes them from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...).
+Errors print one line on stderr and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+from .core import layout
+from .core.errors import ShardyfusionError
+from .core.storage import ObjectStore, StorageOptions, open_store
+
+PROG = "shardyfusion"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line and status 1, like every other failure
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("uri", metavar="URI", help="output root: s3://bucket/prefix or file:///abs/dir")
+    common.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
+    common.add_argument("--region", help="S3 region name")
+    common.add_argument("--path-style", action="store_true", help="path-style S3 addressing (most non-AWS servers)")
+
+    parser = _Parser(
+        prog=PROG,
+        description="Inspect and query published shardyfusion snapshots; every command prints JSON. "
+                    "S3 credentials come from the environment (boto3's default chain), never from flags.",
+    )
+    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    subs.add_parser("current", parents=[common], help="print the _CURRENT pointer")
+    manifest = subs.add_parser("manifest", parents=[common], help="print a manifest (default: the live one)")
+    manifest.add_argument("--run-id", help="print the manifest of this run instead of the one _CURRENT names")
+    subs.add_parser("runs", parents=[common], help="list run records")
+    get = subs.add_parser(
+        "get", parents=[common], help="look keys up in the live snapshot",
+        description="Values print as JSON objects (value_format json), UTF-8 text when the bytes decode, "
+                    "else base64; 'value_encoding' says which ('json', 'utf8', 'base64'; null if absent).",
+    )
+    get.add_argument("keys", metavar="KEY", nargs="+")
+    get.add_argument(
+        "--key-type", choices=("auto", "int", "str", "bytes", "hex"), default="auto",
+        help="auto (default): int if KEY parses as one and the snapshot's key_encoding is u64be/u32be, "
+             "UTF-8 bytes for raw keys, else str; bytes: the UTF-8 bytes of KEY; hex: KEY is hex of the bytes",
+    )
+    get.add_argument("--routing-context", metavar="JSON",
+                     help="JSON object of the other CEL routing columns, for multi-column CEL snapshots")
+    get.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
+    return parser
+
+
+def _storage_options(args: argparse.Namespace) -> StorageOptions:
+    return StorageOptions.from_dict({
+        k: v for k, v in (
+            ("endpoint_url", args.endpoint_url), ("region_name", args.region),
+            ("addressing_style", "path" if args.path_style else None),
+        ) if v is not None
+    })
+
+
+def _cmd_current(store: ObjectStore, args: argparse.Namespace) -> Any:
+    from .core.pointer import CurrentPointer
+
+    pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
+    return pointer.to_dict()
+
+
+def _cmd_manifest(store: ObjectStore, args: argparse.Namespace) -> Any:
+    from .core.errors import ObjectNotFoundError
+    from .core.manifest import Manifest
+    from .core.pointer import CurrentPointer
+
+    if args.run_id is None:
+        pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
+        pointer.check_root(store.root)
+        key = store.key_of(pointer.manifest_ref)
+    else:
+        layout.validate_run_id(args.run_id, what="--run-id")
+        found = [
+            (parsed.published_at, info.key) for info in store.list(layout.MANIFESTS_DIR + "/")
+            if (parsed := layout.parse_manifest_key(info.key)) is not None and parsed.run_id == args.run_id
+        ]
+        if not found:
+            raise ObjectNotFoundError(f"no manifest of run {args.run_id!r} under {layout.join(store.root, layout.MANIFESTS_DIR)}/")
+        key = max(found)[1]  # a run published twice (rollback): its latest manifest
+    return Manifest.from_bytes(store.get(key).data).to_dict()
+
+
+def _cmd_runs(store: ObjectStore, args: argparse.Namespace) -> Any:
+    from .core.run_record import read_run_record
+
+    runs = []
+    for info in store.list(layout.RUNS_DIR + "/"):
+        run_id = layout.parse_run_record_key(info.key)
+        if run_id is None:
+            continue
+        try:
+            record = read_run_record(store, run_id)
+        except ShardyfusionError as exc:  # one bad record must not hide the others
+            runs.append({"run_id": run_id, "ref": store.uri(info.key), "invalid": str(exc)})
+            continue
+        if record is not None:
+            runs.append({**record.to_dict(), "ref": store.uri(info.key)})
+    return runs
+
+
+def _parse_key(text: str, key_type: str, key_encoding: str) -> Any:
+    if key_type == "int" or (key_type == "auto" and key_encoding in ("u64be", "u32be")):
+        try:
+            return int(text)
+        except ValueError:
+            if key_type == "int":
+                raise _UsageError(f"get: key {text!r} is not an integer (--key-type int)") from None
+            return text
+    if key_type == "hex":
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            raise _UsageError(f"get: key {text!r} is not hex (--key-type hex)") from None
+    if key_type == "bytes" or (key_type == "auto" and key_encoding == "raw"):
+        return text.encode("utf-8")
+    return text
+
+
+def _show_value(value: Any, value_format: str) -> tuple[Any, str | None]:
+    if value is None:
+        return None, None
+    if value_format == "json":
+        return value, "json"
+    try:
+        return value.decode("utf-8"), "utf8"
+    except UnicodeDecodeError:
+        return base64.b64encode(value).decode("ascii"), "base64"
+
+
+def _show_key(key: Any) -> Any:
+    if isinstance(key, bytes):
+        return {"hex": key.hex()}
+    return key
+
+
+def _cmd_get(store: ObjectStore, args: argparse.Namespace) -> Any:
+    from .core.reader import ShardedReader
+
+    context = None
+    if args.routing_context is not None:
+        try:
+            context = json.loads(args.routing_context)
+        except ValueError as exc:
+            raise _UsageError(f"get: --routing-context is not valid JSON: {exc}") from None
+        if not isinstance(context, dict):
+            raise _UsageError("get: --routing-context must be a JSON object")
+    with ShardedReader(store.root, cache_dir=args.cache_dir, storage_options=_storage_options(args)) as reader:
+        manifest = reader.manifest
+        keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
+        values = reader.multi_get(keys, routing_context=context)
+        out = []
+        for key, value in zip(keys, values):
+            shown, how = _show_value(value, manifest.value_format)
+            out.append({
+                "key": _show_key(key), "found": value is not None,
+                "db_id": reader.shard_for_key(key, routing_context=context),
+                "value": shown, "value_encoding": how,
+            })
+        return {"run_id": reader.run_id, "results": out}
+
+
+_COMMANDS = {"current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        store = open_store(args.uri, _storage_options(args))
+        result = _COMMANDS[args.command](store, args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except ShardyfusionError as exc:
+        print(f"{PROG}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # anything unexpected still ends as one line, not a traceback
+        print(f"{PROG}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    try:
+        json.dump(result, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: stop quietly, and keep the interpreter's final flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or repr(exc)

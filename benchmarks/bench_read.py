@@ -1,0 +1,188 @@
+"""Read benchmark (SPEC §10): ShardedReader versus raw rocksdict on the same shard files.
+
+Builds (untimed) a snapshot of ``--keys`` int keys with ~``--value-bytes`` values in ``--shards``
+shards on a local ``file://`` root, then measures on one thread, warm (every shard downloaded,
+opened and read once):
+
+- ``get``: latency p50/p99 in µs over ``--lookups`` random existing keys;
+- ``multi_get``: keys/s over batches of ``--batch`` random existing keys.
+
+The raw baseline opens the very files the reader cached, read-only in raw mode, and routes and
+encodes keys the same way (xxh3_64 of the signed little-endian key mod num_dbs; u64be key), so
+the difference is the reader's own overhead. Prints ONE JSON line on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import struct
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import xxhash  # noqa: E402
+from rocksdict import AccessType, Options, Rdict  # noqa: E402
+
+from airflow_provider_shardyfusion.core import layout  # noqa: E402
+from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
+from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+
+GET_P50_MAX_RATIO = 2.0
+MULTI_GET_MIN_KEYS_PER_S = 200_000
+
+
+def _log(msg: str) -> None:
+    print(f"[bench_read] {msg}", file=sys.stderr, flush=True)
+
+
+def _value(key: int, size: int) -> bytes:
+    head = b"%020d|" % key
+    return (head * (size // len(head) + 1))[:size]
+
+
+def _percentile(sorted_ns: list[int], q: float) -> float:
+    return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * q))] / 1000.0
+
+
+def _time_each(fn, keys) -> list[int]:
+    clock = time.perf_counter_ns
+    out = [0] * len(keys)
+    for i, key in enumerate(keys):
+        start = clock()
+        fn(key)
+        out[i] = clock() - start
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--lookups", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=20240601)
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    n_dbs = args.shards
+
+    with tempfile.TemporaryDirectory(prefix="shardyfusion-bench-read-") as tmp:
+        root = f"file://{tmp}/snap"
+        _log(f"building {args.keys} keys in {n_dbs} shards under {root} (untimed)")
+        t0 = time.perf_counter()
+        built = build_snapshot(root, ((k, _value(k, args.value_bytes)) for k in range(args.keys)),
+                               num_dbs=n_dbs, key_column="id", work_dir=os.path.join(tmp, "work"))
+        os.rmdir(os.path.join(tmp, "work"))
+        build_s = time.perf_counter() - t0
+        # Reader and raw each get their own random keys (same distribution): reading the very keys
+        # the other side has just read would run from warm CPU caches and flatter whoever goes second.
+        def draw(n: int) -> list[int]:
+            return [rng.randrange(args.keys) for _ in range(n)]
+
+        warmup = draw(args.lookups)
+        lookups = {"reader": draw(args.lookups), "raw": draw(args.lookups)}
+        batches = {side: [draw(args.batch) for _ in range(args.batches)] for side in ("reader", "raw")}
+        cache = os.path.join(tmp, "cache")
+
+        with ShardedReader(root, cache_dir=cache) as reader:
+            _log("warming the reader (download, open, one full pass)")
+            for k in warmup:
+                reader.get(k)
+            assert all(reader.get(k) == _value(k, args.value_bytes) for k in warmup[:1000])
+
+            # raw rocksdict on the same cached files, routed and encoded the same way
+            raw = {
+                s.db_id: Rdict(layout.local_cache_dir(cache, built.run_id, s.db_id), Options(raw_mode=True),
+                               access_type=AccessType.read_only(False))
+                for s in built.manifest.shards
+            }
+            xxh3 = xxhash.xxh3_64_intdigest
+            pack_le = struct.Struct("<q").pack
+            pack_be = struct.Struct(">Q").pack
+
+            def raw_get(key: int) -> bytes | None:
+                return raw[xxh3(pack_le(key)) % n_dbs].get(pack_be(key))
+
+            def raw_multi_get(keys: list[int]) -> list[bytes | None]:
+                groups: dict[int, tuple[list[int], list[bytes]]] = {}
+                for i, key in enumerate(keys):
+                    db_id = xxh3(pack_le(key)) % n_dbs
+                    group = groups.get(db_id)
+                    if group is None:
+                        groups[db_id] = ([i], [pack_be(key)])
+                    else:
+                        group[0].append(i)
+                        group[1].append(pack_be(key))
+                out: list[bytes | None] = [None] * len(keys)
+                for db_id, (positions, stored) in groups.items():
+                    for i, value in zip(positions, raw[db_id].get(stored)):
+                        out[i] = value
+                return out
+
+            for k in warmup:
+                raw_get(k)
+            assert all(raw_get(k) == reader.get(k) for k in warmup[:1000])
+            assert raw_multi_get(warmup[:1000]) == reader.multi_get(warmup[:1000])
+
+            # Reader and raw take turns chunk by chunk (alternating who goes first), so both see
+            # the same machine load.
+            _log(f"timing get over {args.lookups} keys each")
+            reader_ns: list[int] = []
+            raw_ns: list[int] = []
+            for n, start in enumerate(range(0, args.lookups, 1000)):
+                turns = [(reader_ns, reader.get, lookups["reader"]), (raw_ns, raw_get, lookups["raw"])]
+                for sink, fn, keys in turns[:: 1 if n % 2 == 0 else -1]:
+                    sink += _time_each(fn, keys[start:start + 1000])
+            reader_ns.sort()
+            raw_ns.sort()
+
+            _log(f"timing multi_get over {args.batches} batches of {args.batch} each")
+            clock = time.perf_counter_ns
+            spent = {"reader": 0, "raw": 0}
+            calls = {"reader": reader.multi_get, "raw": raw_multi_get}
+            for n in range(args.batches):
+                for side in ("reader", "raw") if n % 2 == 0 else ("raw", "reader"):
+                    t0 = clock()
+                    calls[side](batches[side][n])
+                    spent[side] += clock() - t0
+            total = args.batches * args.batch
+            reader_mg_s, raw_mg_s = spent["reader"] / 1e9, spent["raw"] / 1e9
+            for db in raw.values():
+                db.close()
+
+    reader_p50, raw_p50 = _percentile(reader_ns, 0.50), _percentile(raw_ns, 0.50)
+    reader_mg = total / reader_mg_s
+    result = {
+        "benchmark": "read",
+        "keys": args.keys, "num_dbs": n_dbs, "value_bytes": args.value_bytes,
+        "get_lookups": args.lookups, "multi_get_batch": args.batch, "multi_get_batches": args.batches,
+        "reader_get_p50_us": round(reader_p50, 3), "reader_get_p99_us": round(_percentile(reader_ns, 0.99), 3),
+        "raw_get_p50_us": round(raw_p50, 3), "raw_get_p99_us": round(_percentile(raw_ns, 0.99), 3),
+        "get_p50_ratio": round(reader_p50 / raw_p50, 3),
+        "reader_multi_get_keys_per_s": round(reader_mg),
+        "raw_multi_get_keys_per_s": round(total / raw_mg_s),
+        "targets": {
+            f"get_p50_within_{GET_P50_MAX_RATIO:g}x_raw": reader_p50 <= GET_P50_MAX_RATIO * raw_p50,
+            f"multi_get_at_least_{MULTI_GET_MIN_KEYS_PER_S}_keys_per_s": reader_mg >= MULTI_GET_MIN_KEYS_PER_S,
+        },
+        "build_s": round(build_s, 1),
+        "python": platform.python_version(), "rocksdict": metadata.version("rocksdict"),
+        "cpu_count": os.cpu_count(),
+        # other work on the machine moves every figure above; this says how busy it was
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

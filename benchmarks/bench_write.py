@@ -1,0 +1,88 @@
+"""Write benchmark (SPEC §10): full sharded write vs read → repartition(num_dbs) → write.parquet.
+
+One Spark session on local[2], the same generated input for both (int64 key in scrambled order,
+~100-byte value); generation is not timed; one warm-up round, then each round is reported.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def generate(spark, path: str, rows: int) -> None:
+    # Scrambled keys: a bijective multiply-mod over [0, rows) keeps them unique without a sort.
+    spark.range(rows, numPartitions=8).selectExpr(
+        f"pmod(id * 2654435761, {rows}) as id",
+        "concat(sha2(cast(id as string), 256), sha2(cast(id + 1 as string), 256)) as payload",
+    ).selectExpr("id", "substr(payload, 1, 100) as payload").write.mode("overwrite").parquet(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--num-dbs", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from spark_jobs.driver import run_write
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    spark = (SparkSession.builder.master("local[2]").appName("bench-write")
+             .config("spark.driver.memory", "8g").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(args.num_dbs)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    src = str(work / "input")
+    generate(spark, src, args.rows)
+
+    def baseline(out: str) -> float:
+        t = time.perf_counter()
+        spark.read.parquet(src).repartition(args.num_dbs).write.mode("overwrite").parquet(out)
+        return time.perf_counter() - t
+
+    def sharded(out: str) -> tuple[float, dict]:
+        cfg = build_write_config(output_uri=f"file://{out}", input_path=src, key_column="id",
+                                 value_column="payload", num_dbs=args.num_dbs)
+        t = time.perf_counter()
+        record = run_write(spark, cfg, faults={})
+        return time.perf_counter() - t, record["stats"]
+
+    rounds = []
+    for i in range(args.rounds + 1):  # round 0 is the warm-up
+        b = baseline(str(work / f"parquet-{i}"))
+        s, stats = sharded(str(work / f"sharded-{i}"))
+        shutil.rmtree(work / f"parquet-{i}", ignore_errors=True)
+        shutil.rmtree(work / f"sharded-{i}", ignore_errors=True)
+        if i == 0:
+            continue
+        rounds.append({
+            "round": i, "baseline_s": round(b, 2), "sharded_s": round(s, 2),
+            "baseline_rows_per_s": round(args.rows / b), "sharded_rows_per_s": round(args.rows / s),
+            "ratio": round(s / b, 3), "driver_phases_s": stats["durations_s"],
+            "task_time_totals_s": stats["task_time_totals_s"],
+        })
+    spark.stop()
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"benchmark": "write", "rows": args.rows, "num_dbs": args.num_dbs, "master": "local[2]",
+                      "rounds": rounds}))
+
+
+if __name__ == "__main__":
+    main()

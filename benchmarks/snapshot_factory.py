@@ -1,0 +1,203 @@
+"""Build and publish a snapshot through ``core`` alone, without Spark (tests and the read benchmark).
+
+It lays a snapshot out exactly as SPEC §3/§5/§7 describe: one raw RocksDB database per non-empty
+shard (keys = ``encode_key``, sorted, written as one SST and ingested), its files uploaded under
+the layout's attempt directory with sizes and checksums, the manifest at ``layout.manifest_key``,
+a succeeded run record, and ``_CURRENT``. It is deliberately independent of the Spark writer so
+the reader can be tested against the contract rather than against the writer's own code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from rocksdict import Options, Rdict, SstFileWriter
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.checksum import file_checksum
+from airflow_provider_shardyfusion.core.encoding import (
+    default_key_encoding,
+    encode_binary_value,
+    encode_json_value,
+    encode_key,
+)
+from airflow_provider_shardyfusion.core.errors import InputDataError
+from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.routing import CelRouter, CelSpec, route_key
+from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, RunRecord
+from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
+
+# Not part of a database: the lock and the informational log RocksDB leaves next to it.
+_NOT_SHIPPED = ("LOCK", "LOG")
+
+
+@dataclass(frozen=True)
+class BuiltSnapshot:
+    root: str
+    run_id: str
+    manifest: Manifest
+    manifest_key: str
+    manifest_ref: str
+    published_at: datetime
+
+
+def _key_kind(key: Any) -> str:
+    if isinstance(key, bool):
+        raise InputDataError(f"key {key!r} is a bool")
+    if isinstance(key, int):
+        return "int"
+    if isinstance(key, str):
+        return "string"
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return "binary"
+    raise InputDataError(f"key {key!r} of type {type(key).__name__} is not supported")
+
+
+def write_shard_db(path: str, items: list[tuple[bytes, bytes]]) -> None:
+    """A raw-mode RocksDB database at ``path`` holding ``items`` (sorted here), via SST + ingest."""
+    items.sort(key=lambda kv: kv[0])
+    for (a, _), (b, _) in zip(items, items[1:]):
+        if a == b:
+            raise InputDataError(f"duplicate key {a.hex()} (rule: keys are unique within a snapshot)")
+    os.makedirs(path)
+    sst = path + ".sst"
+    writer = SstFileWriter(options=Options(raw_mode=True))
+    writer.open(sst)
+    for k, v in items:
+        writer[k] = v
+    writer.finish()
+    db = Rdict(path, Options(raw_mode=True))
+    try:
+        db.ingest_external_file([sst])
+    finally:
+        db.close()
+    os.unlink(sst)
+
+
+def upload_shard(store: ObjectStore, local_dir: str, attempt_key: str) -> tuple[ShardFile, ...]:
+    files = []
+    for name in sorted(os.listdir(local_dir)):
+        if name in _NOT_SHIPPED or name.startswith("LOG."):
+            continue
+        path = os.path.join(local_dir, name)
+        store.upload_file(path, f"{attempt_key}/{name}")
+        files.append(ShardFile(name=name, size=os.path.getsize(path), checksum=file_checksum(path)))
+    return tuple(files)
+
+
+def publish_current(store: ObjectStore, manifest_key: str, run_id: str, when: datetime | None = None) -> CurrentPointer:
+    pointer = CurrentPointer(manifest_ref=store.uri(manifest_key), run_id=run_id, updated_at=when or layout.utc_now())
+    store.put(layout.CURRENT_KEY, pointer.to_bytes())
+    return pointer
+
+
+def build_snapshot(
+    root: str,
+    rows: Iterable[tuple[Any, Any]],
+    *,
+    num_dbs: int,
+    storage_options: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    key_column: str = "key",
+    key_encoding: str | None = None,
+    value_format: str = "binary",
+    cel_expr: str | None = None,
+    cel_columns: Mapping[str, str] | None = None,
+    cel_mode: str | None = None,
+    routing_values: tuple[Any, ...] | list[Any] | None = None,
+    routing_context: Callable[[Any], Mapping[str, Any]] | None = None,
+    published_at: datetime | None = None,
+    attempt: int = 0,
+    task_attempt_id: int | None = 7,
+    publish: bool = True,
+    write_run_record: bool = True,
+    work_dir: str | None = None,
+) -> BuiltSnapshot:
+    """Write ``rows`` (key, value) as a snapshot under ``root`` and (by default) publish it.
+
+    Values: bytes/str for ``value_format="binary"``, mappings for ``"json"``. CEL routing takes
+    ``cel_expr``/``cel_columns``/``cel_mode``/``routing_values``; ``routing_context(key)`` supplies
+    the non-key CEL columns of a row.
+    """
+    store = open_store(root, dict(storage_options) if storage_options else None)
+    run_id = layout.validate_run_id(run_id or layout.new_run_id())
+    published_at = published_at or layout.utc_now()
+    router = None
+    if cel_expr is not None:
+        columns = dict(cel_columns or {key_column: "int"})
+        mode = cel_mode or ("categorical" if routing_values is not None else "direct")
+        router = CelRouter(CelSpec(expr=cel_expr, columns=columns, mode=mode, num_dbs=num_dbs,
+                                   routing_values=tuple(routing_values) if routing_values is not None else None))
+
+    by_shard: dict[int, list[tuple[bytes, bytes]]] = {}
+    value_columns: tuple[str, ...] = ()
+    encode_value = encode_binary_value if value_format == "binary" else encode_json_value
+    for key, value in rows:
+        if key_encoding is None:
+            key_encoding = default_key_encoding(_key_kind(key))
+        if router is None:
+            db_id = route_key(key, num_dbs)
+        else:
+            row = dict(routing_context(key)) if routing_context else {}
+            row[key_column] = key
+            db_id = router.route(row)
+        if value_format == "json" and not value_columns:
+            value_columns = tuple(sorted(value))
+        by_shard.setdefault(db_id, []).append((encode_key(key, key_encoding, column=key_column), encode_value(value)))
+    key_encoding = key_encoding or "u64be"
+
+    own_work = work_dir is None
+    work = tempfile.mkdtemp(prefix="shardyfusion-factory-") if own_work else work_dir
+    shards = []
+    try:
+        for db_id in sorted(by_shard):
+            items = by_shard.pop(db_id)
+            local = os.path.join(work, f"db={db_id:05d}")
+            write_shard_db(local, items)
+            akey = layout.attempt_key(run_id, db_id, attempt, task_attempt_id)
+            files = upload_shard(store, local, akey)
+            shards.append(ShardEntry(
+                db_id=db_id, db_url=store.uri(akey), attempt=attempt, task_attempt_id=task_attempt_id,
+                row_count=len(items), byte_size=sum(f.size for f in files),
+                min_key=items[0][0].hex(), max_key=items[-1][0].hex(), files=files,
+            ))
+            shutil.rmtree(local)
+    finally:
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+
+    rows_total = sum(s.row_count for s in shards)
+    bytes_total = sum(s.byte_size for s in shards)
+    manifest = Manifest(
+        run_id=run_id, created_at=published_at, output_uri=store.root, num_dbs=num_dbs,
+        sharding=ShardingInfo(
+            strategy="hash" if router is None else "cel", key_column=key_column,
+            cel_expr=cel_expr, cel_columns=dict(router.spec.columns) if router else None,
+            cel_mode=router.spec.mode if router else None,
+            routing_values=router.spec.routing_values if router else None,
+        ),
+        key_encoding=key_encoding, value_format=value_format, shards=tuple(shards), value_columns=value_columns,
+        storage_engine={"name": "rocksdb", "writer": "benchmarks.snapshot_factory"},
+        stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
+        writer={"provider": "snapshot_factory"},
+    ).validate()
+    mkey = layout.manifest_key(run_id, published_at)
+    store.put(mkey, manifest.to_bytes())
+    if write_run_record:
+        record = RunRecord(
+            run_id=run_id, status=SUCCEEDED, started_at=published_at - timedelta(seconds=1), updated_at=published_at,
+            lease_expires_at=published_at + timedelta(minutes=10), output_uri=store.root, finished_at=published_at,
+            manifest_ref=store.uri(mkey), num_dbs=num_dbs, stats=dict(manifest.stats),
+        )
+        store.put(layout.run_record_key(run_id), record.to_bytes())
+    if publish:
+        publish_current(store, mkey, run_id, published_at)
+    return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
+                         manifest_ref=store.uri(mkey), published_at=published_at)

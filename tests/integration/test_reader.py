@@ -1,0 +1,584 @@
+"""ShardedReader against snapshots laid out by hand through core, on the file store and on S3 (moto)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.snapshot_factory import build_snapshot, publish_current  # noqa: E402
+
+from airflow_provider_shardyfusion.core import layout  # noqa: E402
+from airflow_provider_shardyfusion.core.errors import (  # noqa: E402
+    ChecksumMismatchError,
+    KeyEncodingError,
+    ManifestValidationError,
+    ReaderError,
+    ShardAssignmentError,
+    ShardyfusionError,
+)
+from airflow_provider_shardyfusion.core.manifest import Manifest  # noqa: E402
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer  # noqa: E402
+from airflow_provider_shardyfusion.core.reader import ShardedReader, _hash_prep, _int_grouper  # noqa: E402
+from airflow_provider_shardyfusion.core.encoding import encode_key  # noqa: E402
+from airflow_provider_shardyfusion.core.routing import route_key  # noqa: E402
+from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
+
+
+def _value(i: int) -> bytes:
+    return f"value-{i}-".encode() * 3
+
+
+def _count_downloads(reader: ShardedReader) -> collections.Counter:
+    """Wrap the reader's store so the test sees every object it downloads."""
+    counts: collections.Counter = collections.Counter()
+    lock = threading.Lock()
+    original = reader._store.download_file
+
+    def counting(key: str, local_path: str) -> None:
+        with lock:
+            counts[key] += 1
+        original(key, local_path)
+
+    reader._store.download_file = counting  # type: ignore[method-assign]
+    return counts
+
+
+def _cached_shards(reader: ShardedReader) -> set[int]:
+    run_dir = os.path.join(reader.cache_dir, f"run_id={reader.run_id}")
+    if not os.path.isdir(run_dir):
+        return set()
+    return {int(name[3:]) for name in os.listdir(run_dir) if name.startswith("db=")}
+
+
+def _open_files_under(path: str) -> list[str]:
+    """Files this process holds open below ``path`` (Linux; elsewhere nothing is checked)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return []
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(path + os.sep):
+            found.append(target)
+    return found
+
+
+def _files_under(path: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+
+
+# ---- look-ups ---------------------------------------------------------------------------------
+
+
+def test_int_keys_binary_values(any_root):
+    root, opts = any_root
+    rows = [(i * 7, _value(i)) for i in range(400)]
+    built = build_snapshot(root, rows, num_dbs=8, storage_options=opts, key_column="id")
+    assert built.manifest.key_encoding == "u64be"
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.run_id == built.run_id
+        assert reader.manifest == built.manifest
+        for key, value in rows:
+            assert reader.get(key) == value
+        for absent in (1, 2, 10**12, 2**63 - 1):
+            assert reader.get(absent) is None
+        with pytest.raises(ShardyfusionError, match="signed 64-bit"):  # encodable as u64be, but not routable
+            reader.get(2**63)
+        keys = [k for k, _ in rows][::-1] + [3, 0, 0]
+        assert reader.multi_get(keys) == [v for _, v in rows][::-1] + [None, _value(0), _value(0)]
+        assert reader.multi_get([]) == []
+        assert reader.multi_get(iter([7, 8])) == [_value(1), None]
+        for key, _ in rows[:50]:
+            assert reader.shard_for_key(key) == route_key(key, 8)
+        with pytest.raises(KeyEncodingError, match="u64be"):
+            reader.get(-1)
+        with pytest.raises(KeyEncodingError, match="not an integer"):
+            reader.get("7")
+
+
+def test_string_keys_json_values(any_root):
+    root, opts = any_root
+    rows = [(f"user-{i}", {"name": f"n{i}", "score": i, "tags": ["a", i]}) for i in range(200)]
+    rows.append(("ünïcødé ✓", {"name": "x", "score": -1, "tags": []}))
+    build_snapshot(root, rows, num_dbs=5, storage_options=opts, value_format="json")
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.manifest.key_encoding == "utf8"
+        assert reader.manifest.value_format == "json"
+        for key, value in rows:
+            assert reader.get(key) == value
+        assert reader.get("user-200") is None
+        assert reader.multi_get(["user-3", "nope", "ünïcødé ✓"]) == [rows[3][1], None, rows[-1][1]]
+
+
+def test_bytes_keys(any_root):
+    root, opts = any_root
+    rows = [(bytes([i, 255 - i, 0]) * (1 + i % 3), bytes([i]) * 5) for i in range(100)]
+    rows.append((b"", b"empty key"))
+    build_snapshot(root, rows, num_dbs=3, storage_options=opts)
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.manifest.key_encoding == "raw"
+        for key, value in rows:
+            assert reader.get(key) == value
+        # bytes and str route alike (SPEC §4); raw keys still need bytes to be looked up
+        assert reader.shard_for_key(bytearray(b"hello")) == route_key("hello", 3)
+        assert reader.get(bytearray(rows[5][0])) == rows[5][1]
+        with pytest.raises(KeyEncodingError, match="raw"):
+            reader.get("text")
+
+
+def test_empty_shards_answer_none_without_io(any_root):
+    root, opts = any_root
+    num_dbs = 16
+    present = [1, 2, 3]
+    build_snapshot(root, [(k, _value(k)) for k in present], num_dbs=num_dbs, storage_options=opts)
+    used = {route_key(k, num_dbs) for k in present}
+    empty_keys = [k for k in range(100, 2000) if route_key(k, num_dbs) not in used][:40]
+    assert len({route_key(k, num_dbs) for k in empty_keys}) > 5
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert {s.db_id for s in reader.manifest.shards} == used  # sparse manifest
+        downloads = _count_downloads(reader)
+        assert [reader.get(k) for k in empty_keys] == [None] * len(empty_keys)
+        assert reader.multi_get(empty_keys) == [None] * len(empty_keys)
+        assert not downloads and _cached_shards(reader) == set()
+        assert reader.multi_get(empty_keys[:3] + present) == [None] * 3 + [_value(k) for k in present]
+        assert _cached_shards(reader) == used
+
+
+# ---- refresh ----------------------------------------------------------------------------------
+
+
+def test_refresh_swaps_to_a_new_run(any_root):
+    root, opts = any_root
+    first = build_snapshot(root, [(i, b"old-%d" % i) for i in range(50)], num_dbs=4, storage_options=opts)
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.get(1) == b"old-1"
+        assert reader.refresh() is False  # nothing new
+        old_cache = os.path.join(reader.cache_dir, f"run_id={first.run_id}")
+        assert os.path.isdir(old_cache)
+        second = build_snapshot(
+            root, [(i, b"new-%d" % i) for i in range(25, 100)], num_dbs=6, storage_options=opts,
+            published_at=first.published_at + timedelta(seconds=1),
+        )
+        assert reader.run_id == first.run_id and reader.get(2) == b"old-2"
+        assert reader.refresh() is True
+        assert reader.run_id == second.run_id and reader.manifest.num_dbs == 6
+        assert reader.get(2) is None and reader.get(30) == b"new-30" and reader.get(99) == b"new-99"
+        assert reader.multi_get([1, 26, 80]) == [None, b"new-26", b"new-80"]
+        assert not os.path.exists(old_cache)  # the private cache drops what no snapshot needs
+        assert _open_files_under(old_cache) == []  # and the retired shard handles are closed
+        assert reader.refresh() is False
+
+
+def _publish_manifest_bytes(root, opts, run_id, data: bytes, published_at):
+    store = open_store(root, opts)
+    key = layout.manifest_key(run_id, published_at)
+    store.put(key, data)
+    publish_current(store, key, run_id, published_at)
+    return key
+
+
+@pytest.mark.parametrize("damage", ["not-json", "truncated", "bad-shard-entry", "foreign-db-url", "bad-version"])
+def test_refresh_past_a_malformed_manifest_keeps_the_old_snapshot(any_root, damage):
+    root, opts = any_root
+    first = build_snapshot(root, [(i, b"old-%d" % i) for i in range(50)], num_dbs=4, storage_options=opts)
+    later = first.published_at + timedelta(seconds=1)
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.get(3) == b"old-3"
+        good = first.manifest.to_dict()
+        bad_run = "run-bad"
+        if damage == "not-json":
+            data = b"{not json"
+        elif damage == "truncated":
+            data = Manifest.to_bytes(dataclasses.replace(first.manifest, run_id=bad_run))[:100]
+        elif damage == "bad-shard-entry":
+            good.update(run_id=bad_run, shards=[{"db_id": 0}])
+            data = __import__("json").dumps(good).encode()
+        elif damage == "foreign-db-url":  # valid JSON, but its shards belong to another run
+            data = dataclasses.replace(first.manifest, run_id=bad_run).to_dict()
+            data = __import__("json").dumps(data).encode()
+        else:
+            good.update(run_id=bad_run, format_version=99)
+            data = __import__("json").dumps(good).encode()
+        _publish_manifest_bytes(root, opts, bad_run, data, later)
+        assert reader.refresh() is False
+        assert reader.run_id == first.run_id and reader.get(3) == b"old-3"
+        assert reader.multi_get([4, 5]) == [b"old-4", b"old-5"]
+        third = build_snapshot(root, [(1, b"third")], num_dbs=2, storage_options=opts,
+                               published_at=later + timedelta(seconds=1))
+        assert reader.refresh() is True
+        assert reader.run_id == third.run_id and reader.get(1) == b"third" and reader.get(3) is None
+
+
+def test_pinned_manifest_ref(file_root):
+    first = build_snapshot(file_root, [(1, b"first")], num_dbs=2)
+    build_snapshot(file_root, [(1, b"second")], num_dbs=2, published_at=first.published_at + timedelta(seconds=1))
+    with ShardedReader(file_root, manifest_ref=first.manifest_ref) as reader:
+        assert reader.run_id == first.run_id and reader.get(1) == b"first"
+        assert reader.refresh() is False and reader.get(1) == b"first"
+    with ShardedReader(file_root) as reader:
+        assert reader.get(1) == b"second"
+    with pytest.raises(ManifestValidationError, match="not a manifest"):
+        ShardedReader(file_root, manifest_ref=f"{file_root}/runs/run_id={first.run_id}/run.json")
+    with pytest.raises(ManifestValidationError, match="outside the output root"):
+        ShardedReader(file_root, manifest_ref="file:///elsewhere/manifests/x/manifest.json")
+
+
+def test_refresh_when_current_disappears_keeps_serving(file_root):
+    build_snapshot(file_root, [(1, b"one")], num_dbs=2)
+    with ShardedReader(file_root) as reader:
+        open_store(file_root).delete_many([layout.CURRENT_KEY])
+        assert reader.refresh() is False
+        assert reader.get(1) == b"one"
+
+
+def test_reads_during_refresh_see_one_snapshot_or_the_other(file_root):
+    first = build_snapshot(file_root, [(i, b"A") for i in range(200)], num_dbs=4)
+    stop = threading.Event()
+    seen: set[bytes] = set()
+    errors: list[BaseException] = []
+
+    def reader_loop(reader: ShardedReader) -> None:
+        try:
+            while not stop.is_set():
+                values = set(reader.multi_get(list(range(200))))
+                assert len(values) == 1, values  # never a mix of two runs
+                seen.update(values)
+                seen.add(reader.get(7))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with ShardedReader(file_root) as reader:
+        threads = [threading.Thread(target=reader_loop, args=(reader,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        when = first.published_at
+        for n, tag in enumerate([b"B", b"C", b"D"], start=1):
+            build_snapshot(file_root, [(i, tag) for i in range(200)], num_dbs=3 + n,
+                           published_at=when + timedelta(seconds=n))
+            assert reader.refresh() is True
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert reader.get(7) == b"D"
+        assert b"D" in seen
+
+
+@pytest.mark.parametrize("call", ["get", "multi_get"])
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, call, warm):
+    first = build_snapshot(file_root, [(i, b"old") for i in range(20)], num_dbs=2)
+    with ShardedReader(file_root) as reader:
+        if warm:
+            assert reader.multi_get(list(range(20))) == [b"old"] * 20
+        old = reader._state
+        route = old.prep
+        swapped = []
+
+        def route_then_swap(key, ctx=None):
+            # the read has taken its snapshot reference; a refresh lands before it touches the shard
+            if not swapped:
+                swapped.append(True)
+                build_snapshot(file_root, [(i, b"new") for i in range(20)], num_dbs=3,
+                               published_at=first.published_at + timedelta(seconds=1))
+                assert reader.refresh() is True
+            return route(key, ctx)
+
+        old.prep = route_then_swap
+        old.group = None  # multi_get's inlined integer routing would bypass the hook
+        if call == "get":
+            assert reader.get(5) == b"new"
+        else:
+            assert reader.multi_get([5, 6, 99]) == [b"new", b"new", None]
+        assert swapped and reader._state is not old and old.retired
+
+
+# ---- integrity --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["same-size", "truncated"])
+def test_checksum_mismatch_raises_and_the_file_is_never_used(any_root, change):
+    root, opts = any_root
+    rows = [(i, _value(i)) for i in range(300)]
+    built = build_snapshot(root, rows, num_dbs=3, storage_options=opts)
+    store = open_store(root, opts)
+    shard = built.manifest.shards[0]
+    sst = next(f for f in shard.files if f.name.endswith(".sst"))
+    key = f"{store.key_of(shard.db_url)}/{sst.name}"
+    data = store.get(key).data
+    tampered = data[:-1] + bytes([data[-1] ^ 0xFF]) if change == "same-size" else data[:-10]
+    store.put(key, tampered, content_type="application/octet-stream")
+    in_bad = [k for k, _ in rows if route_key(k, 3) == shard.db_id]
+    elsewhere = [k for k, _ in rows if route_key(k, 3) != shard.db_id]
+    with ShardedReader(root, storage_options=opts) as reader:
+        with pytest.raises(ChecksumMismatchError, match=sst.name):
+            reader.get(in_bad[0])
+        leftovers = [p for p in _files_under(reader.cache_dir) if f"db={shard.db_id:05d}" in p]
+        assert leftovers == []  # neither the bad file nor a half-built shard remains
+        with pytest.raises(ChecksumMismatchError):
+            reader.multi_get(in_bad[:3])
+        assert reader.get(elsewhere[0]) == _value(elsewhere[0])
+        store.put(key, data, content_type="application/octet-stream")  # repaired upstream
+        assert reader.get(in_bad[0]) == _value(in_bad[0])
+
+
+def test_tampered_db_url_is_refused(file_root, tmp_path):
+    built = build_snapshot(file_root, [(i, b"x") for i in range(20)], num_dbs=2)
+    other = build_snapshot(file_root, [(i, b"evil") for i in range(20)], num_dbs=2, publish=False)
+    store = open_store(file_root)
+    later = built.published_at + timedelta(seconds=5)
+
+    # 1. db_url points at another run's shards under the same root
+    shards = tuple(dataclasses.replace(s, db_url=o.db_url) for s, o in zip(built.manifest.shards, other.manifest.shards))
+    forged = dataclasses.replace(built.manifest, shards=shards)
+    _publish_manifest_bytes(file_root, None, built.run_id, forged.to_bytes(), later)
+    with pytest.raises(ManifestValidationError, match="db_url"):
+        ShardedReader(file_root)
+
+    # 2. output_uri and db_urls both moved elsewhere: consistent in itself, but not this root's
+    elsewhere = f"file://{tmp_path}/elsewhere"
+    moved = dataclasses.replace(
+        built.manifest, output_uri=elsewhere,
+        shards=tuple(dataclasses.replace(s, db_url=s.db_url.replace(store.root, elsewhere)) for s in built.manifest.shards),
+    )
+    moved.validate()  # the model alone accepts it
+    _publish_manifest_bytes(file_root, None, built.run_id, moved.to_bytes(), later + timedelta(seconds=1))
+    with pytest.raises(ManifestValidationError, match="not under this snapshot"):
+        ShardedReader(file_root)
+
+    # 3. a shard filed under another db id
+    swapped = dataclasses.replace(built.manifest, shards=tuple(
+        dataclasses.replace(s, db_url=t.db_url) for s, t in zip(built.manifest.shards, built.manifest.shards[::-1])
+    ))
+    _publish_manifest_bytes(file_root, None, built.run_id, swapped.to_bytes(), later + timedelta(seconds=2))
+    with pytest.raises(ManifestValidationError, match="db="):
+        ShardedReader(file_root)
+
+
+def test_current_naming_a_foreign_manifest_is_refused(file_root, tmp_path):
+    build_snapshot(file_root, [(1, b"x")], num_dbs=1)
+    elsewhere = build_snapshot(f"file://{tmp_path}/other", [(1, b"evil")], num_dbs=1)
+    store = open_store(file_root)
+    pointer = CurrentPointer(manifest_ref=elsewhere.manifest_ref, run_id=elsewhere.run_id, updated_at=layout.utc_now())
+    store.put(layout.CURRENT_KEY, pointer.to_bytes())
+    with pytest.raises(ManifestValidationError, match="outside the output root"):
+        ShardedReader(file_root)
+
+
+def test_no_snapshot_published(file_root):
+    with pytest.raises(ReaderError, match="no snapshot is published"):
+        ShardedReader(file_root)
+
+
+# ---- concurrency and caching ------------------------------------------------------------------
+
+
+def test_concurrent_first_use_downloads_a_shard_once(any_root):
+    root, opts = any_root
+    rows = [(i, _value(i)) for i in range(500)]
+    built = build_snapshot(root, rows, num_dbs=4, storage_options=opts)
+    target = built.manifest.shards[1].db_id
+    keys = [k for k, _ in rows if route_key(k, 4) == target]
+    with ShardedReader(root, storage_options=opts) as reader:
+        downloads = _count_downloads(reader)
+        barrier = threading.Barrier(12)
+        results: list[object] = []
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                barrier.wait()
+                if n % 2:
+                    results.append(reader.get(keys[n]) == _value(keys[n]))
+                else:
+                    results.append(reader.multi_get(keys[n:n + 5]) == [_value(k) for k in keys[n:n + 5]])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert results == [True] * 12
+        files = built.manifest.shard(target).files
+        assert len(downloads) == len(files) and set(downloads.values()) == {1}
+        assert _cached_shards(reader) == {target}
+
+
+def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
+    root, opts = any_root
+    rows = [(i, _value(i)) for i in range(100)]
+    built = build_snapshot(root, rows, num_dbs=2, storage_options=opts)
+    cache = tmp_path / "cache"
+    with ShardedReader(root, storage_options=opts, cache_dir=cache) as first:
+        assert first.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+    assert _files_under(str(cache))  # a caller's cache_dir outlives the reader
+    with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
+        downloads = _count_downloads(second)
+        assert second.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+        assert not downloads
+    # a copy that no longer matches the manifest (here: a file shrank) is downloaded again
+    shard_dir = layout.local_cache_dir(str(cache), built.run_id, 0)
+    victim = next(p for p in _files_under(shard_dir) if p.endswith(".sst"))
+    with open(victim, "r+b") as fh:
+        fh.truncate(10)
+    with ShardedReader(root, storage_options=opts, cache_dir=cache) as third:
+        downloads = _count_downloads(third)
+        assert third.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+        assert len(downloads) == len(third.manifest.shard(0).files)
+
+
+def test_close_releases_everything(file_root):
+    build_snapshot(file_root, [(1, b"one")], num_dbs=1)
+    reader = ShardedReader(file_root)
+    assert reader.get(1) == b"one"
+    cache = reader.cache_dir
+    assert os.path.isdir(cache) and _open_files_under(cache)
+    reader.close()
+    assert _open_files_under(cache) == []
+    reader.close()  # idempotent
+    assert not os.path.exists(cache)
+    for call in (lambda: reader.get(1), lambda: reader.multi_get([1]), lambda: reader.manifest, reader.refresh):
+        with pytest.raises(ReaderError, match="closed"):
+            call()
+
+
+# ---- CEL routing ------------------------------------------------------------------------------
+
+
+def test_cel_categorical_routes_from_the_key(any_root):
+    root, opts = any_root
+    expr = 'user.startsWith("eu-") ? "eu" : (user.startsWith("us-") ? "us" : "apac")'
+    rows = [(f"{region}-{i}", f"{region}:{i}".encode()) for region in ("eu", "us", "jp") for i in range(30)]
+    build_snapshot(root, rows, num_dbs=3, storage_options=opts, key_column="user", cel_expr=expr,
+                   cel_columns={"user": "string"}, routing_values=("apac", "eu", "us"))
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.manifest.sharding.cel_mode == "categorical"
+        assert [reader.shard_for_token(t) for t in ("apac", "eu", "us")] == [0, 1, 2]
+        with pytest.raises(ShardAssignmentError, match="'mars'"):
+            reader.shard_for_token("mars")
+        for key, value in rows:
+            assert reader.get(key) == value
+        assert reader.shard_for_key("eu-3") == 1 and reader.shard_for_key("jp-3") == 0
+        assert reader.multi_get(["us-1", "eu-999", "jp-2"]) == [b"us:1", None, b"jp:2"]
+
+
+def test_cel_over_several_columns_needs_routing_context(file_root):
+    region_of = {i: ("eu" if i % 3 else "us") for i in range(60)}
+    build_snapshot(file_root, [(i, b"v%d" % i) for i in region_of], num_dbs=2, key_column="id",
+                   cel_expr='region == "eu" ? 0 : 1', cel_columns={"id": "int", "region": "string"},
+                   routing_context=lambda k: {"region": region_of[k]})
+    with ShardedReader(file_root) as reader:
+        with pytest.raises(ShardyfusionError, match="routing_context"):
+            reader.get(1)
+        with pytest.raises(ReaderError, match=r"\['region'\]"):
+            reader.get(1, routing_context={"other": 1})
+        with pytest.raises(ReaderError, match="shard_for_token"):
+            reader.shard_for_token("eu")
+        for key, region in region_of.items():
+            assert reader.get(key, routing_context={"region": region}) == b"v%d" % key
+        eu = [k for k, r in region_of.items() if r == "eu"]
+        assert reader.multi_get(eu, routing_context={"region": "eu"}) == [b"v%d" % k for k in eu]
+        keys = list(region_of)
+        assert reader.multi_get(keys, routing_context=[{"region": region_of[k]} for k in keys]) == [b"v%d" % k for k in keys]
+        with pytest.raises(ReaderError, match="one per key"):
+            reader.multi_get(keys, routing_context=[{"region": "eu"}])
+
+
+def test_cel_direct_mode_from_the_key(file_root):
+    build_snapshot(file_root, [(i, b"%d" % i) for i in range(40)], num_dbs=4, key_column="id",
+                   cel_expr="id % 4", cel_columns={"id": "int"})
+    with ShardedReader(file_root) as reader:
+        assert reader.multi_get(list(range(45))) == [b"%d" % i for i in range(40)] + [None] * 5
+        assert reader.shard_for_key(13) == 1
+
+
+# ---- routing fast path agrees with the contract -----------------------------------------------
+
+
+def _reference(key, num_dbs, enc):
+    try:
+        stored = encode_key(key, enc, column="k")
+        return route_key(key, num_dbs), stored
+    except ShardyfusionError as exc:
+        return type(exc)
+
+
+def _fast(key, num_dbs, enc):
+    try:
+        return _hash_prep(num_dbs, enc, "k")(key, None)
+    except ShardyfusionError as exc:
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    key=st.one_of(st.integers(min_value=-(2**65), max_value=2**65), st.text(), st.binary(), st.booleans()),
+    num_dbs=st.integers(min_value=1, max_value=1000),
+    enc=st.sampled_from(["u64be", "u32be", "utf8", "raw"]),
+)
+def test_reader_routing_fast_path_matches_core(key, num_dbs, enc):
+    assert _fast(key, num_dbs, enc) == _reference(key, num_dbs, enc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    keys=st.lists(st.one_of(st.integers(min_value=0, max_value=2**63 - 1), st.integers(min_value=0, max_value=2**32))),
+    num_dbs=st.integers(min_value=1, max_value=64),
+    enc=st.sampled_from(["u64be", "u32be"]),
+)
+def test_multi_get_integer_grouping_matches_core(keys, num_dbs, enc):
+    try:
+        expected: dict = {}
+        for i, key in enumerate(keys):
+            db_id, stored = _reference(key, num_dbs, enc)
+            expected.setdefault(db_id, ([], []))
+            expected[db_id][0].append(i)
+            expected[db_id][1].append(stored)
+    except TypeError:  # _reference returned an error type: the grouper must raise it too
+        with pytest.raises(ShardyfusionError):
+            _int_grouper(num_dbs, enc, "k")(keys)
+        return
+    assert _int_grouper(num_dbs, enc, "k")(keys) == expected
+
+
+def test_reader_routing_matches_spec_vectors():
+    expected = {0: (1, 1, 9), 1: (2, 6, 14), 2: (3, 3, 3), 7: (3, 7, 15), 42: (0, 0, 8), 2**63 - 1: (2, 6, 6)}
+    for key, ids in expected.items():
+        assert tuple(_hash_prep(n, "u64be", "k")(key, None)[0] for n in (4, 8, 16)) == ids
+    assert tuple(_hash_prep(n, "utf8", "k")("hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
+    assert tuple(_hash_prep(n, "raw", "k")(b"hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
+    assert [_hash_prep(3, "u64be", "k")(k, None)[0] for k in range(10)] == [2, 2, 1, 1, 0, 2, 0, 2, 0, 0]
+
+
+# ---- packaging --------------------------------------------------------------------------------
+
+
+def test_public_import_is_lazy():
+    code = (
+        "import sys, airflow_provider_shardyfusion as p\n"
+        "assert 'rocksdict' not in sys.modules, 'package import pulled rocksdict'\n"
+        "assert 'airflow_provider_shardyfusion.core.reader' not in sys.modules\n"
+        "from airflow_provider_shardyfusion import ShardedReader\n"
+        "from airflow_provider_shardyfusion.core.reader import ShardedReader as R\n"
+        "assert ShardedReader is R and 'rocksdict' in sys.modules\n"
+        "assert not any(m == 'airflow' or m.startswith(('airflow.', 'pyspark')) for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
