@@ -1,0 +1,149 @@
+"""``CurrentSnapshotSensor``: waits until ``_CURRENT`` exists, changes, or names a given run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError, ShardyfusionError
+from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger, check_mode, pointer_matches
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+_UNSET = object()
+
+
+class CurrentSnapshotSensor(BaseSensorOperator):
+    """Wait until the ``_CURRENT`` pointer of ``output_uri`` satisfies ``mode``; return it (XCom).
+
+    * ``mode="exists"``: any valid pointer;
+    * ``mode="changed"``: a pointer other than the baseline. The baseline is
+      ``previous_manifest_ref`` / ``previous_run_id`` when given (templatable, e.g. from an
+      upstream XCom), else what the first poke of this try read (no pointer → any pointer counts).
+      The first-poke baseline is handed to the trigger, so a deferral resumes consistently;
+      it cannot survive ``sensor_mode="reschedule"``, which therefore needs an explicit baseline;
+    * ``mode="run_id"``: a pointer naming ``run_id``.
+
+    ``mode`` here is the snapshot condition; the poke/reschedule choice of
+    ``BaseSensorOperator`` is ``sensor_mode``.
+
+    :param output_uri: the snapshot root (``s3://bucket/prefix`` or ``file:///abs/dir``).
+    :param aws_conn_id: AWS connection for ``s3://`` roots.
+    :param deferrable: poke once, then wait in the triggerer (default ``[operators] default_deferrable``).
+    :param poll_interval: seconds between reads, in the trigger and (unless ``poke_interval`` is
+        given) in the poke loop.
+    """
+
+    template_fields: Sequence[str] = ("output_uri", "run_id", "previous_run_id", "previous_manifest_ref", "aws_conn_id")
+    ui_color = "#d6eaf8"
+
+    def __init__(
+        self,
+        *,
+        output_uri: str,
+        mode: str = "exists",
+        run_id: str | None = None,
+        previous_run_id: str | None = None,
+        previous_manifest_ref: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        sensor_mode: str = "poke",
+        **kwargs: Any,
+    ):
+        kwargs.setdefault("poke_interval", poll_interval)
+        # BaseSensorOperator owns ``self.mode`` (poke / reschedule); the snapshot condition is kept apart.
+        super().__init__(mode=sensor_mode, **kwargs)
+        self.output_uri = output_uri
+        self.snapshot_mode = mode
+        self.run_id = run_id
+        self.previous_run_id = previous_run_id
+        self.previous_manifest_ref = previous_manifest_ref
+        self.aws_conn_id = aws_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._baseline: Any = _UNSET  # manifest_ref seen at the first poke (None: no pointer then)
+
+    def _validate(self) -> str:
+        where = f"CurrentSnapshotSensor {self.task_id!r}"
+        if self.snapshot_mode in ("poke", "reschedule"):
+            raise ConfigError(
+                f"{where}: mode={self.snapshot_mode!r} is the snapshot condition here ('exists', 'changed' or "
+                f"'run_id'); pass sensor_mode={self.snapshot_mode!r} for the sensor's poke/reschedule behaviour "
+                "(a DAG's default_args 'mode' also lands here)"
+            )
+        try:
+            check_mode(self.snapshot_mode, self.run_id)
+            root = layout.normalize_root(self.output_uri)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if (self.snapshot_mode == "changed" and self.reschedule
+                and self.previous_manifest_ref is None and self.previous_run_id is None):
+            raise ConfigError(
+                f"{where}: mode='changed' with sensor_mode='reschedule' needs previous_manifest_ref or "
+                "previous_run_id: a baseline read at the first poke does not survive a reschedule"
+            )
+        return root
+
+    def _has_explicit_baseline(self) -> bool:
+        return self.previous_manifest_ref is not None or self.previous_run_id is not None
+
+    def execute(self, context: Context) -> Any:
+        root = self._validate()
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first:
+            return first.xcom_value if isinstance(first, PokeReturnValue) else None
+        previous_manifest_ref, previous_run_id = self.previous_manifest_ref, self.previous_run_id
+        if self.snapshot_mode == "changed" and not self._has_explicit_baseline():
+            previous_manifest_ref = None if self._baseline is _UNSET else self._baseline
+        self.defer(
+            trigger=CurrentSnapshotTrigger(
+                output_uri=root, mode=self.snapshot_mode, run_id=self.run_id, previous_run_id=previous_run_id,
+                previous_manifest_ref=previous_manifest_ref, aws_conn_id=self.aws_conn_id,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+        root = self._validate()
+        pointer = ShardyfusionHook(aws_conn_id=self.aws_conn_id).read_current(root)
+        if pointer is not None:
+            pointer.check_root(root)
+        if self.snapshot_mode == "changed" and not self._has_explicit_baseline() and self._baseline is _UNSET:
+            self._baseline = pointer.manifest_ref if pointer is not None else None
+            self.log.info("Baseline for mode='changed': %s", self._baseline or "no _CURRENT yet")
+            return False
+        if pointer is None:
+            self.log.info("%s/%s does not exist yet", root, layout.CURRENT_KEY)
+            return False
+        baseline_ref = self.previous_manifest_ref if self._has_explicit_baseline() else self._baseline
+        if self._baseline is _UNSET and not self._has_explicit_baseline():
+            baseline_ref = None
+        if not pointer_matches(pointer, self.snapshot_mode, self.run_id, self.previous_run_id, baseline_ref):
+            self.log.info("_CURRENT names run %r; mode=%r not satisfied yet", pointer.run_id, self.snapshot_mode)
+            return False
+        self.log.info("_CURRENT names run %r (manifest %s)", pointer.run_id, pointer.manifest_ref)
+        return PokeReturnValue(is_done=True, xcom_value=pointer.to_dict())
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        if not event:
+            raise ShardyfusionError(f"CurrentSnapshotSensor {self.task_id!r} resumed without a trigger event")
+        if event.get("status") != "success":
+            raise ShardyfusionError(
+                f"CurrentSnapshotSensor {self.task_id!r}: {event.get('message') or 'trigger failed without a message'}"
+            )
+        pointer = event["pointer"]
+        self.log.info("_CURRENT names run %r (manifest %s)", pointer.get("run_id"), pointer.get("manifest_ref"))
+        return pointer

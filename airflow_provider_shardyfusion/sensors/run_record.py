@@ -1,0 +1,152 @@
+"""``RunRecordSensor``: waits until a shardyfusion write run is over; fails with the writer's error."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError, RunRecordError
+from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger, missing_payload, record_outcome
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def split_run_record_ref(ref: str) -> tuple[str, str]:
+    """``<root>/runs/run_id=<id>/run.json`` → ``(root, run_id)``."""
+    root, sep, rest = str(ref).rpartition(f"/{layout.RUNS_DIR}/")
+    run_id = layout.parse_run_record_key(f"{layout.RUNS_DIR}/{rest}") if sep else None
+    if not root or run_id is None:
+        raise ConfigError(
+            f"run_record_ref {ref!r} is invalid: expected '<output_uri>/{layout.RUNS_DIR}/run_id=<run_id>/{layout.RUN_RECORD_NAME}', "
+            "e.g. the run_record_ref returned by ShardedWriteOperator"
+        )
+    return layout.normalize_root(root), run_id
+
+
+def failure_from_event(event: dict[str, Any]) -> RunRecordError:
+    """The exception a failed run / lost writer / bad read turns into, carrying the writer's error type."""
+    exc = RunRecordError(str(event.get("message") or "run record trigger failed without a message"))
+    exc.error_type = event.get("error_type")  # type: ignore[attr-defined]
+    exc.reason = event.get("reason")  # type: ignore[attr-defined]
+    exc.run_id = event.get("run_id")  # type: ignore[attr-defined]
+    return exc
+
+
+class RunRecordSensor(BaseSensorOperator):
+    """Wait until the run record of a shardyfusion write is terminal.
+
+    Succeeds when the run ``succeeded`` and returns the run record as a dict (XCom). Fails with
+    ``RunRecordError`` carrying the writer's own error type and message when the run ``failed``,
+    and with "writer lost" when a ``running`` record's lease expired (the writer died).
+
+    :param run_id: the run to wait for (with ``output_uri``) ...
+    :param run_record_ref: ... or the record's full URI, e.g. ``ShardedWriteOperator``'s
+        ``run_record_ref`` XCom: ``<output_uri>/runs/run_id=<run_id>/run.json``.
+    :param output_uri: the snapshot root (``s3://bucket/prefix`` or ``file:///abs/dir``).
+    :param aws_conn_id: AWS connection for ``s3://`` roots.
+    :param deferrable: poke once, then wait in the triggerer (default ``[operators] default_deferrable``).
+    :param poll_interval: seconds between reads, in the trigger and (unless ``poke_interval`` is
+        given) in the poke loop.
+    :param missing_timeout: fail if the record still does not exist this many seconds after the
+        first poke (``None``: keep waiting until the sensor's ``timeout``).
+    """
+
+    template_fields: Sequence[str] = ("run_id", "run_record_ref", "output_uri", "aws_conn_id")
+    ui_color = "#d6eaf8"
+
+    def __init__(
+        self,
+        *,
+        run_id: str | None = None,
+        run_record_ref: str | None = None,
+        output_uri: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        missing_timeout: float | None = None,
+        **kwargs: Any,
+    ):
+        kwargs.setdefault("poke_interval", poll_interval)
+        super().__init__(**kwargs)
+        self.run_id = run_id
+        self.run_record_ref = run_record_ref
+        self.output_uri = output_uri
+        self.aws_conn_id = aws_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.missing_timeout = missing_timeout
+        self._first_poke: float | None = None
+
+    def _target(self) -> tuple[str, str]:
+        """Validated ``(root, run_id)`` from the rendered arguments."""
+        where = f"RunRecordSensor {self.task_id!r}"
+        try:
+            if self.run_record_ref:
+                root, run_id = split_run_record_ref(self.run_record_ref)
+                if self.run_id and self.run_id != run_id:
+                    raise ConfigError(f"run_id {self.run_id!r} disagrees with run_record_ref {self.run_record_ref!r}")
+                if self.output_uri and layout.normalize_root(self.output_uri) != root:
+                    raise ConfigError(f"output_uri {self.output_uri!r} disagrees with run_record_ref {self.run_record_ref!r}")
+                return root, run_id
+            if not self.run_id or not self.output_uri:
+                raise ConfigError("give run_record_ref, or both run_id and output_uri")
+            return layout.normalize_root(self.output_uri), layout.validate_run_id(self.run_id)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    def execute(self, context: Context) -> Any:
+        root, run_id = self._target()
+        if self.missing_timeout is not None and self.missing_timeout < 0:
+            raise ConfigError(f"RunRecordSensor {self.task_id!r}: missing_timeout must be >= 0, got {self.missing_timeout!r}")
+        if not self.deferrable:
+            return super().execute(context)
+        first = self.poke(context)
+        if first:
+            return first.xcom_value if isinstance(first, PokeReturnValue) else None
+        self.defer(
+            trigger=RunRecordTrigger(
+                output_uri=root, run_id=run_id, aws_conn_id=self.aws_conn_id, poll_interval=self.poll_interval,
+                missing_timeout=self.missing_timeout,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+        root, run_id = self._target()
+        if self._first_poke is None:
+            self._first_poke = time.monotonic()
+        record = ShardyfusionHook(aws_conn_id=self.aws_conn_id).read_run_record(root, run_id)
+        if record is None:
+            waited = time.monotonic() - self._first_poke
+            if self.missing_timeout is not None and waited > self.missing_timeout:
+                raise failure_from_event(missing_payload(run_id, root, waited, self.missing_timeout))
+            self.log.info("Run record of run %r not found under %s yet", run_id, root)
+            return False
+        payload = record_outcome(record, run_id, layout.utc_now())
+        if payload is None:
+            self.log.info("Run %r is running; lease valid until %s", run_id, layout.format_ts(record.lease_expires_at))
+            return False
+        return self._finish(payload)
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        if not event:
+            raise RunRecordError(f"RunRecordSensor {self.task_id!r} resumed without a trigger event")
+        result = self._finish(event)
+        return result.xcom_value
+
+    def _finish(self, payload: dict[str, Any]) -> PokeReturnValue:
+        if payload.get("status") != "success":
+            raise failure_from_event(payload)
+        record = payload["run_record"]
+        self.log.info("Run %r succeeded; manifest %s", record.get("run_id"), record.get("manifest_ref"))
+        return PokeReturnValue(is_done=True, xcom_value=record)

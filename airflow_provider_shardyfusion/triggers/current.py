@@ -1,0 +1,107 @@
+"""``CurrentSnapshotTrigger``: waits until ``_CURRENT`` exists, changes, or names a run (SPEC §8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
+
+MODES = ("exists", "changed", "run_id")
+
+
+def check_mode(mode: object, run_id: object) -> None:
+    """Shared by the sensor and the trigger so both reject the same arguments the same way."""
+    if mode not in MODES:
+        raise ConfigError(f"mode {mode!r} is invalid: use one of {list(MODES)}")
+    if mode == "run_id":
+        layout.validate_run_id(run_id, what="run_id (required by mode='run_id')")
+
+
+class CurrentSnapshotTrigger(PollingTrigger):
+    """Poll ``<output_uri>/_CURRENT`` until it satisfies ``mode``.
+
+    * ``exists``: any valid pointer;
+    * ``changed``: a pointer other than the baseline: ``previous_manifest_ref`` if given, else
+      ``previous_run_id`` if given, else (no baseline: there was no pointer) any pointer;
+    * ``run_id``: a pointer naming ``run_id``.
+
+    Yields exactly one event: ``{"status": "success", "pointer": {...}}`` or
+    ``{"status": "error", "message": ..., "error_type": ...}``. A pointer whose manifest lies
+    outside ``output_uri`` (tampered or copied) is an error, not a match.
+    """
+
+    def __init__(
+        self,
+        output_uri: str,
+        mode: str = "exists",
+        run_id: str | None = None,
+        previous_run_id: str | None = None,
+        previous_manifest_ref: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        poll_interval: float = 10.0,
+        max_consecutive_failures: int = 5,
+        max_backoff: float = 300.0,
+    ):
+        super().__init__(
+            output_uri=output_uri, aws_conn_id=aws_conn_id, poll_interval=poll_interval,
+            max_consecutive_failures=max_consecutive_failures, max_backoff=max_backoff,
+        )
+        self.mode = mode
+        self.run_id = run_id
+        self.previous_run_id = previous_run_id
+        self.previous_manifest_ref = previous_manifest_ref
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "output_uri": self.output_uri,
+                "mode": self.mode,
+                "run_id": self.run_id,
+                "previous_run_id": self.previous_run_id,
+                "previous_manifest_ref": self.previous_manifest_ref,
+                "aws_conn_id": self.aws_conn_id,
+                "poll_interval": self.poll_interval,
+                "max_consecutive_failures": self.max_consecutive_failures,
+                "max_backoff": self.max_backoff,
+            },
+        )
+
+    def _key(self) -> str:
+        check_mode(self.mode, self.run_id)
+        return layout.CURRENT_KEY
+
+    def _describe(self) -> str:
+        return f"{layout.CURRENT_KEY} under {self.output_uri}"
+
+    def _evaluate(self, data: bytes | None, waited: float) -> TriggerEvent | None:
+        from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+
+        if data is None:
+            self.log.info("%s does not exist yet; polling again in %ss", self._describe(), self.poll_interval)
+            return None
+        pointer = CurrentPointer.from_bytes(data)
+        pointer.check_root(layout.normalize_root(self.output_uri))
+        if pointer_matches(pointer, self.mode, self.run_id, self.previous_run_id, self.previous_manifest_ref):
+            return TriggerEvent({"status": "success", "pointer": pointer.to_dict()})
+        self.log.info("%s names run %r (mode=%s not satisfied yet); polling again in %ss",
+                      self._describe(), pointer.run_id, self.mode, self.poll_interval)
+        return None
+
+
+def pointer_matches(pointer: Any, mode: str, run_id: str | None, previous_run_id: str | None,
+                    previous_manifest_ref: str | None) -> bool:
+    """Whether a (present, valid) pointer satisfies ``mode``; the sensor's poke uses the same rule."""
+    if mode == "exists":
+        return True
+    if mode == "run_id":
+        return pointer.run_id == run_id
+    if previous_manifest_ref is not None:
+        return pointer.manifest_ref != previous_manifest_ref
+    if previous_run_id is not None:
+        return pointer.run_id != previous_run_id
+    return True

@@ -1,0 +1,124 @@
+"""``RunRecordTrigger``: waits until a writer's run record is terminal (SPEC §7, §8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.triggers.base import TriggerEvent
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
+
+
+class RunRecordTrigger(PollingTrigger):
+    """Poll ``<output_uri>/runs/run_id=<run_id>/run.json`` until the run is over.
+
+    Yields exactly one event:
+
+    * ``{"status": "success", "run_record": {...}}`` when the record says ``succeeded``;
+    * ``{"status": "error", "message", "error_type", "reason", "run_id", "run_record"}`` when the
+      writer failed (``reason="failed"``, ``error_type`` / message are the writer's own), when a
+      ``running`` record's lease expired (``reason="writer_lost"``), when the record stayed missing
+      longer than ``missing_timeout`` (``reason="missing"``), or when reads kept failing.
+
+    :param output_uri: the snapshot root, ``s3://bucket/prefix`` or ``file:///abs/dir``.
+    :param run_id: the run to wait for.
+    :param aws_conn_id: AWS connection for ``s3://`` roots; looked up asynchronously in the triggerer.
+    :param poll_interval: seconds between reads (one request each).
+    :param missing_timeout: give up if the record does not exist this many seconds after the
+        trigger started (``None``: wait for it; the task's own ``timeout`` still applies).
+    :param max_consecutive_failures: failed reads in a row before the trigger gives up.
+    :param max_backoff: cap, in seconds, of the exponential backoff after a failed read.
+    """
+
+    def __init__(
+        self,
+        output_uri: str,
+        run_id: str,
+        aws_conn_id: str | None = "aws_default",
+        poll_interval: float = 10.0,
+        missing_timeout: float | None = None,
+        max_consecutive_failures: int = 5,
+        max_backoff: float = 300.0,
+    ):
+        super().__init__(
+            output_uri=output_uri, aws_conn_id=aws_conn_id, poll_interval=poll_interval,
+            max_consecutive_failures=max_consecutive_failures, max_backoff=max_backoff,
+        )
+        self.run_id = run_id
+        self.missing_timeout = missing_timeout
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "output_uri": self.output_uri,
+                "run_id": self.run_id,
+                "aws_conn_id": self.aws_conn_id,
+                "poll_interval": self.poll_interval,
+                "missing_timeout": self.missing_timeout,
+                "max_consecutive_failures": self.max_consecutive_failures,
+                "max_backoff": self.max_backoff,
+            },
+        )
+
+    def _key(self) -> str:
+        return layout.run_record_key(self.run_id)
+
+    def _describe(self) -> str:
+        return f"the run record of run {self.run_id!r} under {self.output_uri}"
+
+    def _evaluate(self, data: bytes | None, waited: float) -> TriggerEvent | None:
+        from airflow_provider_shardyfusion.core.run_record import RunRecord
+
+        if data is None:
+            if self.missing_timeout is not None and waited > self.missing_timeout:
+                return TriggerEvent(missing_payload(self.run_id, self.output_uri, waited, self.missing_timeout))
+            self.log.info("Run record of run %r not written yet; polling again in %ss", self.run_id, self.poll_interval)
+            return None
+        payload = record_outcome(RunRecord.from_bytes(data), self.run_id, layout.utc_now())
+        if payload is None:
+            self.log.info("Run %r is running (lease still valid); polling again in %ss", self.run_id, self.poll_interval)
+            return None
+        return TriggerEvent(payload)
+
+
+def missing_payload(run_id: str, output_uri: str, waited: float, missing_timeout: float) -> dict[str, Any]:
+    return {
+        "status": "error",
+        "message": f"run record of run {run_id!r} does not exist under {output_uri} after {waited:.0f}s "
+        f"(missing_timeout={missing_timeout}s); did the writer start, and is output_uri right?",
+        "error_type": "RunRecordError", "reason": "missing", "run_id": run_id,
+    }
+
+
+def record_outcome(record: Any, run_id: str, now: Any) -> dict[str, Any] | None:
+    """The event payload a run record means now, or ``None`` while the run is alive.
+
+    One rule for the trigger and the sensor's poke, so both modes end a run the same way.
+    """
+    from airflow_provider_shardyfusion.core.errors import RunRecordError
+    from airflow_provider_shardyfusion.core.run_record import FAILED, SUCCEEDED
+
+    if record.run_id != run_id:
+        raise RunRecordError(f"run record at {layout.run_record_key(run_id)} names run {record.run_id!r}, expected {run_id!r}")
+    if record.status == SUCCEEDED:
+        return {"status": "success", "run_record": record.to_dict()}
+    if record.status == FAILED:
+        err = record.error
+        error_type = err.type if err else "RunRecordError"
+        message = err.message if err else "no error recorded"
+        return {
+            "status": "error", "message": f"run {run_id!r} failed: {error_type}: {message}",
+            "error_type": error_type, "writer_message": message, "reason": "failed",
+            "run_id": run_id, "run_record": record.to_dict(),
+        }
+    if record.lease_expired(now):
+        return {
+            "status": "error",
+            "message": f"writer lost: run {run_id!r} is still 'running' but its lease expired at "
+            f"{layout.format_ts(record.lease_expires_at)} (last heartbeat {layout.format_ts(record.updated_at)}); "
+            "the writer (Spark driver) probably died without marking the run failed",
+            "error_type": "RunRecordError", "reason": "writer_lost", "run_id": run_id, "run_record": record.to_dict(),
+        }
+    return None

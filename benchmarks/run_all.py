@@ -1,0 +1,15 @@
+"""``make bench``: run every benchmark; each prints one JSON line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+if __name__ == "__main__":
+    failed = 0
+    for script in ("bench_write.py", "bench_scale.py", "bench_read.py"):
+        failed |= subprocess.run([sys.executable, str(HERE / script), *sys.argv[1:]]).returncode != 0
+    sys.exit(1 if failed else 0)

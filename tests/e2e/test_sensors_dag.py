@@ -1,0 +1,56 @@
+"""dag.test() of dags_example/sensors_example.py against a snapshot published in the test (file://)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from snapshot_helpers import publish_snapshot, store_for, write_run_record
+
+from airflow_provider_shardyfusion.core.run_record import RUNNING
+
+pytestmark = pytest.mark.airflow
+
+DAG_ID = "shardyfusion_sensors_example"
+
+
+def test_sensors_example_succeeds_on_published_snapshot(run_dag, file_root):
+    pointer = publish_snapshot(store_for(file_root))
+
+    result = run_dag(DAG_ID, conf={"output_uri": file_root})
+
+    assert result.tasks == {"wait_for_current": "success", "wait_for_run_record": "success"}
+    assert result.xcoms["wait_for_current"]["run_id"] == pointer.run_id
+    assert result.xcoms["wait_for_current"]["manifest_ref"] == pointer.manifest_ref
+    record = result.xcoms["wait_for_run_record"]
+    assert record["run_id"] == pointer.run_id
+    assert record["status"] == "succeeded"
+    assert record["manifest_ref"] == pointer.manifest_ref
+
+
+def test_sensors_example_defers_and_resumes_when_snapshot_is_published_later(run_dag, file_root):
+    """Nothing is there at the first poke: the sensor defers and its trigger runs in-line until the
+    snapshot is published (only once the deferral is seen in the log, so timing cannot hide it)."""
+    store = store_for(file_root)
+    run_id = "20260101T000000Z-deadbeef"
+    write_run_record(store, run_id, RUNNING)
+    publishers: list[threading.Thread] = []
+
+    def publish_after_deferral(line: str) -> None:
+        if "running trigger in line" in line and not publishers:
+            # Let the trigger poll at least once (poll_interval=5 s in the DAG) before publishing.
+            publishers.append(threading.Timer(2.0, publish_snapshot, (store, run_id)))
+            publishers[0].start()
+
+    try:
+        result = run_dag(DAG_ID, conf={"output_uri": file_root}, on_line=publish_after_deferral, timeout=300)
+    finally:
+        for publisher in publishers:
+            publisher.cancel()
+            publisher.join(timeout=30)
+
+    assert publishers, "the sensor never deferred"
+    assert result.tasks == {"wait_for_current": "success", "wait_for_run_record": "success"}
+    assert result.xcoms["wait_for_current"]["run_id"] == run_id
+    assert result.xcoms["wait_for_run_record"]["run_id"] == run_id
+    assert "Trigger completed" in result.output
