@@ -180,6 +180,8 @@ def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, fault
         max_write_bytes_per_second=opts.max_write_bytes_per_second,
         sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,
         sample_columns=sample_cols, faults=faults,
+        # Spark's order on non-negative ints, strings and binary equals the encoded-key byte order.
+        presorted=opts.sort_within_partitions or plan.num_dbs == 1,
     )
 
 
@@ -193,6 +195,9 @@ def _routed(df, plan: RoutingPlan):
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
     # Partition index == shard id: one task per shard, never a hash partitioner on the id.
     partitioned = _routed(df, plan).repartitionById(plan.num_dbs, SHARD_ID_COL)
+    if write_plan.presorted:
+        # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
+        partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
     rows = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]
 

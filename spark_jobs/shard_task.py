@@ -40,6 +40,7 @@ class WritePlan:
     sample_per_shard: int
     sample_columns: tuple[str, ...]
     faults: dict[str, Any]
+    presorted: bool = False
     local_dir: str | None = None
 
 
@@ -81,6 +82,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         tempfile.mkdtemp(prefix=f"shardyfusion-db{db_id:05d}-a{attempt:02d}-", dir=plan.local_dir),
         plan.key_encoding, key_column=plan.key_column, sort_run_rows=plan.sort_run_rows,
         batch_size=plan.batch_size, allow_duplicate_keys=plan.allow_duplicate_keys, limiter=limiter,
+        presorted=plan.presorted,
     )
     sample: list[dict[str, Any]] = []
     try:

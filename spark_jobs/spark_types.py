@@ -7,6 +7,14 @@ from pyspark.sql import types as T
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 _INT_TYPES = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
+# Spark type → (key kind, CEL type); None where the type cannot serve in that role.
+_MAPPING: tuple[tuple[tuple[type, ...], str | None, str], ...] = (
+    (_INT_TYPES, "int", "int"),
+    ((T.StringType,), "string", "string"),
+    ((T.BinaryType,), "binary", "bytes"),
+    ((T.DoubleType, T.FloatType), None, "double"),
+    ((T.BooleanType,), None, "bool"),
+)
 
 
 def field_of(schema: T.StructType, column: str, *, what: str) -> T.StructField:
@@ -16,27 +24,24 @@ def field_of(schema: T.StructType, column: str, *, what: str) -> T.StructField:
     raise ConfigError(f"{what} {column!r} is not a column of the input; columns are {schema.fieldNames()}")
 
 
+def _lookup(dt: T.DataType, index: int) -> str | None:
+    for types, *names in _MAPPING:
+        if isinstance(dt, types):
+            return names[index]
+    return None
+
+
 def key_kind(schema: T.StructType, column: str) -> str:
     dt = field_of(schema, column, what="key_column").dataType
-    if isinstance(dt, _INT_TYPES):
-        return "int"
-    if isinstance(dt, T.StringType):
-        return "string"
-    if isinstance(dt, T.BinaryType):
-        return "binary"
-    raise ConfigError(f"key_column {column!r} has type {dt.simpleString()}; keys must be integers, strings or binary")
+    kind = _lookup(dt, 0)
+    if kind is None:
+        raise ConfigError(f"key_column {column!r} has type {dt.simpleString()}; keys must be integers, strings or binary")
+    return kind
 
 
 def cel_type(schema: T.StructType, column: str) -> str:
     dt = field_of(schema, column, what="cel_columns entry").dataType
-    if isinstance(dt, _INT_TYPES):
-        return "int"
-    if isinstance(dt, T.StringType):
-        return "string"
-    if isinstance(dt, T.BinaryType):
-        return "bytes"
-    if isinstance(dt, (T.DoubleType, T.FloatType)):
-        return "double"
-    if isinstance(dt, T.BooleanType):
-        return "bool"
-    raise ConfigError(f"cel_columns entry {column!r} has type {dt.simpleString()}, which has no CEL type mapping")
+    typ = _lookup(dt, 1)
+    if typ is None:
+        raise ConfigError(f"cel_columns entry {column!r} has type {dt.simpleString()}, which has no CEL type mapping")
+    return typ

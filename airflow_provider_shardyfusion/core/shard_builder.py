@@ -70,6 +70,7 @@ class ShardBuilder:
         batch_size: int = 50_000,
         allow_duplicate_keys: bool = False,
         limiter: WriteLimiter | None = None,
+        presorted: bool = False,
     ):
         self.workdir = workdir
         self.db_dir = os.path.join(workdir, "db")
@@ -80,6 +81,8 @@ class ShardBuilder:
         self.batch_size = batch_size
         self.allow_duplicate_keys = allow_duplicate_keys
         self.limiter = limiter
+        # presorted: rows arrive in encoded-key order (Spark sorted them); verify instead of sorting.
+        self.presorted = presorted
         self._keys: list[pa.Array] = []
         self._values: list[pa.Array] = []
         self._buffered = 0
@@ -117,8 +120,19 @@ class ShardBuilder:
             u = arr.astype(np.uint64)
         if self.key_encoding == "u32be" and u.size and u.max() > np.uint64(0xFFFFFFFF):
             encoding.encode_key(int(u[u > np.uint64(0xFFFFFFFF)][0]), self.key_encoding, column=self.key_column)
+        if self.presorted:
+            self._check_sorted(u[1:] < u[:-1], lambda i: int(u[i]))
+            return u, np.arange(len(u))
         order = np.argsort(u, kind="stable")
         return u[order], order
+
+    def _check_sorted(self, descending: np.ndarray, key_at: Any) -> None:
+        if descending.any():
+            at = int(np.argmax(descending)) + 1
+            raise InputDataError(
+                f"column {self.key_column!r}: key {encoding._show(key_at(at))} arrives out of order "
+                "(rule: with presorted input, rows must come in encoded-key order)"
+            )
 
     def _duplicates(self, sorted_keys: Any, n: int) -> np.ndarray:
         """Boolean mask over positions 1..n-1: True where the key equals its predecessor."""
@@ -149,8 +163,16 @@ class ShardBuilder:
                 encoding.encode_key(keys[0].as_py(), self.key_encoding, column=self.key_column)
             if self.key_kind == "binary" and (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
                 encoding.encode_key(keys[0].as_py(), self.key_encoding, column=self.key_column)
-            order = pc.sort_indices(bin_keys).to_numpy()
-            sorted_bin = bin_keys.take(pa.array(order))
+            if self.presorted:
+                n_keys = len(bin_keys)
+                if n_keys > 1:
+                    desc = pc.less(bin_keys.slice(1), bin_keys.slice(0, n_keys - 1))
+                    self._check_sorted(desc.to_numpy(zero_copy_only=False).astype(bool), lambda i: keys[i].as_py())
+                order = np.arange(n_keys)
+                sorted_bin = bin_keys
+            else:
+                order = pc.sort_indices(bin_keys).to_numpy()
+                sorted_bin = bin_keys.take(pa.array(order))
             dup = self._duplicates(sorted_bin, n)
             key_list = sorted_bin.to_pylist()
         if dup.any():
@@ -165,6 +187,8 @@ class ShardBuilder:
             keep = np.append(~dup, True)
             order = order[keep]
             key_list = [k for k, kept in zip(key_list, keep) if kept]
+        elif self.presorted:
+            order = None  # rows already in key order: no gather needed
         return _Run(keys=key_list, order=order, values=values)
 
     def _flush_run(self) -> None:
@@ -183,10 +207,15 @@ class ShardBuilder:
         check_existing = self._runs > 0 and (
             not self.allow_duplicate_keys and self._max is not None and run.keys[0] <= self._max
         )
+        if check_existing and self.presorted:
+            # Sorted runs only meet at their boundary: one comparison replaces the look-ups.
+            self._check_sorted(np.array([run.keys[0] < self._max]), lambda _: self._decode_for_message(run.keys[0]))
+            self._check_not_stored(run.keys[:1])
+            check_existing = False
         sst_path = os.path.join(self.workdir, f"run-{self._runs:05d}.sst")
         writer = SstFileWriter(options=opts)
         writer.open(sst_path)
-        values = run.values.take(pa.array(run.order)) if run.order is not None else run.values
+        values = run.values if run.order is None else run.values.take(pa.array(run.order))
         n = len(run.keys)
         for start in range(0, n, self.batch_size):
             ks = run.keys[start : start + self.batch_size]
