@@ -40,11 +40,13 @@ class TokenBucket:
         with self._lock:
             self._refill()
             need = min(amount, self.capacity)
-            while self._tokens < need:
+            if self._tokens < need:
                 wait = (need - self._tokens) / self.rate
                 self.waited_s += wait
                 self._sleep(wait)
                 self._refill()
+                # The sleep paid for exactly the missing tokens; float rounding must not loop.
+                self._tokens = max(self._tokens, need)
             self._tokens -= amount
 
 

@@ -1,0 +1,98 @@
+"""ShardBuilder on real RocksDB files: sort runs, presorted input, duplicates, encodings."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from rocksdict import AccessType, Options, Rdict
+
+from airflow_provider_shardyfusion.core import encoding
+from airflow_provider_shardyfusion.core.checksum import file_checksum
+from airflow_provider_shardyfusion.core.errors import InputDataError, KeyEncodingError
+from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
+
+
+def build(tmp_path, key_encoding, chunks, **kwargs):
+    builder = ShardBuilder(str(tmp_path / "work"), key_encoding, key_column="k", **kwargs)
+    for keys, values in chunks:
+        builder.add(pa.array(keys), pa.array(values, pa.binary()))
+    built = builder.finish()
+    db = Rdict(built.db_dir, options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        items = list(db.items())
+    finally:
+        db.close()
+    return builder, built, items
+
+
+@pytest.mark.parametrize("presorted", [False, True])
+def test_several_sort_runs_give_one_sorted_exact_database(tmp_path, presorted):
+    keys = list(range(10_000))
+    if not presorted:
+        random.Random(1).shuffle(keys)
+    chunks = [(keys[i : i + 700], [b"v%d" % k for k in keys[i : i + 700]]) for i in range(0, 10_000, 700)]
+    builder, built, items = build(tmp_path, "u64be", chunks, sort_run_rows=2_000, batch_size=333, presorted=presorted)
+    assert [k for k, _ in items] == [encoding.encode_key(k, "u64be") for k in range(10_000)]
+    assert all(v == b"v%d" % encoding.decode_key(k, "u64be") for k, v in items)
+    assert built.row_count == 10_000
+    assert built.min_key == encoding.encode_key(0, "u64be") and built.max_key == encoding.encode_key(9_999, "u64be")
+    for f in built.files:
+        assert f.checksum == file_checksum(f"{built.db_dir}/{f.name}")
+    assert "LOCK" not in {f.name for f in built.files}
+    builder.close()
+
+
+@pytest.mark.parametrize("presorted", [False, True])
+def test_duplicate_across_sort_runs_is_named(tmp_path, presorted):
+    first = [1, 2, 3, 4] if presorted else [4, 1, 3, 2]
+    second = [4, 5, 6] if presorted else [6, 4, 5]
+    builder = ShardBuilder(str(tmp_path), "u64be", key_column="user_id", sort_run_rows=4, presorted=presorted)
+    builder.add(pa.array(first), pa.array([b"a"] * 4, pa.binary()))
+    with pytest.raises(InputDataError, match=r"column 'user_id': duplicate key 4"):
+        builder.add(pa.array(second), pa.array([b"b"] * 3, pa.binary()))
+        builder.finish()
+    builder.close()
+
+
+def test_presorted_input_out_of_order_is_refused(tmp_path):
+    builder = ShardBuilder(str(tmp_path), "utf8", key_column="name", presorted=True)
+    builder.add(pa.array(["a", "c", "b"]), pa.array([b"1", b"2", b"3"], pa.binary()))
+    with pytest.raises(InputDataError, match="'b' arrives out of order"):
+        builder.finish()
+    builder.close()
+
+
+def test_allow_duplicate_keys_keeps_the_last_row_seen(tmp_path):
+    _, _, items = build(tmp_path, "utf8", [(["x", "y", "x"], [b"first", b"y", b"last"])], allow_duplicate_keys=True)
+    assert items == [(b"x", b"last"), (b"y", b"y")]
+
+
+def test_u32be_and_negative_keys_fail_naming_the_value(tmp_path):
+    builder = ShardBuilder(str(tmp_path / "a"), "u32be", key_column="id")
+    with pytest.raises(KeyEncodingError, match="4294967296"):
+        builder.add(pa.array([1, 2**32]), pa.array([b"a", b"b"], pa.binary()))
+        builder.finish()
+    builder.close()
+    builder = ShardBuilder(str(tmp_path / "b"), "u64be", key_column="id")
+    with pytest.raises(KeyEncodingError, match="-7"):
+        builder.add(pa.array([3, -7]), pa.array([b"a", b"b"], pa.binary()))
+        builder.finish()
+    builder.close()
+
+
+def test_binary_keys_sort_bytewise_and_rate_limiter_is_used(tmp_path):
+    keys = [b"\xff", b"\x00\x01", b"\x00", b"a"]
+    limiter = WriteLimiter(rows_per_s=1_000_000, bytes_per_s=None)
+    _, built, items = build(tmp_path, "raw", [(keys, [k * 2 for k in keys])], limiter=limiter, batch_size=2)
+    assert [k for k, _ in items] == sorted(keys)
+    assert all(v == k * 2 for k, v in items)
+    assert built.timings["rate_limit_wait_s"] >= 0.0
+
+
+def test_empty_builder_returns_none(tmp_path):
+    builder = ShardBuilder(str(tmp_path), "u64be")
+    assert builder.finish() is None
+    builder.close()

@@ -1,0 +1,464 @@
+"""``ShardedWriteOperator`` and its bundle without running Spark (SPEC §2, §8, §8.1).
+
+spark-submit is replaced by a stub that plays the writer's part on a real local store (it writes
+the run record the Spark job would write), so each outcome the operator must handle is exercised
+exactly: success, the writer's failure, the job refusing its config, spark-submit dying early,
+deferral. The real submission runs in the e2e / integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import inspect
+import json
+import subprocess
+import sys
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk import Asset
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.config import WriteConfig
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, ShardyfusionError
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError, read_run_record
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.operators import bundle as bundle_mod
+from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator, SparkSubmitError
+from tests.snapshot_helpers import publish_snapshot, write_run_record
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "UnitTestSecretKey/4f1c9e0b7a"
+LOCAL_SPARK = {"conn_type": "spark", "host": "local[2]"}
+YARN_CLUSTER = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+class FakeTI:
+    dag_id, task_id, run_id, try_number, map_index = "dag_x", "write", "manual__1", 2, -1
+
+    def __init__(self):
+        self.xcoms: dict[str, object] = {}
+
+    def xcom_push(self, key, value):
+        self.xcoms[key] = value
+
+
+def make_context():
+    return {"ti": FakeTI(), "outlet_events": defaultdict(lambda: SimpleNamespace(extra=None))}
+
+
+def make_op(root: str, **kw) -> ShardedWriteOperator:
+    args = dict(task_id="write", output_uri=root, input_path="/data/in", key_column="id", value_column="payload",
+                num_dbs=4, spark_conn_id="sf_spark")
+    args.update(kw)
+    return ShardedWriteOperator(**args)
+
+
+def connections(monkeypatch, spark=LOCAL_SPARK, aws: dict | None = None):
+    monkeypatch.setenv("AIRFLOW_CONN_SF_SPARK", json.dumps(spark))
+    if aws is not None:
+        monkeypatch.setenv("AIRFLOW_CONN_SF_AWS", json.dumps(aws))
+
+
+class Submitted:
+    """What the stubbed spark-submit saw, for assertions."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    @property
+    def last(self) -> dict:
+        return self.calls[-1]
+
+
+def stub_submit(monkeypatch, behaviour):
+    """Replace spark-submit: build the real command line (as the spark provider would), then ``behaviour``."""
+    seen = Submitted()
+    real_factory = sw._submit_hook_class
+
+    def factory():
+        real = real_factory()
+
+        class StubbedHook(real):
+            def submit(self, application="", **kwargs):
+                cmd = self._build_spark_submit_command(application)
+                b64 = cmd[cmd.index("--config-b64") + 1]
+                config = WriteConfig.from_json(base64.urlsafe_b64decode(b64).decode())
+                seen.calls.append({"cmd": cmd, "env": dict(self._env or {}), "config": config,
+                                   "application": application, "conf": dict(self._conf)})
+                for line in behaviour(config) or ():
+                    self.output_tail.append(self.redacted(line))
+
+        return StubbedHook
+
+    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+    return seen
+
+
+STATS = {"rows": 1000, "bytes": 4096, "num_dbs": 4, "empty_shards": 1, "shards_written": 3, "attempts_seen": 3}
+
+
+def writer_succeeds(config: WriteConfig):
+    """What the Spark job leaves behind on success: manifest, ``_CURRENT``, a succeeded run record."""
+    store = open_store(config.output_uri)
+    publish_snapshot(store, config.run_id)
+    record = read_run_record(store, config.run_id)
+    record = dataclasses.replace(record, num_dbs=4, stats=STATS, writer={"spark_app_id": "local-123"})
+    store.put(layout.run_record_key(config.run_id), record.to_bytes())
+
+
+# ---- constructor -----------------------------------------------------------------------------
+
+
+def test_every_user_argument_is_templated_and_assigned_verbatim():
+    params = [p for p in inspect.signature(ShardedWriteOperator.__init__).parameters.values()
+              if p.kind is p.KEYWORD_ONLY]
+    not_templated = {"deferrable", "poll_interval"}
+    assert {p.name for p in params} - not_templated == set(ShardedWriteOperator.template_fields)
+    # Templates render after __init__: any value (even an invalid one) must be kept exactly as given.
+    values = {name: object() for name in ShardedWriteOperator.template_fields}
+    values["output_uri"] = "{{ var.value.snapshot_root }}"
+    op = ShardedWriteOperator(task_id="t", **values)
+    for name, value in values.items():
+        assert getattr(op, name) is value, name
+
+
+def test_signature_matches_spec_8_1_defaults():
+    sig = inspect.signature(ShardedWriteOperator.__init__).parameters
+    expected = dict(input_path=None, input_format="parquet", input_options=None, input_table=None, input_sql=None,
+                    key_column="id", value_column=None, value_columns=None, value_format="binary", num_dbs=None,
+                    max_keys_per_shard=None, cel_expr=None, cel_columns=None, routing_values=None,
+                    infer_routing_values=False, key_encoding=None, run_id=None, batch_size=50_000,
+                    verify_routing=True, sample_size=20, cache_input=False, sort_within_partitions=True,
+                    max_writes_per_second=None, max_write_bytes_per_second=None, shard_retry=None,
+                    spark_conn_id="spark_default", spark_conf=None, spark_env_vars=None, python_env_archive=None,
+                    aws_conn_id="aws_default", deferrable=False)
+    assert {k: sig[k].default for k in expected} == expected
+    assert sig["output_uri"].default is inspect.Parameter.empty
+
+
+def test_output_uri_becomes_an_outlet_asset_unless_templated():
+    op = make_op("file:///data/out/")
+    assert [o for o in op.outlets if isinstance(o, Asset)] == [Asset("file:///data/out")]
+    assert make_op("s3://bucket-{{ ds_nodash }}/x").outlets == []
+    mine = Asset("s3://other-bucket/x")
+    assert make_op("file:///data/out", outlets=[mine]).outlets == [mine, Asset("file:///data/out")]
+
+
+# ---- validation before Spark -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"num_dbs": 0}, "num_dbs"),
+        ({"input_path": None}, "input_path"),
+        ({"value_format": "xml"}, "xml"),
+        ({"run_id": "bad/run"}, "run_id"),
+        ({"output_uri": "ftp://x/y"}, "output_uri"),
+        ({"batch_size": -1}, "batch_size"),
+        ({"spark_conf": ["not", "a", "mapping"]}, "spark_conf"),
+        ({"poll_interval": 0}, "poll_interval"),
+    ],
+)
+def test_bad_argument_fails_naming_it_before_any_submit(monkeypatch, tmp_path, override, named):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    monkeypatch.setattr(bundle_mod, "build_bundle", lambda *a, **k: pytest.fail("bundle built for a bad config"))
+    op = make_op(f"file://{tmp_path}/snap", **override)
+    with pytest.raises(ConfigError, match=named):
+        op.execute(make_context())
+    assert seen.calls == []
+
+
+# ---- success / failure through the run record ------------------------------------------------
+
+
+def test_success_returns_summary_from_the_run_record_and_emits_asset_event(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    op = make_op(root, run_id="run-ok-1", spark_env_vars={"MY_FLAG": "1"}, executor_memory="2g")
+    ctx = make_context()
+    summary = op.execute(ctx)
+
+    assert set(summary) == {"run_id", "output_uri", "manifest_ref", "run_record_ref", "num_dbs", "rows", "bytes",
+                            "empty_shards", "spark_app_id"}
+    assert summary["run_id"] == "run-ok-1" and summary["spark_app_id"] == "local-123"
+    assert (summary["num_dbs"], summary["rows"], summary["bytes"], summary["empty_shards"]) == (4, 1000, 4096, 1)
+    assert summary["run_record_ref"] == f"{root}/runs/run_id=run-ok-1/run.json"
+    assert summary["manifest_ref"].startswith(f"{root}/manifests/")
+    json.dumps(summary)  # XCom-safe
+    assert ctx["outlet_events"][Asset(root)].extra == summary
+    assert ctx["ti"].xcoms["run_id"] == "run-ok-1"
+
+    call = seen.last
+    config = call["config"]
+    assert config.run_id == "run-ok-1" and config.sharding.num_dbs == 4
+    assert config.airflow_context == {"dag_id": "dag_x", "task_id": "write", "run_id": "manual__1",
+                                      "try_number": 2, "map_index": -1}
+    cmd = call["cmd"]
+    assert cmd[cmd.index("--master") + 1] == "local[2]"
+    assert cmd[cmd.index("--executor-memory") + 1] == "2g"
+    py_files = cmd[cmd.index("--py-files") + 1]
+    assert py_files.endswith("bundle.zip") and zipfile.is_zipfile(py_files)
+    assert call["application"].endswith("sharded_write_job.py") and Path(call["application"]).is_file()
+    assert call["env"]["MY_FLAG"] == "1"
+    assert call["env"]["PYSPARK_PYTHON"] == sys.executable  # workers must import the same packages
+
+
+def test_generated_run_ids_are_fresh_per_execute(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    op = make_op(f"file://{tmp_path}/snap")
+    first, second = op.execute(make_context())["run_id"], op.execute(make_context())["run_id"]
+    assert first != second and op.run_id is None
+    assert [c["config"].run_id for c in seen.calls] == [first, second]
+    layout.validate_run_id(first)
+
+
+def test_writer_failure_raises_the_writers_type_and_message(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    message = "column 'id': duplicate key 42 (rule: keys must be unique; allow_duplicate_keys=True to keep the last)"
+
+    def writer_fails(config):
+        write_run_record(open_store(config.output_uri), config.run_id, FAILED,
+                         error=RunError("InputDataError", message, "Traceback ... InputDataError"))
+        return ["some spark log line", f"shardyfusion job failed: InputDataError: {message}"]
+
+    stub_submit(monkeypatch, writer_fails)
+    with pytest.raises(InputDataError) as info:
+        make_op(f"file://{tmp_path}/snap").execute(make_context())
+    assert str(info.value) == message
+
+
+def test_unknown_writer_error_type_keeps_its_name(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_submit(monkeypatch, lambda c: write_run_record(open_store(c.output_uri), c.run_id, FAILED,
+                                                        error=RunError("Py4JJavaError", "Java heap space")))
+    with pytest.raises(ShardyfusionError, match=r"^Py4JJavaError: Java heap space$"):
+        make_op(f"file://{tmp_path}/snap").execute(make_context())
+
+
+def failing_submit(monkeypatch, lines, returncode):
+    """spark-submit that prints ``lines`` and exits with ``returncode`` as the spark provider reports it."""
+    from airflow.exceptions import AirflowException
+
+    hook_cls = sw._submit_hook_class
+
+    def factory():
+        class Failing(hook_cls()):
+            def submit(self, application="", **kwargs):
+                cmd = self._build_spark_submit_command(application)
+                for line in lines:
+                    self.output_tail.append(self.redacted(line))
+                raise AirflowException(f"Cannot execute: {self._mask_cmd(cmd)}. Error code is: {returncode}.")
+
+        return Failing
+
+    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+
+
+def test_job_refusing_its_config_before_any_run_record(monkeypatch, tmp_path):
+    """Exit code 2 of the job: no run record, its one line on stderr names type and message."""
+    connections(monkeypatch)
+    failing_submit(monkeypatch, ["INFO starting", "shardyfusion job failed: ConfigError: input_format 'x' is odd"], 2)
+    with pytest.raises(ConfigError, match=r"^input_format 'x' is odd$"):
+        make_op(f"file://{tmp_path}/snap").execute(make_context())
+
+
+def test_spark_submit_dying_without_run_record_shows_the_output_tail(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    failing_submit(monkeypatch, [f"log line {i}" for i in range(100)] + ["Error: JAVA_HOME is not set"], 101)
+    with pytest.raises(SparkSubmitError) as info:
+        make_op(f"file://{tmp_path}/snap", run_id="run-dead").execute(make_context())
+    text = str(info.value)
+    assert "exit code 101" in text and "no run record" in text and "run-dead" in text
+    assert "Error: JAVA_HOME is not set" in text and "log line 99" in text
+    assert "log line 10\n" not in text  # a tail, not the whole log
+    assert "--config-b64" not in text
+
+
+def test_running_record_after_client_mode_exit_is_marked_failed(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_submit(monkeypatch, lambda c: write_run_record(open_store(c.output_uri), c.run_id, RUNNING))
+    root = f"file://{tmp_path}/snap"
+    with pytest.raises(SparkSubmitError, match="still says 'running'"):
+        make_op(root, run_id="run-orphan").execute(make_context())
+    record = read_run_record(open_store(root), "run-orphan")
+    assert record.status == FAILED and record.error.type == "RunAbandoned"
+
+
+# ---- credentials -----------------------------------------------------------------------------
+
+
+def s3_conn(endpoint="http://127.0.0.1:9"):
+    return {"conn_type": "aws", "login": "AKIAUNITTEST", "password": SECRET,
+            "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+
+
+def test_credentials_reach_spark_submit_only_through_its_environment(monkeypatch):
+    connections(monkeypatch, aws=s3_conn())
+    seen = stub_submit(monkeypatch, lambda c: [f"a line that leaks {SECRET}"])
+    op = make_op("s3://some-bucket/snap", aws_conn_id="sf_aws", run_id="run-s3")
+    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, hook, config: None)
+    with pytest.raises(SparkSubmitError) as info:
+        op.execute(make_context())
+    call = seen.last
+    assert call["env"]["AWS_SECRET_ACCESS_KEY"] == SECRET and call["env"]["AWS_ACCESS_KEY_ID"] == "AKIAUNITTEST"
+    assert SECRET not in " ".join(call["cmd"])
+    assert SECRET not in call["config"].to_json()
+    assert call["config"].storage_options.endpoint_url == "http://127.0.0.1:9"
+    assert SECRET not in str(info.value) and "a line that leaks ***" in str(info.value)
+
+
+# ---- cluster modes and deferral (YARN / Kubernetes cannot run here: the command is checked) ---
+
+
+def test_deferrable_cluster_mode_submits_without_waiting_and_defers_on_the_run_record(monkeypatch, tmp_path):
+    """YARN / Kubernetes clusters cannot run in this environment: spark-submit is stubbed and the
+    test checks the command it would run, then drives the real RunRecordTrigger on a local store."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
+
+    connections(monkeypatch, spark=YARN_CLUSTER, aws=s3_conn())
+    seen = stub_submit(monkeypatch, lambda c: None)
+    root = f"file://{tmp_path}/snap"
+    op = make_op(root, deferrable=True, run_id="run-deferred", aws_conn_id="sf_aws", poll_interval=0.05,
+                 python_env_archive="hdfs:///envs/sf.tar.gz#pyenv")
+    with pytest.raises(TaskDeferred) as info:
+        op.execute(make_context())
+    trigger = info.value.trigger
+    assert isinstance(trigger, RunRecordTrigger) and info.value.method_name == "execute_complete"
+    assert trigger.run_id == "run-deferred" and trigger.output_uri == root and trigger.poll_interval == 0.05
+
+    cmd = " ".join(seen.last["cmd"])
+    assert "--master yarn" in cmd and "--deploy-mode cluster" in cmd
+    assert "spark.yarn.submit.waitAppCompletion=false" in cmd
+    assert "--archives hdfs:///envs/sf.tar.gz#pyenv" in cmd
+    assert "spark.pyspark.python=./pyenv/bin/python" in cmd
+    assert "spark.executorEnv.PYSPARK_PYTHON=./pyenv/bin/python" in cmd
+    # The driver runs on the cluster: forwarding credentials would need argv, so they are not sent.
+    assert SECRET not in cmd and "AWS_SECRET_ACCESS_KEY" not in seen.last["env"]
+
+    # The writer finishes on the cluster; the trigger (run in-line) sees the record and resumes the task.
+    writer_succeeds(seen.last["config"])
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(first_event())
+    ctx = make_context()
+    summary = op.execute_complete(ctx, event)
+    assert summary["run_id"] == "run-deferred" and summary["manifest_ref"]
+    assert ctx["outlet_events"][Asset(root)].extra == summary
+
+
+def test_execute_complete_raises_the_writers_error_from_a_trigger_event(tmp_path):
+    op = make_op(f"file://{tmp_path}/snap")
+    event = {"status": "error", "message": "run 'r' failed: InputDataError: null key in column 'id'",
+             "error_type": "InputDataError", "writer_message": "null key in column 'id'", "reason": "failed"}
+    with pytest.raises(InputDataError, match=r"^null key in column 'id'$"):
+        op.execute_complete(make_context(), event)
+
+
+def test_deferrable_in_client_mode_runs_in_the_worker(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_submit(monkeypatch, writer_succeeds)
+    summary = make_op(f"file://{tmp_path}/snap", deferrable=True).execute(make_context())
+    assert summary["manifest_ref"]
+
+
+# ---- on_kill ---------------------------------------------------------------------------------
+
+
+def test_on_kill_stops_spark_and_marks_the_run_killed(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+    op = make_op(root)
+    killed = []
+    op._submit_hook = SimpleNamespace(on_kill=lambda: killed.append(True))
+    op._active_run_id, op._active_output_uri = "run-killed", root
+    write_run_record(open_store(root), "run-killed", RUNNING)
+    op.on_kill()
+    record = read_run_record(open_store(root), "run-killed")
+    assert killed == [True]
+    assert record.status == FAILED and record.error.type == "RunKilled" and "killed" in record.error.message
+
+
+# ---- bundle ----------------------------------------------------------------------------------
+
+
+def test_bundle_is_deterministic_sorted_and_complete(tmp_path):
+    a = bundle_mod.build_bundle(tmp_path / "a")
+    b = bundle_mod.build_bundle(tmp_path / "b")
+    assert Path(a.zip_path).read_bytes() == Path(b.zip_path).read_bytes()
+    assert a.sha256 == b.sha256 and Path(a.zip_path).parent.name == a.sha256
+    with zipfile.ZipFile(a.zip_path) as zf:
+        infos = zf.infolist()
+    names = [i.filename for i in infos]
+    assert names == sorted(names) and len(set(names)) == len(names)
+    assert "spark_jobs/sharded_write_job.py" in names and "spark_jobs/__init__.py" in names
+    assert "airflow_provider_shardyfusion/__init__.py" in names
+    assert "airflow_provider_shardyfusion/core/config.py" in names
+    assert "airflow_provider_shardyfusion/core/storage/s3.py" in names
+    assert all(n.endswith(".py") and "__pycache__" not in n for n in names)
+    # Only core ships to executors: no Airflow side.
+    assert not any(n.startswith(("airflow_provider_shardyfusion/operators", "airflow_provider_shardyfusion/hooks"))
+                   for n in names)
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert {i.external_attr >> 16 for i in infos} == {0o100644}
+    assert Path(a.entry_script).read_bytes() == (ROOT / "spark_jobs" / "sharded_write_job.py").read_bytes()
+
+
+def test_bundle_is_cached_by_content(tmp_path):
+    first = bundle_mod.build_bundle(tmp_path)
+    stamp = Path(first.zip_path).stat().st_mtime_ns
+    again = bundle_mod.build_bundle(tmp_path)
+    assert again == first and Path(again.zip_path).stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.sha256]  # no staging leftovers
+
+
+def test_bundle_changes_when_the_code_changes(tmp_path):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "sharded_write_job.py").write_text("print('v1')\n")
+    v1 = bundle_mod.build_bundle(tmp_path / "cache", spark_jobs_dir=jobs)
+    (jobs / "sharded_write_job.py").write_text("print('v2')\n")
+    v2 = bundle_mod.build_bundle(tmp_path / "cache", spark_jobs_dir=jobs)
+    assert v1.sha256 != v2.sha256 and Path(v2.entry_script).read_text() == "print('v2')\n"
+
+
+def test_missing_entry_script_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_mod, "package_dir", lambda: tmp_path / "pkg")
+    with pytest.raises(FileNotFoundError, match="sharded_write_job.py was not found"):
+        bundle_mod.find_spark_jobs_dir()
+
+
+# ---- import weight ---------------------------------------------------------------------------
+
+
+def test_importing_the_operator_does_not_import_spark_rocksdb_or_boto3():
+    code = (
+        "import sys\n"
+        "import airflow_provider_shardyfusion.operators.sharded_write as m\n"
+        "import airflow_provider_shardyfusion.operators.bundle\n"
+        # file:// only: Airflow's own s3:// asset URI normalizer (amazon provider) imports boto3.
+        "m.ShardedWriteOperator(task_id='t', output_uri='file:///x', input_path='/in', value_column='v', num_dbs=2)\n"
+        "heavy = [n for n in ('pyspark', 'rocksdict', 'boto3', 'botocore', 'py4j') if n in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
