@@ -18,6 +18,9 @@ except ImportError:  # run from a source checkout without a bundle
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+_FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sharded_write_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the WriteConfig JSON")
@@ -38,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from spark_jobs.driver import run_write
 
-    spark = SparkSession.builder.appName(f"shardyfusion-{config.run_id}").getOrCreate()
+    builder = SparkSession.builder.appName(f"shardyfusion-{config.run_id}")
+    for name in _FORWARDED_ENV:
+        if os.environ.get(name):
+            # Cluster executors do not inherit the driver's environment. SparkConf keeps the values
+            # off argv, and Spark's default redaction hides the secret ones in UI and event logs.
+            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    spark = builder.getOrCreate()
     try:
         record = run_write(spark, config)
         print(f"shardyfusion job published run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)

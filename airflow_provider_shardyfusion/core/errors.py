@@ -48,6 +48,10 @@ class RunRecordError(ShardyfusionError):
     """A run record is malformed, missing, or says the run cannot go on."""
 
 
+class SparkSubmitError(ShardyfusionError):
+    """spark-submit failed, or ended without the writer finishing its run record."""
+
+
 class StorageError(ShardyfusionError):
     """An object store operation failed."""
 

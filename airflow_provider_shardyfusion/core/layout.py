@@ -194,6 +194,18 @@ def parse_run_record_key(key: str) -> str | None:
     return m["run_id"] if m and m["run_id"] not in (".", "..") else None
 
 
+def split_run_record_ref(ref: str) -> tuple[str, str]:
+    """``<root>/runs/run_id=<id>/run.json`` → ``(root, run_id)``."""
+    root, sep, rest = str(ref).rpartition(f"/{RUNS_DIR}/")
+    run_id = parse_run_record_key(f"{RUNS_DIR}/{rest}") if sep else None
+    if not root or run_id is None:
+        raise ConfigError(
+            f"run_record_ref {ref!r} is invalid: expected '<output_uri>/{RUNS_DIR}/run_id=<run_id>/{RUN_RECORD_NAME}', "
+            "e.g. the run_record_ref returned by ShardedWriteOperator"
+        )
+    return normalize_root(root), run_id
+
+
 def parse_shard_key(key: str) -> ShardKey | None:
     m = _SHARD_KEY_RE.fullmatch(key)
     if not m or m["run_id"] in (".", ".."):

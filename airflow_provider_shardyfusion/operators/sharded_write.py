@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
 
-from airflow_provider_shardyfusion.core.errors import ConfigError, ShardyfusionError, error_type_by_name
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError, ShardyfusionError, SparkSubmitError, error_type_by_name,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -40,10 +42,6 @@ _OUTPUT_TAIL_LINES = 40
 # deferred task gives up instead of waiting for a driver that was never started.
 _RUN_RECORD_MISSING_TIMEOUT_S = 3600.0
 _DEFAULT_ENV_ALIAS = "shardyfusion_env"
-
-
-class SparkSubmitError(ShardyfusionError):
-    """spark-submit failed, or ended without the writer finishing its run record."""
 
 
 class SparkApplicationLink(BaseOperatorLink):

@@ -18,18 +18,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def split_run_record_ref(ref: str) -> tuple[str, str]:
-    """``<root>/runs/run_id=<id>/run.json`` → ``(root, run_id)``."""
-    root, sep, rest = str(ref).rpartition(f"/{layout.RUNS_DIR}/")
-    run_id = layout.parse_run_record_key(f"{layout.RUNS_DIR}/{rest}") if sep else None
-    if not root or run_id is None:
-        raise ConfigError(
-            f"run_record_ref {ref!r} is invalid: expected '<output_uri>/{layout.RUNS_DIR}/run_id=<run_id>/{layout.RUN_RECORD_NAME}', "
-            "e.g. the run_record_ref returned by ShardedWriteOperator"
-        )
-    return layout.normalize_root(root), run_id
-
-
 def failure_from_event(event: dict[str, Any]) -> RunRecordError:
     """The exception a failed run / lost writer / bad read turns into, carrying the writer's error type."""
     exc = RunRecordError(str(event.get("message") or "run record trigger failed without a message"))
@@ -89,7 +77,7 @@ class RunRecordSensor(BaseSensorOperator):
         where = f"RunRecordSensor {self.task_id!r}"
         try:
             if self.run_record_ref:
-                root, run_id = split_run_record_ref(self.run_record_ref)
+                root, run_id = layout.split_run_record_ref(self.run_record_ref)
                 if self.run_id and self.run_id != run_id:
                     raise ConfigError(f"run_id {self.run_id!r} disagrees with run_record_ref {self.run_record_ref!r}")
                 if self.output_uri and layout.normalize_root(self.output_uri) != root:

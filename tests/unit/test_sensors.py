@@ -14,7 +14,8 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
 from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
-from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor, split_run_record_ref
+from airflow_provider_shardyfusion.core.layout import split_run_record_ref
+from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 
