@@ -63,6 +63,13 @@ class PeakRss:
                 self.peak_kb = max(self.peak_kb, _vm_hwm_kb(pid))
 
     def __enter__(self) -> PeakRss:
+        # Workers are reused across writes: reset their high-water marks so each write counts its own.
+        for pid in _python_workers():
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as fh:
+                    fh.write("5")
+            except OSError:
+                pass
         self._thread.start()
         return self
 
@@ -86,8 +93,6 @@ def main() -> None:
     spark = (SparkSession.builder.master("local[2]").appName("bench-scale")
              .config("spark.driver.memory", "8g").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
-             # A fresh Python worker per task makes each write's VmHWM its own.
-             .config("spark.python.worker.reuse", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     src = str(work / "input")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -13,6 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# py4j logs "Closing down clientserver connection" from __del__ after pytest closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 VENV_BIN = str(Path(sys.executable).parent)
 
 # Local Spark and spark-submit find the right interpreter and binaries whichever way pytest runs.

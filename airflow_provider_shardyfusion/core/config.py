@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -18,6 +19,7 @@ from .errors import ConfigError
 from .storage.base import StorageOptions
 
 CONFIG_FORMAT_VERSION = 1
+_SECRET_OPTION = re.compile(r"(?i)password|secret|token|credential|access[._-]?key")
 INPUT_FORMATS = ("parquet", "orc", "json", "csv", "avro", "delta", "text")
 
 
@@ -65,6 +67,13 @@ class InputSpec:
         for name, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)):
             if v is not None and not isinstance(v, str):
                 raise ConfigError(f"{name} {v!r} must be a string")
+        secret_like = sorted(k for k in self.options if _SECRET_OPTION.search(k))
+        if secret_like:
+            # The config travels on the spark-submit command line and into logs: never secrets.
+            raise ConfigError(
+                f"input_options {secret_like} look like credentials; pass them through the Spark "
+                "configuration or environment (spark_conf / spark_env_vars), not input_options"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format, "options": dict(self.options), "table": self.table, "sql": self.sql}

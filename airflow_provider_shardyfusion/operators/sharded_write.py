@@ -349,9 +349,10 @@ class ShardedWriteOperator(BaseOperator):
             else:
                 process_env.update(credential_env)
                 if not is_local:
-                    self.log.warning(
-                        "Credentials of %r reach the Spark driver only; executors on %s need their own role "
-                        "for %s", self.aws_conn_id, master, config.output_uri,
+                    self.log.info(
+                        "Credentials of %r go to the Spark driver's environment; the job hands them to executors "
+                        "on %s through SparkConf spark.executorEnv.* (never argv; secrets redacted by Spark)",
+                        self.aws_conn_id, master,
                     )
         binary = str(connection.get("spark_binary") or "spark-submit")
         venv_bin = os.path.dirname(sys.executable)

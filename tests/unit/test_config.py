@@ -329,3 +329,12 @@ def test_validate_refuses_non_canonical_output_uri():
     data["output_uri"] = "file:///data/out/"
     with pytest.raises(ConfigError, match="output_uri"):
         WriteConfig.from_dict(data).validate()
+
+
+def test_input_options_that_look_like_credentials_are_refused():
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"input_options \['password'\] look like credentials"):
+        build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
+                           input_options={"header": "true", "password": "hunter2"}, value_column="v", num_dbs=2)
