@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--num-dbs", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--sort-within-partitions", choices=["true", "false"], default="true")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -70,7 +71,8 @@ def main() -> None:
 
     def sharded(out: str) -> tuple[float, dict]:
         cfg = build_write_config(output_uri=f"file://{out}", input_path=src, key_column="id",
-                                 value_column="payload", num_dbs=args.num_dbs)
+                                 value_column="payload", num_dbs=args.num_dbs,
+                                 sort_within_partitions=args.sort_within_partitions == "true")
         t = time.perf_counter()
         record = run_write(spark, cfg, faults={})
         return time.perf_counter() - t, record["stats"]
@@ -93,6 +95,7 @@ def main() -> None:
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"benchmark": "write", "rows": args.rows, "num_dbs": args.num_dbs, "master": "local[2]",
+                      "sort_within_partitions": args.sort_within_partitions,
                       "rounds": rounds}))
 
 

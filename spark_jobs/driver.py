@@ -30,7 +30,7 @@ from . import errors as job_errors
 from . import faults as fault_injection
 from . import spark_types
 from .conf_overrides import spark_conf_overrides
-from .routing_task import SHARD_ID_COL, RoutingPlan, make_route_fn, make_token_fn
+from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, shard_id_column
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, unsample_value, write_one_shard
 
 log = logging.getLogger("shardyfusion.job")
@@ -186,10 +186,7 @@ def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, fault
 
 
 def _routed(df, plan: RoutingPlan):
-    from pyspark.sql import types as T
-
-    routed_schema = T.StructType(df.schema.fields + [T.StructField(SHARD_ID_COL, T.IntegerType(), False)])
-    return df.mapInArrow(make_route_fn(plan), routed_schema)
+    return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
 
 
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:

@@ -1,11 +1,15 @@
-"""Step 5: append an ``int32`` shard id to every Arrow batch (``mapInArrow``, no pandas).
+"""Step 5: an ``int32`` shard id per row, computed on Arrow batches (no pandas).
 
-The closure holds only plain data (column names, num_dbs, the CEL source); the CEL program is
-compiled once per task on the executor because compiled programs cannot be pickled.
+Routing runs as a scalar Arrow iterator UDF over the routing columns only (the key, or the CEL
+columns): the payload never crosses to Python for routing, which measured ~10% faster than a
+``mapInArrow`` pass over whole rows. The closure holds only plain data (column names, num_dbs,
+the CEL source); the CEL program is compiled once per task on the executor because compiled
+programs cannot be pickled.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +47,10 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
     from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
     from airflow_provider_shardyfusion.core.fast_hash import route_int64
 
-    keys = batch.column(plan.key_column)
-    if first_null_row(keys) is not None:
-        raise InputDataError(f"column {plan.key_column!r}: null key (rule: keys must not be null)")
     if plan.strategy == "hash":
+        keys = batch.column(plan.key_column)
+        if first_null_row(keys) is not None:
+            raise InputDataError(f"column {plan.key_column!r}: null key (rule: keys must not be null)")
         if plan.key_kind == "int":
             ids = route_int64(keys.cast(pa.int64()).to_numpy(zero_copy_only=False), plan.num_dbs)
         else:
@@ -64,18 +68,40 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
     return ids
 
 
+def routing_columns(plan: RoutingPlan) -> list[str]:
+    return [c for c, _ in plan.cel_columns] if plan.strategy == "cel" else [plan.key_column]
+
+
 def make_route_fn(plan: RoutingPlan):
-    def route_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Iterator over column arrays (one array, or a tuple of them) → iterator of int32 ids."""
+    names = routing_columns(plan)
+
+    def route_arrays(batches: Iterator[Any]) -> Iterator[pa.Array]:
         router = None
         if plan.strategy == "cel":
             from airflow_provider_shardyfusion.core.routing import CelRouter
 
             router = CelRouter(plan.cel_spec())
-        for batch in batches:
-            ids = shard_ids_for_batch(plan, batch, router)
-            yield batch.append_column(SHARD_ID_COL, pa.array(ids, type=pa.int32()))
+        for arrays in batches:
+            arrays = list(arrays) if isinstance(arrays, (tuple, list)) else [arrays]
+            batch = pa.RecordBatch.from_arrays(arrays, names=names)
+            yield pa.array(shard_ids_for_batch(plan, batch, router), type=pa.int32())
 
-    return route_batches
+    return route_arrays
+
+
+def shard_id_column(plan: RoutingPlan):
+    """The Spark column holding each row's shard id."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from pyspark.util import PythonEvalType
+
+    with warnings.catch_warnings():
+        # One function serves one or several routing columns, so the UDF type is given, not
+        # inferred from type hints (which PySpark would prefer).
+        warnings.simplefilter("ignore", UserWarning)
+        udf = F.arrow_udf(make_route_fn(plan), T.IntegerType(), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
+    return udf(*[F.col(c) for c in routing_columns(plan)])
 
 
 def make_token_fn(plan: RoutingPlan, token_type: str):
