@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--sort-within-partitions", choices=["true", "false"], default="true")
+    parser.add_argument("--conf", action="append", default=[], help="spark_conf_overrides KEY=VALUE for the sharded write")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -72,7 +73,8 @@ def main() -> None:
     def sharded(out: str) -> tuple[float, dict]:
         cfg = build_write_config(output_uri=f"file://{out}", input_path=src, key_column="id",
                                  value_column="payload", num_dbs=args.num_dbs,
-                                 sort_within_partitions=args.sort_within_partitions == "true")
+                                 sort_within_partitions=args.sort_within_partitions == "true",
+                                 spark_conf_overrides=dict(c.split("=", 1) for c in args.conf))
         t = time.perf_counter()
         record = run_write(spark, cfg, faults={})
         return time.perf_counter() - t, record["stats"]
