@@ -78,10 +78,11 @@ def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
 
 
 def decode_key(data: bytes, encoding: str) -> Any:
-    if encoding == "u64be":
-        return _PACK_U64.unpack(data)[0]
-    if encoding == "u32be":
-        return _PACK_U32.unpack(data)[0]
+    if encoding in ("u64be", "u32be"):
+        packer = _PACK_U64 if encoding == "u64be" else _PACK_U32
+        if len(data) != packer.size:
+            raise KeyEncodingError(f"stored key {bytes(data)!r} is {len(data)} bytes; {encoding} keys are {packer.size}")
+        return packer.unpack(data)[0]
     if encoding == "utf8":
         return data.decode("utf-8")
     if encoding == "raw":

@@ -208,7 +208,7 @@ def split_run_record_ref(ref: str) -> tuple[str, str]:
 
 def parse_shard_key(key: str) -> ShardKey | None:
     m = _SHARD_KEY_RE.fullmatch(key)
-    if not m or m["run_id"] in (".", ".."):
+    if not m or m["run_id"] in (".", "..") or (m["rest"] and ".." in m["rest"].split("/")):
         return None
     return ShardKey(
         run_id=m["run_id"],

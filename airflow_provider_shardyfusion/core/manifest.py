@@ -150,9 +150,11 @@ class Manifest:
             if shard.db_id in seen:
                 raise _ERR(f"{_WHAT}: shard db_id {shard.db_id} appears more than once")
             seen.add(shard.db_id)
-            if not shard.db_url.startswith(own_prefix) or ".." in shard.db_url.split("/"):
+            own_db = layout.join(root, layout.shard_db_prefix(self.run_id, shard.db_id))
+            if not shard.db_url.startswith(own_db) or ".." in shard.db_url.split("/"):
                 raise _ERR(
-                    f"{_WHAT}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this snapshot's {own_prefix!r}"
+                    f"{_WHAT}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this snapshot's "
+                    f"{own_prefix!r} in its own folder {own_db!r}"
                 )
             if shard.row_count < 0 or shard.byte_size < 0:
                 raise _ERR(f"{_WHAT}: shard {shard.db_id} has negative row_count or byte_size")

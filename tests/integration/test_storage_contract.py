@@ -233,3 +233,13 @@ def test_local_delete_prunes_empty_folders(file_root):
     assert not os.path.exists(os.path.join(base, "shards/run_id=r/db=00000"))
     assert os.path.exists(os.path.join(base, "shards/run_id=r/db=00001/attempt=00/f2"))
     assert os.path.isdir(base)
+
+
+def test_uploaded_object_outlives_and_ignores_its_source(store, tmp_path):
+    """The local store may hard-link an upload: the object must not change or vanish with its source."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"first version")
+    store.upload_file(str(src), "up/obj.bin")
+    src.unlink()
+    src.write_bytes(b"a different file at the same path")
+    assert store.get("up/obj.bin").data == b"first version"

@@ -219,3 +219,11 @@ def test_unknown_value_format():
     with pytest.raises(ConfigError, match="value_format"):
         encoding.validate_value_format("text")
     assert encoding.validate_value_format("json") == "json"
+
+
+def test_decode_key_of_the_wrong_width_is_a_clear_error():
+    from airflow_provider_shardyfusion.core.encoding import decode_key
+    from airflow_provider_shardyfusion.core.errors import KeyEncodingError
+
+    with pytest.raises(KeyEncodingError, match="3 bytes; u64be keys are 8"):
+        decode_key(b"abc", "u64be")

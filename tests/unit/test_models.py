@@ -337,3 +337,26 @@ def test_run_record_bad_fields(change, match):
 def test_run_record_not_json(data):
     with pytest.raises(RunRecordError, match="run record"):
         RunRecord.from_bytes(data)
+
+
+def test_manifest_refuses_a_db_url_in_another_shards_folder():
+    """A shard entry must point into its own db=<id> folder, not a sibling shard's."""
+    import dataclasses
+
+    from airflow_provider_shardyfusion.core import layout
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardingInfo
+
+    root, run_id = "file:///data/snap", "run-1"
+
+    def entry(db_id: int, folder_db: int) -> ShardEntry:
+        url = layout.join(root, layout.attempt_key(run_id, folder_db, 0, 7))
+        return ShardEntry(db_id=db_id, db_url=url, attempt=0, task_attempt_id=7, row_count=1, byte_size=1,
+                          min_key="00", max_key="00")
+
+    manifest = Manifest(run_id=run_id, created_at=layout.utc_now(), output_uri=root, num_dbs=4,
+                        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be",
+                        value_format="binary", shards=(entry(1, 1),))
+    manifest.validate()
+    with pytest.raises(ManifestValidationError, match="in its own folder"):
+        dataclasses.replace(manifest, shards=(entry(1, 2),)).validate()

@@ -143,7 +143,12 @@ class LocalStore(ObjectStore):
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(dest))
         os.close(fd)
         try:
-            shutil.copyfile(local_path, tmp)
+            try:
+                # Same filesystem: a hard link publishes the file without copying its bytes.
+                os.unlink(tmp)
+                os.link(local_path, tmp)
+            except OSError:
+                shutil.copyfile(local_path, tmp)
             os.replace(tmp, dest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
