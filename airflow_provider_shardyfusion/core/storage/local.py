@@ -144,7 +144,9 @@ class LocalStore(ObjectStore):
         os.close(fd)
         try:
             try:
-                # Same filesystem: a hard link publishes the file without copying its bytes.
+                # Same filesystem: a hard link publishes the file without copying its bytes. Callers
+                # hand over finished files (closed RocksDB files, deleted right after), never
+                # files they go on writing in place.
                 os.unlink(tmp)
                 os.link(local_path, tmp)
             except OSError:
