@@ -14,8 +14,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from .routing_task import SHARD_ID_COL
-
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
 RESULT_DDL = "result string"
 log = logging.getLogger("shardyfusion.task")
@@ -91,8 +89,6 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
             yield from batches
 
         for batch in all_batches():
-            if SHARD_ID_COL in batch.schema.names:
-                batch = batch.drop_columns([SHARD_ID_COL])
             if len(sample) < plan.sample_per_shard:
                 take = batch.select(list(plan.sample_columns)).slice(0, plan.sample_per_shard - len(sample))
                 sample.extend({k: sample_value(v) for k, v in row.items()} for row in take.to_pylist())
