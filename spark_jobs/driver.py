@@ -18,7 +18,7 @@ import airflow_provider_shardyfusion as provider
 from airflow_provider_shardyfusion.core import encoding, layout, routing
 from airflow_provider_shardyfusion.core.config import WriteConfig
 from airflow_provider_shardyfusion.core.errors import (
-    ConfigError, InputDataError, ShardAssignmentError, ShardyfusionError,
+    ConfigError, InputDataError, ShardAssignmentError, show_value,
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
@@ -269,7 +269,7 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
             expected = router.route(values) if router else routing.route_key(key, plan.num_dbs)
             if expected != db_id:
                 raise ShardAssignmentError(
-                    f"verify_routing: key {encoding._show(key)} was written to shard {db_id} but the reader routes "
+                    f"verify_routing: key {show_value(key)} was written to shard {db_id} but the reader routes "
                     f"it to shard {expected}; nothing was published"
                 )
             checked += 1

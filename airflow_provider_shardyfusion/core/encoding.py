@@ -14,7 +14,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, InputDataError, KeyEncodingError
+from .errors import ConfigError, InputDataError, KeyEncodingError, show_value
 
 KEY_ENCODINGS = ("u64be", "u32be", "utf8", "raw")
 VALUE_FORMATS = ("binary", "json")
@@ -22,11 +22,9 @@ _DEFAULT_KEY_ENCODING = {"int": "u64be", "string": "utf8", "binary": "raw"}
 _KEY_KIND_OF_ENCODING = {"u64be": "int", "u32be": "int", "utf8": "string", "raw": "binary"}
 _PACK_U64 = struct.Struct(">Q")
 _PACK_U32 = struct.Struct(">I")
+# Stored-key packers for hot loops (struct.error when out of range); encode_key gives the messages.
+PACK_INT_KEY = {"u64be": _PACK_U64.pack, "u32be": _PACK_U32.pack}
 
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def default_key_encoding(key_kind: str) -> str:
@@ -53,27 +51,27 @@ def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
         raise InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
     if encoding == "u64be" or encoding == "u32be":
         if isinstance(key, bool) or not isinstance(key, int):
-            raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not an integer (rule: {encoding} needs integer keys)")
+            raise KeyEncodingError(f"column {column!r}: key {show_value(key)} is not an integer (rule: {encoding} needs integer keys)")
         limit = (1 << 64) if encoding == "u64be" else (1 << 32)
         if key < 0 or key >= limit:
             raise KeyEncodingError(
-                f"column {column!r}: key {_show(key)} is out of range (rule: {encoding} takes 0..{limit - 1}; "
+                f"column {column!r}: key {show_value(key)} is out of range (rule: {encoding} takes 0..{limit - 1}; "
                 "negative keys need another key_encoding)"
             )
         return (_PACK_U64 if encoding == "u64be" else _PACK_U32).pack(key)
     if encoding == "utf8":
         if not isinstance(key, str):
-            raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not a string (rule: utf8 needs string keys)")
+            raise KeyEncodingError(f"column {column!r}: key {show_value(key)} is not a string (rule: utf8 needs string keys)")
         try:
             return key.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise KeyEncodingError(
-                f"column {column!r}: key {_show(key)} is not valid Unicode text ({exc.reason}; rule: utf8 keys)"
+                f"column {column!r}: key {show_value(key)} is not valid Unicode text ({exc.reason}; rule: utf8 keys)"
             ) from None
     if encoding == "raw":
         if isinstance(key, (bytes, bytearray, memoryview)):
             return bytes(key)
-        raise KeyEncodingError(f"column {column!r}: key {_show(key)} is not binary (rule: raw needs bytes keys)")
+        raise KeyEncodingError(f"column {column!r}: key {show_value(key)} is not binary (rule: raw needs bytes keys)")
     raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
 
 
@@ -104,7 +102,7 @@ def encode_binary_value(value: Any, *, column: str = "value") -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
     raise InputDataError(
-        f"column {column!r}: value {_show(value)} is neither binary nor string (rule: value_format 'binary')"
+        f"column {column!r}: value {show_value(value)} is neither binary nor string (rule: value_format 'binary')"
     )
 
 
@@ -129,7 +127,7 @@ def encode_json_value(row: Mapping[str, Any]) -> bytes:
                 json.dumps(value, default=_json_default, allow_nan=False)
             except (TypeError, ValueError):
                 raise InputDataError(
-                    f"column {name!r}: value {_show(value)} cannot be stored as JSON ({exc}; rule: value_format 'json')"
+                    f"column {name!r}: value {show_value(value)} cannot be stored as JSON ({exc}; rule: value_format 'json')"
                 ) from None
         raise InputDataError(f"row cannot be stored as JSON: {exc}") from None
 

@@ -8,6 +8,12 @@ type name a user will see in the Airflow task log.
 from __future__ import annotations
 
 
+def show_value(value: object, limit: int = 80) -> str:
+    """``repr`` of an offending value, truncated, for error messages that name it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ShardyfusionError(Exception):
     """Base class of every error raised by airflow-provider-shardyfusion."""
 

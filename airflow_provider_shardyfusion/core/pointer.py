@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import layout, serialization as ser
-from .errors import ManifestValidationError
+from .errors import ManifestValidationError, ObjectNotFoundError
+
+if TYPE_CHECKING:
+    from .storage.base import ObjectStore
 
 CURRENT_FORMAT_VERSION = 1
 MANIFEST_CONTENT_TYPE = "application/json"
@@ -63,3 +66,12 @@ class CurrentPointer:
     @classmethod
     def from_bytes(cls, data: bytes) -> CurrentPointer:
         return cls.from_dict(ser.loads_object(data, _WHAT, ManifestValidationError, CURRENT_FORMAT_VERSION))
+
+
+def read_current(store: ObjectStore) -> tuple[CurrentPointer | None, str | None]:
+    """The pointer under ``store``'s root and its etag (for a conditional replace), or ``(None, None)``."""
+    try:
+        obj = store.get(layout.CURRENT_KEY)
+    except ObjectNotFoundError:
+        return None, None
+    return CurrentPointer.from_bytes(obj.data), obj.etag

@@ -9,22 +9,13 @@ from collections.abc import Callable, Iterable
 from . import layout
 from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError
 from .manifest import Manifest
-from .pointer import CurrentPointer
+from .pointer import CurrentPointer, read_current
 from .run_record import RunRecordLifecycle
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
 CURRENT_RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
-
-
-def read_current(store: ObjectStore) -> tuple[CurrentPointer | None, str | None]:
-    """The pointer and its etag (for a conditional replace), or ``(None, None)`` if absent."""
-    try:
-        obj = store.get(layout.CURRENT_KEY)
-    except ObjectNotFoundError:
-        return None, None
-    return CurrentPointer.from_bytes(obj.data), obj.etag
 
 
 def _run_started_at(store: ObjectStore, pointer: CurrentPointer) -> str | None:

@@ -29,12 +29,11 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import xxhash
 from rocksdict import AccessType, Options, Rdict
 
 from . import layout
 from .checksum import verify_file
-from .encoding import decode_value, encode_key
+from .encoding import PACK_INT_KEY, decode_value, encode_key
 from .errors import (
     ChecksumMismatchError,
     ConfigError,
@@ -44,7 +43,7 @@ from .errors import (
 )
 from .manifest import Manifest, ShardEntry
 from .pointer import CurrentPointer
-from .routing import CelRouter, CelSpec, route_key
+from .routing import CelRouter, CelSpec, hash64, pack_int_key, route_key
 from .storage import ObjectStore, StorageOptions, open_store
 
 log = logging.getLogger(__name__)
@@ -53,10 +52,6 @@ log = logging.getLogger(__name__)
 # marker (crash mid-download, another manifest) is downloaded again. RocksDB ignores the file.
 _MARKER = ".shardyfusion-shard.json"
 
-_PACK_I64LE = struct.Struct("<q").pack  # routing.canonical_bytes of an int
-_PACK_U64BE = struct.Struct(">Q").pack  # encoding "u64be"
-_PACK_U32BE = struct.Struct(">I").pack  # encoding "u32be"
-_XXH3 = xxhash.xxh3_64_intdigest  # routing.HASH_ALGORITHM, seed 0
 
 # (key, routing_context) -> (db_id, stored key bytes)
 _Prep = Callable[[Any, "Mapping[str, Any] | None"], "tuple[int, bytes]"]
@@ -149,19 +144,19 @@ def _hash_prep(num_dbs: int, key_encoding: str, key_column: str) -> _Prep:
     produce the clear error messages.
     """
     n = num_dbs
-    xxh3 = _XXH3
+    xxh3 = hash64
 
     def generic(key: Any) -> tuple[int, bytes]:
         stored = encode_key(key, key_encoding, column=key_column)
         return route_key(key, n), stored
 
     if key_encoding in ("u64be", "u32be"):
-        pack = _PACK_U64BE if key_encoding == "u64be" else _PACK_U32BE
+        pack = PACK_INT_KEY[key_encoding]
 
         def prep(key: Any, ctx: Mapping[str, Any] | None = None) -> tuple[int, bytes]:
             if type(key) is int:
                 try:
-                    return xxh3(_PACK_I64LE(key)) % n, pack(key)
+                    return xxh3(pack_int_key(key)) % n, pack(key)
                 except struct.error:
                     pass
             return generic(key)
@@ -190,9 +185,9 @@ def _hash_prep(num_dbs: int, key_encoding: str, key_column: str) -> _Prep:
 def _int_grouper(num_dbs: int, key_encoding: str, key_column: str) -> _Group:
     """``multi_get``'s routing loop for integer keys, inlined: no call per key (SPEC §4/§5 as above)."""
     n = num_dbs
-    xxh3 = _XXH3
-    pack_le = _PACK_I64LE
-    pack = _PACK_U64BE if key_encoding == "u64be" else _PACK_U32BE
+    xxh3 = hash64
+    pack_le = pack_int_key
+    pack = PACK_INT_KEY[key_encoding]
     slow = _hash_prep(num_dbs, key_encoding, key_column)
 
     def group(keys: list[Any]) -> _Groups:

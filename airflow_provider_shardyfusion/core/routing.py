@@ -15,18 +15,18 @@ from typing import Any
 
 import xxhash
 
-from .errors import ConfigError, InputDataError, ShardAssignmentError
+from .errors import ConfigError, InputDataError, ShardAssignmentError, show_value
 
 HASH_ALGORITHM = "xxh3_64"
 CEL_TYPES = ("int", "uint", "string", "bytes", "double", "bool")
 CEL_MODES = ("direct", "categorical")
 _INT64 = struct.Struct("<q")
-_xxh3 = xxhash.xxh3_64_intdigest
+# The two primitives of the hash contract, exported for hot loops (the reader's multi_get) that
+# must not redefine them: canonical bytes of an int (raises struct.error out of range) and the hash.
+pack_int_key = _INT64.pack
+hash64 = xxhash.xxh3_64_intdigest
+_xxh3 = hash64
 
-
-def _show(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def canonical_bytes(key: Any) -> bytes:
@@ -38,18 +38,18 @@ def canonical_bytes(key: Any) -> bytes:
             return _INT64.pack(key)
         except struct.error:
             raise InputDataError(
-                f"key {_show(key)} is outside the signed 64-bit range -2**63..2**63-1 (rule: integer routing keys)"
+                f"key {show_value(key)} is outside the signed 64-bit range -2**63..2**63-1 (rule: integer routing keys)"
             ) from None
     if isinstance(key, str):
         try:
             return key.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InputDataError(f"key {_show(key)} is not valid Unicode text ({exc.reason}; rule: str keys route as UTF-8)") from None
+            raise InputDataError(f"key {show_value(key)} is not valid Unicode text ({exc.reason}; rule: str keys route as UTF-8)") from None
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     if key is None:
         raise InputDataError("null key (rule: keys must not be null)")
-    raise InputDataError(f"key {_show(key)} of type {type(key).__name__} cannot be routed (rule: int, str or bytes)")
+    raise InputDataError(f"key {show_value(key)} of type {type(key).__name__} cannot be routed (rule: int, str or bytes)")
 
 
 def shard_hash(key: Any) -> int:
@@ -73,16 +73,16 @@ def validate_num_dbs(num_dbs: object, *, what: str = "num_dbs") -> int:
 def validate_routing_values(values: object) -> tuple[Any, ...]:
     """Unique, non-null, all str or all int (SPEC §4)."""
     if not isinstance(values, (list, tuple)) or not values:
-        raise ConfigError(f"routing_values {_show(values)} must be a non-empty list")
+        raise ConfigError(f"routing_values {show_value(values)} must be a non-empty list")
     if any(v is None for v in values):
         raise ConfigError("routing_values must not contain null")
     kinds = {"int" if isinstance(v, int) and not isinstance(v, bool) else "str" if isinstance(v, str) else "other" for v in values}
     if "other" in kinds or len(kinds) != 1:
-        raise ConfigError(f"routing_values {_show(values)} must be all strings or all integers")
+        raise ConfigError(f"routing_values {show_value(values)} must be all strings or all integers")
     seen: set[Any] = set()
     dupes = [v for v in values if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
     if dupes:
-        raise ConfigError(f"routing_values must be unique; repeated: {_show(dupes)}")
+        raise ConfigError(f"routing_values must be unique; repeated: {show_value(dupes)}")
     return tuple(values)
 
 
@@ -101,7 +101,7 @@ def normalize_cel_columns(columns: object) -> dict[str, str | None]:
         return out
     if isinstance(columns, (list, tuple)) and columns and all(isinstance(c, str) and c for c in columns):
         return {c: None for c in columns}
-    raise ConfigError(f"cel_columns {_show(columns)} must be a mapping column → CEL type or a non-empty list of names")
+    raise ConfigError(f"cel_columns {show_value(columns)} must be a mapping column → CEL type or a non-empty list of names")
 
 
 def _cel_type(name: str) -> Any:
@@ -175,11 +175,11 @@ class CelRouter:
         except InputDataError:
             raise
         except Exception as exc:
-            raise ShardAssignmentError(f"CEL expression {self.spec.expr!r} failed on {_show(dict(row))}: {exc}") from None
+            raise ShardAssignmentError(f"CEL expression {self.spec.expr!r} failed on {show_value(dict(row))}: {exc}") from None
         from celpy.evaluation import CELEvalError
 
         if isinstance(result, CELEvalError):
-            raise ShardAssignmentError(f"CEL expression {self.spec.expr!r} failed on {_show(dict(row))}: {result}")
+            raise ShardAssignmentError(f"CEL expression {self.spec.expr!r} failed on {show_value(dict(row))}: {result}")
         return _plain(result)
 
     def shard_for_token(self, token: Any) -> int:
@@ -188,8 +188,8 @@ class CelRouter:
             return self._positions[token]
         except (KeyError, TypeError):
             raise ShardAssignmentError(
-                f"CEL expression {self.spec.expr!r} produced token {_show(token)} which is not in routing_values "
-                f"(rule: categorical routing; known tokens: {_show(list(self.spec.routing_values or ()))})"
+                f"CEL expression {self.spec.expr!r} produced token {show_value(token)} which is not in routing_values "
+                f"(rule: categorical routing; known tokens: {show_value(list(self.spec.routing_values or ()))})"
             ) from None
 
     def route(self, row: Mapping[str, Any]) -> int:
@@ -198,12 +198,12 @@ class CelRouter:
             return self.shard_for_token(result)
         if isinstance(result, bool) or not isinstance(result, int):
             raise ShardAssignmentError(
-                f"CEL expression {self.spec.expr!r} returned {_show(result)} for {_show(dict(row))}; "
+                f"CEL expression {self.spec.expr!r} returned {show_value(result)} for {show_value(dict(row))}; "
                 "direct mode needs an integer shard id"
             )
         if not 0 <= result < self.spec.num_dbs:
             raise ShardAssignmentError(
-                f"CEL expression {self.spec.expr!r} returned shard id {result} for {_show(dict(row))}, "
+                f"CEL expression {self.spec.expr!r} returned shard id {result} for {show_value(dict(row))}, "
                 f"outside [0, {self.spec.num_dbs}) (rule: direct mode)"
             )
         return result

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from . import checksum, encoding
 from .arrow_codec import first_null_row
-from .errors import InputDataError
+from .errors import InputDataError, show_value
 from .manifest import ShardFile
 from .rate_limit import WriteLimiter
 
@@ -132,7 +132,7 @@ class ShardBuilder:
         if descending.any():
             at = int(np.argmax(descending)) + 1
             raise InputDataError(
-                f"column {self.key_column!r}: key {encoding._show(key_at(at))} arrives out of order "
+                f"column {self.key_column!r}: key {show_value(key_at(at))} arrives out of order "
                 "(rule: with presorted input, rows must come in encoded-key order)"
             )
 
@@ -180,7 +180,7 @@ class ShardBuilder:
         if dup.any():
             if not self.allow_duplicate_keys:
                 at = int(np.argmax(dup)) + 1
-                shown = encoding._show(self._decode_for_message(key_list[at]))
+                shown = show_value(self._decode_for_message(key_list[at]))
                 raise InputDataError(
                     f"column {self.key_column!r}: duplicate key {shown} (rule: keys must be unique within a snapshot; "
                     "allow_duplicate_keys=True keeps the last row seen, non-deterministically)"
@@ -245,7 +245,7 @@ class ShardBuilder:
         for k, v in zip(keys, found):
             if v is not None:
                 raise InputDataError(
-                    f"column {self.key_column!r}: duplicate key {encoding._show(self._decode_for_message(k))} "
+                    f"column {self.key_column!r}: duplicate key {show_value(self._decode_for_message(k))} "
                     "(rule: keys must be unique within a snapshot)"
                 )
 

@@ -81,14 +81,9 @@ class ShardyfusionHook(BaseHook):
         return open_store(output_uri, self.storage_options(output_uri))
 
     def read_current(self, output_uri: str) -> CurrentPointer | None:
-        from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError
-        from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+        from airflow_provider_shardyfusion.core.pointer import read_current
 
-        store = self.get_store(output_uri)
-        try:
-            return CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
-        except ObjectNotFoundError:
-            return None
+        return read_current(self.get_store(output_uri))[0]
 
     def read_manifest(self, output_uri: str, manifest_ref: str) -> Manifest:
         from airflow_provider_shardyfusion.core.manifest import Manifest
