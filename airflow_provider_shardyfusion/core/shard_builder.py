@@ -156,9 +156,11 @@ class ShardBuilder:
         if self.key_kind == "int":
             sorted_u, order = self._sorted_int_keys(keys)
             width = 8 if self.key_encoding == "u64be" else 4
-            buf = sorted_u.astype(">u8" if width == 8 else ">u4").tobytes()
+            big_endian = sorted_u.astype(">u8" if width == 8 else ">u4")
             dup = self._duplicates(sorted_u, n)
-            key_list = [buf[i : i + width] for i in range(0, n * width, width)]
+            # A void view turns into bytes objects in C, ~4x faster than slicing a bytes buffer,
+            # and unlike "S" dtypes it keeps trailing zero bytes.
+            key_list = big_endian.view(f"V{width}").tolist()
         else:
             bin_keys = keys.cast(pa.binary()) if not pa.types.is_binary(keys.type) else keys
             if self.key_kind == "string" and not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
