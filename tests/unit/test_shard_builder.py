@@ -96,3 +96,10 @@ def test_empty_builder_returns_none(tmp_path):
     builder = ShardBuilder(str(tmp_path), "u64be")
     assert builder.finish() is None
     builder.close()
+
+
+def test_u32be_keys_ending_in_zero_bytes_keep_their_width(tmp_path):
+    keys = [65536, 0, 256, 2**32 - 1, 16777216]
+    _, built, items = build(tmp_path, "u32be", [(keys, [b"%d" % k for k in keys])])
+    assert items == [(encoding.encode_key(k, "u32be"), b"%d" % k) for k in sorted(keys)]
+    assert all(len(k) == 4 for k, _ in items)
