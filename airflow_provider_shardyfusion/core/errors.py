@@ -77,15 +77,6 @@ class ReaderError(ShardyfusionError):
     """The reader cannot serve a request (closed, routing needs context, …)."""
 
 
-class ValidationFailedError(ShardyfusionError):
-    """A manifest validation found one or more problems; ``problems`` lists every one."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) found:\n{lines}")
-
-
 def error_type_by_name(name: str) -> type[ShardyfusionError]:
     """Map a stored error type name back to its class (unknown names map to the base class)."""
     found = _ALL.get(name)

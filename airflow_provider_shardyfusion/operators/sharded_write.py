@@ -569,10 +569,7 @@ def _writer_exception(type_name: str, message: str) -> ShardyfusionError:
     cls = error_type_by_name(type_name)
     if cls is ShardyfusionError and type_name != "ShardyfusionError":
         message = f"{type_name}: {message}"  # not one of ours (e.g. a Py4J error): keep its name visible
-    exc = cls.__new__(cls)
-    # Bypass custom __init__ signatures (ValidationFailedError takes a list): only the message matters.
-    Exception.__init__(exc, message)
-    return exc
+    return cls(message)
 
 
 def _job_failure_line(tail: str) -> tuple[str, str] | None:
