@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SHARD_ID_COL = "__shardyfusion_db_id"
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
         if first_null_row(keys) is not None:
             raise InputDataError(f"column {plan.key_column!r}: null key (rule: keys must not be null)")
         if plan.key_kind == "int":
+            if pa.types.is_uint64(keys.type) and len(keys) and pc.max(keys).as_py() > _INT64_MAX:
+                bad = pc.filter(keys, pc.greater(keys, pa.scalar(_INT64_MAX, pa.uint64())))[0].as_py()
+                raise InputDataError(
+                    f"column {plan.key_column!r}: key {bad} is outside the signed 64-bit range "
+                    "-2**63..2**63-1 (rule: integer routing keys)"
+                )
             ids = route_int64(keys.cast(pa.int64()).to_numpy(zero_copy_only=False), plan.num_dbs)
         else:
             n = plan.num_dbs
