@@ -318,6 +318,34 @@ def test_bad_rows_fail_clearly_and_keep_current(spark, tmp_path, case):
     _assert_failed_and_unpublished(root, f"bad-{case.replace('_', '-')}", before, err.__name__, needle)
 
 
+@pytest.mark.parametrize("prepass", ["max_keys_per_shard", "infer_routing_values"])
+def test_input_is_read_once_even_with_a_pre_pass(spark, tmp_path, prepass):
+    """The count / token pre-pass, the routing range check, the verification sample and the write
+    must share one read of the source: a Python UDF in a filter counts the rows Spark evaluates."""
+    rows = 3_000
+    table, expected = int_table(rows, seed=11)
+    reads = spark.sparkContext.accumulator(0)
+
+    def count_read(v):
+        reads.add(1)
+        return v
+
+    spark.udf.register("sf_count_read", count_read, "bigint")
+    # In a filter the UDF cannot be pruned away by a count(): every evaluation of the source shows.
+    spark.read.parquet(write_parquet(tmp_path, table)).where("sf_count_read(id) >= 0").createOrReplaceTempView(
+        "counted_input")
+    kwargs = (dict(max_keys_per_shard=1_000) if prepass == "max_keys_per_shard"
+              else dict(cel_expr="string(id % 3)", cel_columns={"id": "int"}, infer_routing_values=True))
+    root = f"file://{tmp_path}/{prepass}"
+    run(spark, output_uri=root, key_column="id", input_sql="SELECT * FROM counted_input", value_column="payload",
+        **kwargs)
+    manifest, shards = read_snapshot(root)
+    assert manifest.num_dbs == 3
+    router = None if prepass == "max_keys_per_shard" else (lambda k: ["0", "1", "2"].index(str(k % 3)))
+    assert_exact(manifest, shards, expected, "u64be", router=router)
+    assert reads.value == rows
+
+
 def test_bad_column_is_a_config_error_in_the_run_record(spark, tmp_path):
     table, _ = int_table(10)
     root = f"file://{tmp_path}/cfg"
