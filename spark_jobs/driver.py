@@ -56,11 +56,21 @@ class _Step:
 
 def read_input(spark, config: WriteConfig):
     spec = config.input
-    if spec.table:
-        return spark.table(spec.table)
-    if spec.sql:
-        return spark.sql(spec.sql)
-    return spark.read.format(spec.format).options(**spec.options).load(spec.path)
+    try:
+        if spec.table:
+            return spark.table(spec.table)
+        if spec.sql:
+            return spark.sql(spec.sql)
+        return spark.read.format(spec.format).options(**spec.options).load(spec.path)
+    except Exception as exc:  # Spark's analysis / parse errors: name the argument that caused them
+        if spec.table:
+            what = f"input_table {spec.table!r}"
+        elif spec.sql:
+            what = f"input_sql {show_value(spec.sql)}"
+        else:
+            what = f"input_path {spec.path!r} (input_format {spec.format!r})"
+        detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigError(f"{what} cannot be read: {detail}") from exc
 
 
 def writer_info(spark, config: WriteConfig) -> dict[str, Any]:

@@ -355,6 +355,20 @@ def test_bad_column_is_a_config_error_in_the_run_record(spark, tmp_path):
     _assert_failed_and_unpublished(root, "bad-column", None, "ConfigError", "nope")
 
 
+@pytest.mark.parametrize("source, needle", [
+    ({"input_path": "/nonexistent/in.parquet"}, "input_path '/nonexistent/in.parquet' (input_format 'parquet') "
+                                                "cannot be read: [PATH_NOT_FOUND]"),
+    ({"input_table": "no_such_table"}, "input_table 'no_such_table' cannot be read: [TABLE_OR_VIEW_NOT_FOUND]"),
+    ({"input_sql": "SELEC oops"}, "input_sql 'SELEC oops' cannot be read: [PARSE_SYNTAX_ERROR]"),
+])
+def test_unreadable_input_is_a_config_error_naming_the_argument(spark, tmp_path, source, needle):
+    root = f"file://{tmp_path}/unreadable"
+    with pytest.raises(ConfigError) as info:
+        run(spark, output_uri=root, key_column="id", value_column="payload", num_dbs=2, run_id="bad-input", **source)
+    assert needle in str(info.value)
+    _assert_failed_and_unpublished(root, "bad-input", None, "ConfigError", needle)
+
+
 def test_spark_submit_entry_script_success_and_failure(tmp_path):
     """The real entry script through spark-submit: exit 0 publishes; exit 1 carries the writer's error."""
     import base64
