@@ -21,7 +21,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ConfigError, InputDataError, ShardAssignmentError, show_value,
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, mark_succeeded, publish
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
@@ -126,7 +126,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             with _Step(run_id, durations, "publish"):
                 manifest_ref = publish(store, manifest, lifecycle)
             stats = dict(manifest.stats, durations_s=dict(durations))
-            record = lifecycle.succeed(manifest_ref, stats)
+            record = mark_succeeded(lifecycle, manifest_ref, stats)
         except BaseException as exc:
             raise job_errors.translate(exc) from exc
         finally:
@@ -172,7 +172,11 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
         probe = RoutingPlan(config.key_column, key_kind, 1, "cel", sharding.cel_expr, typed, "categorical", None)
         rows = df.mapInArrow(make_token_fn(probe, ""), "token string").distinct().collect()
         tokens = [json.loads(r.token) for r in rows]
-        values = routing.validate_routing_values(sorted(tokens))
+        if not tokens:
+            raise InputDataError("infer_routing_values: the input has no rows, so there is nothing to infer "
+                                 "routing values from (pass routing_values explicitly)")
+        # Validate before sorting: mixed str/int tokens get the rule's message, not a TypeError.
+        values = sorted(routing.validate_routing_values(tokens))
         log.info("run %s: inferred %d routing values", config.run_id, len(values))
     num_dbs = len(values) if values is not None else sharding.num_dbs
     return RoutingPlan(config.key_column, key_kind, num_dbs, "cel", sharding.cel_expr, typed, mode,
@@ -216,8 +220,9 @@ def _write_single_db(spark, df, config: WriteConfig, plan: RoutingPlan, write_pl
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
 
     if plan.strategy == "cel":
-        # One shard, but CEL tokens / ids must still be valid: route, check, drop the id.
-        df = _routed(df, plan).drop(SHARD_ID_COL)
+        # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
+        # pruning the routing UDF away, as it would for a column that is only dropped.
+        df = _routed(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
     sorted_df = df.orderBy(config.key_column)
     parallelism = spark.sparkContext.defaultParallelism
     # coalesce keeps the global order (repartition would shuffle it away).

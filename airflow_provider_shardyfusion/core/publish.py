@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import layout
-from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError
+from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError, StorageError
 from .manifest import Manifest
 from .pointer import CurrentPointer, read_current
-from .run_record import RunRecordLifecycle
+from .run_record import RunRecord, RunRecordLifecycle
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -99,13 +100,35 @@ def publish(
     return manifest_ref
 
 
+def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict[str, Any], *,
+                   sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+    """Step 12 after a publish: retried like ``_CURRENT``, since the snapshot is already live and a
+    transient storage error must not leave its run record looking failed."""
+    for backoff in (*CURRENT_RETRY_BACKOFF_S, None):
+        try:
+            return lifecycle.succeed(manifest_ref, stats)
+        except StorageError as exc:
+            if backoff is None:
+                raise PublishManifestError(
+                    f"snapshot {lifecycle.record.run_id!r} is live (_CURRENT names {manifest_ref}) but its run record "
+                    f"could not be marked succeeded: {exc}"
+                ) from exc
+            log.warning("run %s: marking the run record succeeded failed (%s); retrying in %.0fs",
+                        lifecycle.record.run_id, exc, backoff)
+            sleep(backoff)
+    raise AssertionError("unreachable")
+
+
 def delete_losing_attempts(store: ObjectStore, run_id: str, winner_urls: Iterable[str]) -> tuple[int, list[tuple[str, str]]]:
     """Best effort: delete every object of this run's shards not under a winning attempt."""
     keep = tuple(store.key_of(u).rstrip("/") + "/" for u in winner_urls)
-    doomed = [o.key for o in store.list(layout.shards_prefix(run_id)) if not o.key.startswith(keep)]
-    if not doomed:
-        return 0, []
-    failures = store.delete_many(doomed)
+    prefix = layout.shards_prefix(run_id)
+    try:
+        doomed = [o.key for o in store.list(prefix) if not o.key.startswith(keep)]
+        failures = store.delete_many(doomed) if doomed else []
+    except Exception as exc:  # the snapshot is already live: a failed clean-up must not fail the run
+        log.warning("run %s: could not delete losing attempts under %s: %s", run_id, prefix, exc)
+        return 0, [(prefix, f"{type(exc).__name__}: {exc}")]
     for key, err in failures:
         log.warning("run %s: could not delete losing attempt object %s: %s", run_id, key, err)
     return len(doomed) - len(failures), failures

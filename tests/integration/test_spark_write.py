@@ -249,6 +249,16 @@ def test_single_db_sorted_and_retried_into_attempt_01(spark, tmp_path):
     assert record["stats"]["rows"] == 5_000
 
 
+def test_single_db_cel_still_checks_every_token(spark, tmp_path):
+    """One shard needs no shuffle, but an unknown categorical token is still a bad row."""
+    table = pa.table({"id": pa.array(range(100), pa.int64()), "payload": [f"v{i}" for i in range(100)]})
+    root = f"file://{tmp_path}/one-cel"
+    with pytest.raises(ShardAssignmentError, match="'other'"):
+        run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table), value_column="payload",
+            cel_expr="id < 90 ? 'all' : 'other'", routing_values=["all"], run_id="one-cel")
+    _assert_failed_and_unpublished(root, "one-cel", None, "ShardAssignmentError", "'other'")
+
+
 def test_task_failure_after_upload_retry_wins_and_failed_attempt_is_deleted(spark, tmp_path):
     table, expected = int_table(4_000, seed=5)
     root = f"file://{tmp_path}/retry"

@@ -1,0 +1,150 @@
+"""Two-phase publish (SPEC §6 steps 11–13) on both stores: manifest, own-record check, ``_CURRENT``
+with 3 retries (1 s, 2 s, 4 s), never backwards, and best-effort deletion of losing attempts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import PublishManifestError, StorageError
+from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
+from airflow_provider_shardyfusion.core.pointer import read_current
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, mark_succeeded, publish, write_current
+from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle, mark_failed, read_run_record
+from airflow_provider_shardyfusion.core.storage import open_store
+
+
+@pytest.fixture
+def store(any_root):
+    root, options = any_root
+    return open_store(root, options)
+
+
+def manifest_for(store, run_id: str, started_minutes_ago: float) -> Manifest:
+    started = layout.utc_now() - timedelta(minutes=started_minutes_ago)
+    return Manifest(
+        run_id=run_id, created_at=layout.utc_now(), output_uri=store.root, num_dbs=2,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        value_columns=("v",), storage_engine={"name": "rocksdb"}, shards=(),
+        stats={"rows": 0, "run_started_at": layout.format_ts(started)},
+    ).validate()
+
+
+def running(store, run_id: str) -> RunRecordLifecycle:
+    return RunRecordLifecycle(store, run_id, lease_seconds=60, heartbeat_seconds=30).start()
+
+
+class FailingCurrentPuts:
+    """Wraps a real store: the first ``failures`` conditional puts of ``_CURRENT`` raise."""
+
+    def __init__(self, store, failures: int):
+        self._store, self.failures = store, failures
+
+    def put_if_match(self, key, data, etag, **kwargs):
+        if key == layout.CURRENT_KEY and self.failures > 0:
+            self.failures -= 1
+            raise StorageError("injected: S3 said 503 Slow Down")
+        return self._store.put_if_match(key, data, etag, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_publish_writes_manifest_then_current(store):
+    lc = running(store, "run-a")
+    manifest = manifest_for(store, "run-a", 1)
+    ref = publish(store, manifest, lc, sleep=lambda s: None)
+    pointer, _ = read_current(store)
+    assert pointer.run_id == "run-a" and pointer.manifest_ref == ref
+    assert Manifest.from_bytes(store.get(store.key_of(ref)).data) == manifest
+    lc.succeed(ref)
+
+
+def test_publish_stops_before_current_when_the_run_was_reaped(store):
+    lc = running(store, "run-r")
+    mark_failed(store, "run-r", "reaped by cleanup")
+    with pytest.raises(PublishManifestError, match="no longer 'running'"):
+        publish(store, manifest_for(store, "run-r", 1), lc, sleep=lambda s: None)
+    assert read_current(store)[0] is None
+    assert read_run_record(store, "run-r").error.message == "reaped by cleanup"
+
+
+@pytest.mark.parametrize("failures, sleeps", [(2, [1.0, 2.0]), (3, [1.0, 2.0, 4.0])])
+def test_current_write_is_retried_with_1_2_4_second_backoff(store, failures, sleeps):
+    slept: list[float] = []
+    flaky = FailingCurrentPuts(store, failures)
+    manifest = manifest_for(store, "run-b", 1)
+    write_current(flaky, manifest, "ignored-ref-is-stored-verbatim", sleep=slept.append)
+    assert slept == sleeps
+    assert read_current(store)[0].run_id == "run-b"
+
+
+def test_current_write_gives_up_after_three_retries_and_leaves_current_alone(store):
+    lc = running(store, "run-old")
+    first = publish(store, manifest_for(store, "run-old", 2), lc, sleep=lambda s: None)
+    slept: list[float] = []
+    with pytest.raises(PublishManifestError, match="after 3 retries: injected: S3 said 503"):
+        write_current(FailingCurrentPuts(store, 4), manifest_for(store, "run-c", 1), "x", sleep=slept.append)
+    assert slept == [1.0, 2.0, 4.0]
+    assert read_current(store)[0].manifest_ref == first
+
+
+def test_current_never_moves_to_an_older_run_unless_rollback_is_asked(store):
+    newer = publish(store, manifest_for(store, "run-new", 1), running(store, "run-new"), sleep=lambda s: None)
+    older_lc = running(store, "run-older")
+    older = manifest_for(store, "run-older", 30)
+    with pytest.raises(PublishManifestError, match="refusing to move it backwards"):
+        publish(store, older, older_lc, sleep=lambda s: None)
+    assert read_current(store)[0].manifest_ref == newer
+    ref = publish(store, manifest_for(store, "run-older2", 30), running(store, "run-older2"), allow_rollback=True,
+                  sleep=lambda s: None)
+    assert read_current(store)[0].manifest_ref == ref
+
+
+def test_delete_losing_attempts_keeps_only_winners(store):
+    winner = layout.attempt_key("run-d", 0, 1, 7)
+    losers = [layout.attempt_key("run-d", 0, 0, 3), layout.attempt_key("run-d", 1, 0, 4)]
+    for prefix in [winner, *losers]:
+        store.put(f"{prefix}/000001.sst", b"x" * 10)
+        store.put(f"{prefix}/CURRENT", b"y")
+    deleted, failures = delete_losing_attempts(store, "run-d", [store.uri(winner)])
+    assert (deleted, failures) == (4, [])
+    assert sorted(o.key for o in store.list(layout.shards_prefix("run-d"))) == [f"{winner}/000001.sst", f"{winner}/CURRENT"]
+
+
+def test_delete_losing_attempts_is_best_effort_when_listing_fails(store):
+    class ListFails(FailingCurrentPuts):
+        def list(self, prefix):
+            raise StorageError("injected: listing denied")
+
+    deleted, failures = delete_losing_attempts(ListFails(store, 0), "run-e", [])
+    assert deleted == 0 and len(failures) == 1 and "listing denied" in failures[0][1]
+
+
+class FailingRecordPuts(FailingCurrentPuts):
+    """The first ``failures`` conditional puts of run records raise (a transient storage error)."""
+
+    def put_if_match(self, key, data, etag, **kwargs):
+        if key.startswith("runs/") and self.failures > 0:
+            self.failures -= 1
+            raise StorageError("injected: S3 said 500")
+        return self._store.put_if_match(key, data, etag, **kwargs)
+
+
+@pytest.mark.parametrize("failures", [2, 4])
+def test_marking_a_live_snapshot_succeeded_is_retried(store, failures):
+    flaky = FailingRecordPuts(store, 0)
+    lc = running(flaky, "run-s")
+    ref = publish(flaky, manifest_for(store, "run-s", 1), lc, sleep=lambda s: None)
+    flaky.failures = failures
+    slept: list[float] = []
+    if failures <= 3:
+        record = mark_succeeded(lc, ref, {"rows": 0}, sleep=slept.append)
+        assert record.status == "succeeded" and read_run_record(store, "run-s").manifest_ref == ref
+        assert slept == [1.0, 2.0][:failures]
+    else:
+        with pytest.raises(PublishManifestError, match="'run-s' is live .* could not be marked succeeded"):
+            mark_succeeded(lc, ref, {"rows": 0}, sleep=slept.append)
+        assert slept == [1.0, 2.0, 4.0] and read_run_record(store, "run-s").status == "running"
