@@ -10,6 +10,7 @@ and two workers building it at once agree on the result.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import tempfile
@@ -82,18 +83,34 @@ def _digest(entries: list[tuple[str, bytes]]) -> str:
     return h.hexdigest()
 
 
-def write_zip(entries: list[tuple[str, bytes]], target: str | os.PathLike[str]) -> None:
-    with zipfile.ZipFile(target, "w") as zf:
+def zip_bytes(entries: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
         for name, data in entries:
             info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.create_system = 3  # unix, so external_attr means the same everywhere
             info.external_attr = _FILE_MODE << 16
             zf.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+    return buf.getvalue()
 
 
 def default_cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "shardyfusion-bundles"
+    # Per user: the bundle runs with the task's cloud credentials, so nobody else may plant one.
+    owner = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"shardyfusion-bundles-{owner}"
+
+
+def _private_dir(root: Path) -> None:
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not hasattr(os, "getuid"):
+        return
+    st = root.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(
+            f"bundle cache {root} is not private to this user (owner uid {st.st_uid}, mode "
+            f"{oct(st.st_mode & 0o777)}); remove it or point the cache elsewhere"
+        )
 
 
 def build_bundle(cache_dir: str | os.PathLike[str] | None = None, spark_jobs_dir: Path | None = None) -> Bundle:
@@ -110,24 +127,34 @@ def build_bundle(cache_dir: str | os.PathLike[str] | None = None, spark_jobs_dir
     if not any(name == f"spark_jobs/{ENTRY_SCRIPT}" for name, _ in entries):
         raise FileNotFoundError(f"spark_jobs/{ENTRY_SCRIPT} is missing from the bundle sources")
     sha = _digest(entries)
+    data, script = zip_bytes(entries), dict(entries)[f"spark_jobs/{ENTRY_SCRIPT}"]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    _private_dir(root)
     final = root / sha
     zip_path, entry = final / "bundle.zip", final / ENTRY_SCRIPT
-    if zip_path.is_file() and entry.is_file():
+    if _holds(final, data, script):
         return Bundle(str(zip_path), str(entry), sha)
-    root.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # damaged or tampered: content, not the name, decides what is shipped
+        shutil.rmtree(final, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=root))
     try:
-        write_zip(entries, staging / "bundle.zip")
-        (staging / ENTRY_SCRIPT).write_bytes(dict(entries)[f"spark_jobs/{ENTRY_SCRIPT}"])
+        (staging / "bundle.zip").write_bytes(data)
+        (staging / ENTRY_SCRIPT).write_bytes(script)
         for p in (staging, staging / "bundle.zip", staging / ENTRY_SCRIPT):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         try:
             os.rename(staging, final)
         except OSError:
             # Another process published the same content first; theirs is byte-identical.
-            if not (zip_path.is_file() and entry.is_file()):
+            if not _holds(final, data, script):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Bundle(str(zip_path), str(entry), sha)
+
+
+def _holds(folder: Path, data: bytes, script: bytes) -> bool:
+    try:
+        return (folder / "bundle.zip").read_bytes() == data and (folder / ENTRY_SCRIPT).read_bytes() == script
+    except OSError:
+        return False

@@ -15,6 +15,7 @@ import inspect
 import json
 import subprocess
 import sys
+import os
 import zipfile
 from collections import defaultdict
 from pathlib import Path
@@ -429,6 +430,25 @@ def test_bundle_is_cached_by_content(tmp_path):
     again = bundle_mod.build_bundle(tmp_path)
     assert again == first and Path(again.zip_path).stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.sha256]  # no staging leftovers
+
+
+def test_a_tampered_cache_entry_is_replaced_not_shipped(tmp_path):
+    good = bundle_mod.build_bundle(tmp_path)
+    expected = Path(good.zip_path).read_bytes()
+    Path(good.zip_path).write_bytes(b"PK planted by someone else")
+    Path(good.entry_script).write_text("import os; os.system('steal')\n")
+    again = bundle_mod.build_bundle(tmp_path)
+    assert Path(again.zip_path).read_bytes() == expected
+    assert Path(again.entry_script).read_bytes() == (ROOT / "spark_jobs" / "sharded_write_job.py").read_bytes()
+
+
+def test_bundle_cache_must_be_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(PermissionError, match="not private to this user"):
+        bundle_mod.build_bundle(shared)
+    assert str(os.getuid()) in str(bundle_mod.default_cache_dir())
 
 
 def test_bundle_changes_when_the_code_changes(tmp_path):
