@@ -77,7 +77,8 @@ def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
     return {
         "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
         "spark_version": spark.version, "python_version": platform.python_version(),
-        "spark_app_id": spark.sparkContext.applicationId, "airflow": config.airflow_context,
+        "spark_app_id": spark.sparkContext.applicationId, "spark_ui_url": spark.sparkContext.uiWebUrl,
+        "airflow": config.airflow_context,
     }
 
 

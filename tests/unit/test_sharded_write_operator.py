@@ -113,7 +113,8 @@ def writer_succeeds(config: WriteConfig):
     store = open_store(config.output_uri)
     publish_snapshot(store, config.run_id)
     record = read_run_record(store, config.run_id)
-    record = dataclasses.replace(record, num_dbs=4, stats=STATS, writer={"spark_app_id": "local-123"})
+    record = dataclasses.replace(record, num_dbs=4, stats=STATS, writer={"spark_app_id": "local-123",
+                                                                                "spark_ui_url": "http://10.0.0.5:4040"})
     store.put(layout.run_record_key(config.run_id), record.to_bytes())
 
 
@@ -202,6 +203,8 @@ def test_success_returns_summary_from_the_run_record_and_emits_asset_event(monke
     json.dumps(summary)  # XCom-safe
     assert ctx["outlet_events"][Asset(root)].extra == summary
     assert ctx["ti"].xcoms["run_id"] == "run-ok-1"
+    # The extra link's data: the application id and the UI address the driver reported.
+    assert ctx["ti"].xcoms["spark_app_id"] == {"spark_app_id": "local-123", "url": "http://10.0.0.5:4040"}
 
     call = seen.last
     config = call["config"]
