@@ -167,6 +167,23 @@ class ShardyfusionHook(BaseHook):
         config = self._aws_hook.config.merge(Config(**overrides))
         return self._aws_hook.get_client_type(region_name=public.region_name, config=config, deferrable=True)
 
+    async def amark_failed(self, output_uri: str, run_id: str, message: str, *, error_type: str) -> RunRecord | None:
+        """Mark a still-running run failed (conditional write, see ``core.run_record.mark_failed``).
+
+        The connection is fetched asynchronously first; the write itself is a single conditional
+        put through the sync store, run in a worker thread.
+        """
+        import asyncio
+
+        from airflow_provider_shardyfusion.core.run_record import mark_failed
+
+        root = layout.normalize_root(output_uri)
+        if root.startswith("s3://") and self.aws_conn_id:
+            await self._aseed_aws_connection()
+        return await asyncio.to_thread(
+            lambda: mark_failed(self.get_store(root), run_id, message, error_type=error_type)
+        )
+
     async def aread_object(self, output_uri: str, key: str) -> bytes | None:
         """Bytes of ``<output_uri>/<key>``, or ``None`` if it does not exist (one request)."""
         reader = await self.aopen_reader(output_uri)

@@ -433,6 +433,7 @@ class ShardedWriteOperator(BaseOperator):
                 trigger=RunRecordTrigger(
                     output_uri=config.output_uri, run_id=config.run_id, aws_conn_id=self.aws_conn_id,
                     poll_interval=self.poll_interval, missing_timeout=_RUN_RECORD_MISSING_TIMEOUT_S,
+                    fail_run_on_kill=True,
                 ),
                 method_name="execute_complete",
             )
@@ -526,10 +527,11 @@ class ShardedWriteOperator(BaseOperator):
         if self._active_run_id and self._active_output_uri:
             from airflow_provider_shardyfusion.core.run_record import mark_failed
             from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+            from airflow_provider_shardyfusion.triggers.run_record import KILLED_ERROR_TYPE, KILLED_MESSAGE
 
             try:
                 store = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_store(self._active_output_uri)
-                mark_failed(store, self._active_run_id, "killed: the Airflow task was stopped", error_type="RunKilled")
+                mark_failed(store, self._active_run_id, KILLED_MESSAGE, error_type=KILLED_ERROR_TYPE)
             except Exception as exc:  # the kill itself must go through
                 self.log.warning("Run %s: could not mark the run record failed: %s", self._active_run_id, exc)
 

@@ -9,6 +9,9 @@ from airflow.triggers.base import TriggerEvent
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
+KILLED_ERROR_TYPE = "RunKilled"
+KILLED_MESSAGE = "killed: the Airflow task was stopped"
+
 
 class RunRecordTrigger(PollingTrigger):
     """Poll ``<output_uri>/runs/run_id=<run_id>/run.json`` until the run is over.
@@ -29,6 +32,10 @@ class RunRecordTrigger(PollingTrigger):
         trigger started (``None``: wait for it; the task's own ``timeout`` still applies).
     :param max_consecutive_failures: failed reads in a row before the trigger gives up.
     :param max_backoff: cap, in seconds, of the exponential backoff after a failed read.
+    :param fail_run_on_kill: when a user stops the deferred task (mark failed / clear), mark the
+        run ``failed`` ("killed") so the writer publishes nothing (it re-reads its run record
+        before moving ``_CURRENT``). Set by ``ShardedWriteOperator``, which owns the run; a sensor
+        that only watches someone else's run leaves it off.
     """
 
     def __init__(
@@ -40,6 +47,7 @@ class RunRecordTrigger(PollingTrigger):
         missing_timeout: float | None = None,
         max_consecutive_failures: int = 5,
         max_backoff: float = 300.0,
+        fail_run_on_kill: bool = False,
     ):
         super().__init__(
             output_uri=output_uri, aws_conn_id=aws_conn_id, poll_interval=poll_interval,
@@ -47,6 +55,7 @@ class RunRecordTrigger(PollingTrigger):
         )
         self.run_id = run_id
         self.missing_timeout = missing_timeout
+        self.fail_run_on_kill = fail_run_on_kill
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -59,8 +68,19 @@ class RunRecordTrigger(PollingTrigger):
                 "missing_timeout": self.missing_timeout,
                 "max_consecutive_failures": self.max_consecutive_failures,
                 "max_backoff": self.max_backoff,
+                "fail_run_on_kill": self.fail_run_on_kill,
             },
         )
+
+    async def on_kill(self) -> None:
+        if not self.fail_run_on_kill:
+            return
+        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+        record = await ShardyfusionHook(aws_conn_id=self.aws_conn_id).amark_failed(
+            self.output_uri, self.run_id, KILLED_MESSAGE, error_type=KILLED_ERROR_TYPE
+        )
+        self.log.info("Run %r after the kill: %s", self.run_id, record.status if record else "no run record yet")
 
     def _key(self) -> str:
         return layout.run_record_key(self.run_id)

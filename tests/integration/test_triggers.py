@@ -247,12 +247,27 @@ def test_current_bad_mode_is_an_error_event(file_root):
     assert "mode 'newest' is invalid" in event["message"]
 
 
+@both_stores
+def test_user_kill_marks_the_writers_run_failed_only_when_asked(root):
+    uri, store, conn_id = root
+    owned, watched = layout.new_run_id(), layout.new_run_id()
+    write_run_record(store, owned, RUNNING)
+    write_run_record(store, watched, RUNNING)
+    asyncio.run(RunRecordTrigger(uri, owned, aws_conn_id=conn_id, fail_run_on_kill=True, **FAST).on_kill())
+    asyncio.run(RunRecordTrigger(uri, watched, aws_conn_id=conn_id, **FAST).on_kill())
+    from airflow_provider_shardyfusion.core.run_record import read_run_record
+
+    killed = read_run_record(store, owned)
+    assert killed.status == FAILED and killed.error.type == "RunKilled" and "killed" in killed.error.message
+    assert read_run_record(store, watched).status == RUNNING  # a sensor's trigger never touches the run
+
+
 # ---- serialization and secrets -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("trigger", [
     RunRecordTrigger("s3://bucket/prefix", "r1", aws_conn_id="c", poll_interval=3.0, missing_timeout=60.0,
-                     max_consecutive_failures=7, max_backoff=30.0),
+                     max_consecutive_failures=7, max_backoff=30.0, fail_run_on_kill=True),
     CurrentSnapshotTrigger("file:///data/out", mode="changed", run_id=None, previous_run_id="r0",
                            previous_manifest_ref="file:///data/out/manifests/x/manifest.json", aws_conn_id=None,
                            poll_interval=2.5, max_consecutive_failures=4, max_backoff=10.0),

@@ -93,6 +93,7 @@ def test_run_record_sensor_defers_with_its_arguments(file_root):
     assert deferred.trigger.serialize()[1] == {
         "output_uri": file_root, "run_id": "r1", "aws_conn_id": "my_aws", "poll_interval": 7,
         "missing_timeout": 30, "max_consecutive_failures": 5, "max_backoff": 300.0,
+        "fail_run_on_kill": False,  # the sensor watches a run it does not own
     }
 
 

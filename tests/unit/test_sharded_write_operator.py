@@ -346,6 +346,7 @@ def test_deferrable_cluster_mode_submits_without_waiting_and_defers_on_the_run_r
     trigger = info.value.trigger
     assert isinstance(trigger, RunRecordTrigger) and info.value.method_name == "execute_complete"
     assert trigger.run_id == "run-deferred" and trigger.output_uri == root and trigger.poll_interval == 0.05
+    assert trigger.fail_run_on_kill  # the operator owns the run: a user's kill while deferred fails it
 
     cmd = " ".join(seen.last["cmd"])
     assert "--master yarn" in cmd and "--deploy-mode cluster" in cmd
