@@ -1,13 +1,18 @@
 """``ShardedWriteOperator`` against a real Spark standalone cluster on loopback (master + one worker).
 
 Local mode runs executors inside the driver's JVM; a standalone cluster does not, so this is where
-the bundle (``--py-files``), the interpreter choice (``PYSPARK_PYTHON``) and the environment the
-operator gives spark-submit are proven to reach separate executor processes.
+the bundle (``--py-files``), the interpreter choice and the environment the operator gives
+spark-submit are proven to reach separate executor processes. The Spark driver and executors run
+an interpreter that cannot see this source tree (the editable install's path file is skipped), so
+the job can only import ``spark_jobs`` and ``core`` from the shipped bundle.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import sysconfig
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -29,6 +34,23 @@ def standalone_master(tmp_path_factory):
     """``spark://127.0.0.1:<port>`` with one registered worker (2 cores, 2g); both stopped afterwards."""
     with standalone_cluster(tmp_path_factory.mktemp("spark_standalone"), (WorkerSpec(cores=2, memory="2g"),)) as master:
         yield master
+
+
+def python_without_the_source_tree(tmp_path):
+    """This venv's interpreter with its site-packages but without processing ``.pth`` files (-S):
+    third-party packages import, while the editable install's path to the checkout is gone."""
+    wrapper = tmp_path / "python-no-source"
+    site_packages = sysconfig.get_paths()["purelib"]
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site_packages}"\n'
+        f'exec "{sys.executable}" -S "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    probe = "import pyarrow, rocksdict, pyspark\ntry:\n import spark_jobs\nexcept ImportError:\n print('hidden')"
+    out = subprocess.run([str(wrapper), "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.strip() == "hidden", out
+    return str(wrapper)
 
 
 class FakeTI:
@@ -55,7 +77,8 @@ def test_operator_writes_through_a_standalone_cluster(standalone_master, tmp_pat
     op = ShardedWriteOperator(
         task_id="write", output_uri=root, input_path=str(tmp_path / "input"), key_column="id",
         value_column="payload", num_dbs=8, spark_conn_id="sf_standalone", total_executor_cores=2,
-        executor_memory="1g", spark_conf={"spark.ui.enabled": "false"},
+        executor_memory="1g",
+        spark_conf={"spark.ui.enabled": "false", "spark.pyspark.python": python_without_the_source_tree(tmp_path)},
     )
     context = {"ti": FakeTI(), "outlet_events": defaultdict(lambda: SimpleNamespace(extra=None))}
     summary = op.execute(context)
