@@ -356,6 +356,60 @@ def test_input_is_read_once_even_with_a_pre_pass(spark, tmp_path, prepass):
     assert reads.value == rows
 
 
+def test_csv_with_options_writer_sort_runs_rate_limit_and_conf_overrides(spark, tmp_path, monkeypatch):
+    """The paths the defaults skip: csv input with options, cache_input, the writer's own sort runs
+    (sort_within_partitions=False, several runs per shard), a token bucket, and Spark conf overrides
+    restored afterwards."""
+    rows = 6_000
+    keys = list(range(rows))
+    random.Random(4).shuffle(keys)
+    csv = tmp_path / "input.csv"
+    csv.write_text("id;payload\n" + "".join(f"{k};row {k}\n" for k in keys))
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    seen_overrides = []
+    real_write = __import__("spark_jobs.driver", fromlist=["_write_sharded"])._write_sharded
+
+    def spy(df, plan, write_plan):
+        seen_overrides.append(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+        return real_write(df, plan, write_plan)
+
+    monkeypatch.setattr("spark_jobs.driver._write_sharded", spy)
+    root = f"file://{tmp_path}/csv"
+    record = run(spark, output_uri=root, key_column="id", input_path=str(csv), input_format="csv",
+                 input_options={"header": "true", "sep": ";", "inferSchema": "true"}, value_column="payload",
+                 num_dbs=3, cache_input=True, sort_within_partitions=False, sort_run_rows=700, batch_size=250,
+                 max_writes_per_second=1_000_000, spark_conf_overrides={"spark.sql.shuffle.partitions": "7"})
+    manifest, shards = read_snapshot(root)
+    assert_exact(manifest, shards, {k: f"row {k}".encode() for k in keys}, "u64be")
+    assert seen_overrides == ["7"] and spark.conf.get("spark.sql.shuffle.partitions") == before
+    assert "rate_limit_wait_s" in record["stats"]["task_time_totals_s"]
+
+
+def test_cache_input_falls_back_silently_when_persist_fails(spark, tmp_path, monkeypatch, caplog):
+    from pyspark.sql.classic.dataframe import DataFrame  # the class of local-session DataFrames in Spark 4
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("no room to cache")
+
+    monkeypatch.setattr(DataFrame, "persist", refuse)
+    table, expected = int_table(500, seed=2)
+    root = f"file://{tmp_path}/nocache"
+    with caplog.at_level("WARNING", logger="shardyfusion.job"):
+        run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table), value_column="payload",
+            num_dbs=2, cache_input=True)
+    assert "could not persist the input (no room to cache); continuing uncached" in caplog.text
+    assert_exact(*read_snapshot(root), expected, "u64be")
+
+
+def test_conf_override_that_cannot_be_set_at_runtime_is_a_config_error(spark, tmp_path):
+    table, _ = int_table(10)
+    with pytest.raises(ConfigError, match="spark_conf_overrides 'spark.executor.memory' cannot be set at runtime"):
+        run(spark, output_uri=f"file://{tmp_path}/static", key_column="id", input_path=write_parquet(tmp_path, table),
+            value_column="payload", num_dbs=2, spark_conf_overrides={"spark.sql.shuffle.partitions": "3",
+                                                                    "spark.executor.memory": "9g"})
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"  # the first override was rolled back
+
+
 def test_bad_column_is_a_config_error_in_the_run_record(spark, tmp_path):
     table, _ = int_table(10)
     root = f"file://{tmp_path}/cfg"
