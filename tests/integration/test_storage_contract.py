@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 
 import pytest
 
@@ -132,6 +134,56 @@ def test_delete_many(store):
     assert keys_of(store) == []
 
 
+BAD_KEYS = ("../outside.json", "..", "a/../../b", "/abs/path", "a/./b", ".", "", "nul\x00byte")
+
+
+def test_bad_keys_are_refused_by_every_operation(store, any_root, tmp_path_factory):
+    root, options = any_root
+    parent = open_store(root.rsplit("/", 1)[0], options)  # the folder (or bucket) holding the store's root
+    tmp_path = tmp_path_factory.mktemp("local-files")  # outside ``parent``, which must stay empty
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    operations = {
+        "put": lambda k: store.put(k, b"x"),
+        "put_if_match": lambda k: store.put_if_match(k, b"x", None),
+        "get": store.get,
+        "head": store.head,
+        "exists": store.exists,
+        "upload_file": lambda k: store.upload_file(str(src), k),
+        "download_file": lambda k: store.download_file(k, str(tmp_path / "out")),
+    }
+    for key in BAD_KEYS:
+        for name, call in operations.items():
+            with pytest.raises(StorageError, match=re.escape(repr(key))) as info:
+                call(key)
+            assert not isinstance(info.value, ObjectNotFoundError), (name, key)
+    assert keys_of(parent) == []  # nothing written, inside the root or beside it
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("prefix", ["../", "..", "a/../", "a/..", "../snap/", "/", "/abs", "./", "a/./b", "x\x00"])
+def test_list_refuses_prefixes_escaping_the_root(store, any_root, prefix):
+    root, options = any_root
+    open_store(root.rsplit("/", 1)[0], options).put("outside.json", b"beside the root")
+    store.put("inside.json", b"in")
+    with pytest.raises(StorageError, match=re.escape(repr(prefix))):
+        store.list(prefix)  # at the call, before any iteration
+    assert keys_of(store) == ["inside.json"]
+    assert keys_of(store, "inside") == ["inside.json"]
+
+
+def test_delete_many_reports_bad_keys_and_deletes_the_rest(store):
+    for key in ("d/1", "d/2", "keep/3"):
+        store.put(key, key.encode())
+    failures = store.delete_many(["d/1", *BAD_KEYS, "keep", "d/absent", "d/2"])
+    assert [key for key, _ in failures] == list(BAD_KEYS)  # reported, in order, instead of raised
+    for key, error in failures:
+        assert repr(key) in error
+    assert keys_of(store) == ["keep/3"]  # "keep" names a folder, not an object: absent, nothing deleted
+    [(key, error)] = store.delete_many([123])  # type: ignore[list-item]
+    assert key == 123 and "must be a string" in error
+
+
 def test_upload_download_round_trip(store, tmp_path):
     data = os.urandom(5 * 1024 * 1024 + 123)
     src = tmp_path / "src.bin"
@@ -145,8 +197,58 @@ def test_upload_download_round_trip(store, tmp_path):
 
 
 def test_download_missing(store, tmp_path):
-    with pytest.raises(ObjectNotFoundError):
+    with pytest.raises(ObjectNotFoundError, match=re.escape(store.uri("no/such/file"))):
         store.download_file("no/such/file", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_download_into_a_folder_is_a_storage_error(store, tmp_path):
+    store.put("obj.bin", b"data")
+    with pytest.raises(StorageError, match=re.escape(store.uri("obj.bin"))) as info:
+        store.download_file("obj.bin", str(tmp_path))  # the local path is a folder: not writable as a file
+    assert not isinstance(info.value, ObjectNotFoundError)  # the object is there; the local side failed
+    assert "download" in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_upload_of_a_missing_local_file(store, tmp_path):
+    missing = tmp_path / "never-written.bin"
+    with pytest.raises(StorageError, match=re.escape(store.uri("up/obj.bin"))) as info:
+        store.upload_file(str(missing), "up/obj.bin")
+    assert not isinstance(info.value, ObjectNotFoundError)  # the local source is missing, not an object
+    assert "upload" in str(info.value) and str(missing) in str(info.value)
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    assert not store.exists("up/obj.bin")
+    assert keys_of(store) == []
+
+
+def test_a_folder_is_not_an_object(store, tmp_path):
+    store.put("dir/file.json", b"x")
+    with pytest.raises(ObjectNotFoundError, match=re.escape(store.uri("dir"))):
+        store.get("dir")
+    with pytest.raises(ObjectNotFoundError, match=re.escape(store.uri("dir"))):
+        store.download_file("dir", str(tmp_path / "dir-copy"))
+    assert not (tmp_path / "dir-copy").exists()
+    assert store.head("dir") is None and not store.exists("dir")
+    with pytest.raises(ObjectNotFoundError):
+        store.get("dir/file.json/below")  # a path through an object
+    assert store.head("dir/file.json/below") is None
+
+
+def test_head_etag_is_the_get_etag(store, tmp_path):
+    etag = store.put("e/obj.json", b'{"v":1}')
+    info = store.head("e/obj.json")
+    assert info.etag == store.get("e/obj.json").etag == etag
+    # A conditional put may take its etag from head instead of reading the whole object.
+    new = store.put_if_match("e/obj.json", b'{"v":2}', info.etag)
+    assert new is not None and store.head("e/obj.json").etag == store.get("e/obj.json").etag == new
+    assert store.put_if_match("e/obj.json", b'{"v":3}', info.etag) is None  # stale head etag
+    store.put("e/empty", b"")
+    assert store.head("e/empty").etag == store.get("e/empty").etag
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(300_000))
+    store.upload_file(str(src), "e/up.bin")
+    assert store.head("e/up.bin").etag == store.get("e/up.bin").etag
 
 
 def test_deeply_nested_keys(store):
@@ -217,11 +319,58 @@ def test_local_failed_write_keeps_old_object(file_root):
     assert [n for n in os.listdir(base) if n.startswith(".tmp-")] == []
 
 
-def test_local_refuses_escaping_keys(file_root):
+def test_local_os_failures_are_storage_errors(file_root, tmp_path):
     store = open_store(file_root)
-    for key in ("../outside.json", "a/../../b", "/abs/path", "a/./b"):
-        with pytest.raises(StorageError):
-            store.put(key, b"x")
+    store.put("f", b"a file")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    # "f/g" needs a folder where a file is: S3 would accept it, a filesystem cannot.
+    for what, call in {
+        "put": lambda: store.put("f/g", b"x"),
+        "conditional put": lambda: store.put_if_match("f/g", b"x", None),
+        "upload": lambda: store.upload_file(str(src), "f/g"),
+    }.items():
+        with pytest.raises(StorageError, match=re.escape(f"local {what} of {store.uri('f/g')} failed")) as info:
+            call()
+        assert not isinstance(info.value, ObjectNotFoundError)
+        assert isinstance(info.value.__cause__, OSError)
+    assert keys_of(store) == ["f"]
+
+    base = layout.local_path_of(store.root)
+    os.symlink("loop", os.path.join(base, "loop"))  # unreadable for root too: ELOOP
+    for what, call in {
+        "get": lambda: store.get("loop"),
+        "head": lambda: store.head("loop"),
+        "exists": lambda: store.exists("loop"),
+        "download": lambda: store.download_file("loop", str(tmp_path / "out")),
+        "list": lambda: store.list(),
+    }.items():
+        with pytest.raises(StorageError) as info:
+            call()
+        assert f"local {what} of " in str(info.value)
+        assert not isinstance(info.value, ObjectNotFoundError)
+        assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ELOOP
+    assert store.delete_many(["loop"]) == []  # unlinks the link itself
+    assert keys_of(store) == ["f"]
+
+
+def test_local_list_reports_unreadable_folders(file_root, monkeypatch):
+    store = open_store(file_root)
+    store.put("a/1", b"1")
+    store.put("b/2", b"2")
+    unreadable = os.path.join(layout.local_path_of(store.root), "b")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == unreadable:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)  # chmod cannot stop root, which runs these tests in CI
+    with pytest.raises(StorageError, match="local list of ") as info:
+        store.list("")  # silently leaving out b/2 would let a clean-up believe it deleted everything
+    assert isinstance(info.value.__cause__, PermissionError)
+    assert keys_of(store, "a/") == ["a/1"]
 
 
 def test_local_delete_prunes_empty_folders(file_root):

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import layout
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,28 @@ class ObjectStore(abc.ABC):
     def key_of(self, uri: str) -> str:
         return layout.relative_key(self.root, uri)
 
+    def _check_key(self, key: object, *, prefix: bool = False) -> str:
+        """Refuse a key (or list prefix) that could name something outside ``root``.
+
+        The local store maps keys onto paths, where ``..`` climbs out of the root; S3 would store
+        such a key literally, yet tools and S3-compatible servers read it as a path. Refusing it on
+        every back end keeps one contract. A prefix may be empty (everything); a key may not.
+        """
+        what = "list prefix" if prefix else "object key"
+        if not isinstance(key, str):
+            raise StorageError(f"{what} {key!r} under {self.root} must be a string")
+        if (
+            (not key and not prefix)
+            or key.startswith("/")
+            or "\x00" in key
+            or any(p in (".", "..") for p in key.split("/"))
+        ):
+            raise StorageError(
+                f"invalid {what} {key!r} under {self.root}: it must be {'' if prefix else 'non-empty, '}"
+                "relative to the store root, without NUL characters and without '.' or '..' segments"
+            )
+        return key
+
     @abc.abstractmethod
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
         """Write atomically; return the new etag."""
@@ -99,24 +121,33 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def get(self, key: str) -> StoredObject:
-        """Raise ``ObjectNotFoundError`` if absent."""
+        """Raise ``ObjectNotFoundError`` if absent (a "folder" is not an object)."""
 
     @abc.abstractmethod
-    def head(self, key: str) -> ObjectInfo | None: ...
+    def head(self, key: str) -> ObjectInfo | None:
+        """``None`` if absent; otherwise ``etag`` is the one ``get`` returns, fit for ``put_if_match``."""
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, in key order."""
+        """Every object whose key starts with ``prefix``, in key order.
+
+        An invalid prefix (see ``_check_key``) raises ``StorageError`` at the call, not on iteration.
+        """
 
     @abc.abstractmethod
     def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        """Delete; absent keys are fine. Return ``(key, error)`` for each failure."""
+        """Delete; absent keys are fine. Return ``(key, error)`` for each failure.
+
+        Never raises for one bad key: an invalid key is reported as a failure, the others are deleted.
+        """
 
     @abc.abstractmethod
-    def upload_file(self, local_path: str, key: str) -> None: ...
+    def upload_file(self, local_path: str, key: str) -> None:
+        """A missing or unreadable ``local_path`` is a ``StorageError`` (not ``ObjectNotFoundError``)."""
 
     @abc.abstractmethod
-    def download_file(self, key: str, local_path: str) -> None: ...
+    def download_file(self, key: str, local_path: str) -> None:
+        """Raise ``ObjectNotFoundError`` if absent, ``StorageError`` if ``local_path`` cannot be written."""

@@ -7,9 +7,11 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
+from typing import BinaryIO
 
 from .. import layout
 from ..errors import ObjectNotFoundError, StorageError
@@ -20,15 +22,36 @@ def _etag(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
+def _file_etag(fh: BinaryIO) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    while chunk := fh.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+# Errors meaning "no object at this key": absent, a folder, or a path through a file.
+_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
 class LocalStore(ObjectStore):
     def __init__(self, root: str):
         self.root = layout.normalize_root(root)
         self.base = layout.local_path_of(self.root)
 
-    def _path(self, key: str) -> str:
-        if key.startswith("/") or any(p in (".", "..") for p in key.split("/")):
-            raise StorageError(f"invalid object key {key!r}")
-        return os.path.join(self.base, key)
+    def _path(self, key: str, *, prefix: bool = False) -> str:
+        return os.path.join(self.base, self._check_key(key, prefix=prefix))
+
+    def _wrap(self, exc: OSError, what: str, key: str) -> StorageError:
+        return StorageError(f"local {what} of {self.uri(key)} failed: {exc}")
+
+    def _stat_object(self, path: str, key: str, what: str) -> os.stat_result | None:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._wrap(exc, what, key) from exc
+        return st if stat.S_ISREG(st.st_mode) else None
 
     def _write_atomic(self, path: str, data: bytes) -> None:
         directory = os.path.dirname(path)
@@ -46,13 +69,23 @@ class LocalStore(ObjectStore):
             raise
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
-        self._write_atomic(self._path(key), data)
+        path = self._path(key)
+        try:
+            self._write_atomic(path, data)
+        except OSError as exc:
+            raise self._wrap(exc, "put", key) from exc
         return _etag(data)
 
     def put_if_match(
         self, key: str, data: bytes, etag: str | None, *, content_type: str = "application/json"
     ) -> str | None:
         path = self._path(key)
+        try:
+            return self._put_if_match(path, data, etag)
+        except OSError as exc:
+            raise self._wrap(exc, "conditional put", key) from exc
+
+    def _put_if_match(self, path: str, data: bytes, etag: str | None) -> str | None:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         # flock on the directory serializes conditional writers without leaving lock files behind.
@@ -61,7 +94,7 @@ class LocalStore(ObjectStore):
             fcntl.flock(dir_fd, fcntl.LOCK_EX)
             try:
                 with open(path, "rb") as fh:
-                    current: str | None = _etag(fh.read())
+                    current: str | None = _file_etag(fh)
             except FileNotFoundError:
                 current = None
             if current != etag:
@@ -72,28 +105,51 @@ class LocalStore(ObjectStore):
             os.close(dir_fd)
 
     def get(self, key: str) -> StoredObject:
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as fh:
+            with open(path, "rb") as fh:
                 data = fh.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        except _ABSENT:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
+        except OSError as exc:
+            raise self._wrap(exc, "get", key) from exc
         return StoredObject(data=data, etag=_etag(data))
 
     def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        if self._stat_object(path, key, "head") is None:
+            return None
         try:
-            st = os.stat(self._path(key))
-        except (FileNotFoundError, NotADirectoryError):
+            with open(path, "rb") as fh:
+                # Size, time and etag all from one open file: a concurrent replace cannot mix versions.
+                st = os.fstat(fh.fileno())
+                etag = _file_etag(fh)
+        except _ABSENT:
             return None
-        if not os.path.isfile(self._path(key)):
-            return None
-        return ObjectInfo(key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
+        except OSError as exc:
+            raise self._wrap(exc, "head", key) from exc
+        return ObjectInfo(
+            key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, timezone.utc), etag=etag
+        )
+
+    def exists(self, key: str) -> bool:
+        # Not via head: that hashes the whole file for its etag.
+        return self._stat_object(self._path(key), key, "exists") is not None
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._check_key(prefix, prefix=True)
         # Walk only the deepest directory the prefix fully names, then filter by prefix.
         start_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        start = os.path.join(self.base, start_rel) if start_rel else self.base
+        start = self._path(start_rel, prefix=True)
+
+        def walk_error(exc: OSError) -> None:
+            # A folder that does not exist (or is a file) holds no objects; anything else would
+            # silently drop objects from the listing.
+            if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                raise self._wrap(exc, "list", prefix) from exc
+
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start):
+        for dirpath, dirnames, filenames in os.walk(start, onerror=walk_error):
             dirnames.sort()
             for name in filenames:
                 if name.startswith(".tmp-"):
@@ -105,6 +161,8 @@ class LocalStore(ObjectStore):
                         st = os.stat(full)
                     except FileNotFoundError:
                         continue
+                    except OSError as exc:
+                        raise self._wrap(exc, "list", prefix) from exc
                     found.append(
                         ObjectInfo(key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
                     )
@@ -117,12 +175,18 @@ class LocalStore(ObjectStore):
         for key in keys:
             try:
                 path = self._path(key)
+            except StorageError as exc:
+                failures.append((key, str(exc)))
+                continue
+            try:
                 os.unlink(path)
                 touched_dirs.add(os.path.dirname(path))
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError as exc:
-                failures.append((key, str(exc)))
+                if os.path.isdir(path):
+                    continue  # a folder is not an object: absent, as on S3
+                failures.append((key, f"local delete failed: {exc}"))
         self._prune_empty_dirs(touched_dirs)
         return failures
 
@@ -139,6 +203,12 @@ class LocalStore(ObjectStore):
 
     def upload_file(self, local_path: str, key: str) -> None:
         dest = self._path(key)
+        try:
+            self._upload(local_path, dest)
+        except OSError as exc:
+            raise self._wrap(exc, "upload", key) from exc
+
+    def _upload(self, local_path: str, dest: str) -> None:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(dest))
         os.close(fd)
@@ -159,7 +229,12 @@ class LocalStore(ObjectStore):
 
     def download_file(self, key: str, local_path: str) -> None:
         src = self._path(key)
-        if not os.path.isfile(src):
+        if self._stat_object(src, key, "download") is None:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
-        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-        shutil.copyfile(src, local_path)
+        try:
+            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+            shutil.copyfile(src, local_path)
+        except OSError as exc:
+            if isinstance(exc, _ABSENT) and exc.filename == src:  # deleted since the stat
+                raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
+            raise self._wrap(exc, "download", key) from exc

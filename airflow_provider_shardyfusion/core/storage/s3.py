@@ -45,15 +45,16 @@ class S3Store(ObjectStore):
         self.prefix = prefix + "/" if prefix else ""
         self.client = client if client is not None else make_s3_client(self.options)
 
-    def _k(self, key: str) -> str:
-        return self.prefix + key
+    def _k(self, key: str, *, prefix: bool = False) -> str:
+        return self.prefix + self._check_key(key, prefix=prefix)
 
     def _wrap(self, exc: Exception, what: str, key: str) -> StorageError:
         return StorageError(f"S3 {what} of {self.uri(key)} failed: {exc}")
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
+        k = self._k(key)
         try:
-            resp = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, ContentType=content_type)
+            resp = self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type)
         except Exception as exc:
             raise self._wrap(exc, "put", key) from exc
         return str(resp.get("ETag", "")).strip('"')
@@ -61,11 +62,10 @@ class S3Store(ObjectStore):
     def put_if_match(
         self, key: str, data: bytes, etag: str | None, *, content_type: str = "application/json"
     ) -> str | None:
+        k = self._k(key)
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": f'"{etag}"'}
         try:
-            resp = self.client.put_object(
-                Bucket=self.bucket, Key=self._k(key), Body=data, ContentType=content_type, **condition
-            )
+            resp = self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type, **condition)
         except Exception as exc:
             if _code(exc) in _PRECONDITION_CODES:
                 return None
@@ -75,8 +75,9 @@ class S3Store(ObjectStore):
         return str(resp.get("ETag", "")).strip('"')
 
     def get(self, key: str) -> StoredObject:
+        k = self._k(key)
         try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            resp = self.client.get_object(Bucket=self.bucket, Key=k)
             data = resp["Body"].read()
         except Exception as exc:
             if _code(exc) in _NOT_FOUND_CODES:
@@ -85,8 +86,9 @@ class S3Store(ObjectStore):
         return StoredObject(data=data, etag=str(resp.get("ETag", "")).strip('"'))
 
     def head(self, key: str) -> ObjectInfo | None:
+        k = self._k(key)
         try:
-            resp = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            resp = self.client.head_object(Bucket=self.bucket, Key=k)
         except Exception as exc:
             if _code(exc) in _NOT_FOUND_CODES:
                 return None
@@ -97,9 +99,13 @@ class S3Store(ObjectStore):
         )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        # Checked here, not in the generator, so a bad prefix fails at the call as on the local store.
+        return self._list(self._k(prefix, prefix=True), prefix)
+
+    def _list(self, full_prefix: str, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self.client.get_paginator("list_objects_v2")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._k(prefix)):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
                 for item in page.get("Contents", []):
                     yield ObjectInfo(
                         key=item["Key"][len(self.prefix) :], size=int(item["Size"]),
@@ -109,8 +115,15 @@ class S3Store(ObjectStore):
             raise self._wrap(exc, "list", prefix) from exc
 
     def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        pending = list(keys)
+        pending: list[str] = []
         failures: list[tuple[str, str]] = []
+        for key in keys:
+            try:
+                self._k(key)
+            except StorageError as exc:
+                failures.append((key, str(exc)))
+            else:
+                pending.append(key)
         for start in range(0, len(pending), 1000):  # S3 DeleteObjects takes at most 1000 keys
             chunk = pending[start : start + 1000]
             try:
@@ -125,15 +138,17 @@ class S3Store(ObjectStore):
         return failures
 
     def upload_file(self, local_path: str, key: str) -> None:
+        k = self._k(key)
         try:
-            self.client.upload_file(local_path, self.bucket, self._k(key))
+            self.client.upload_file(local_path, self.bucket, k)
         except Exception as exc:
             raise self._wrap(exc, "upload", key) from exc
 
     def download_file(self, key: str, local_path: str) -> None:
-        os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+        k = self._k(key)
         try:
-            self.client.download_file(self.bucket, self._k(key), local_path)
+            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+            self.client.download_file(self.bucket, k, local_path)
         except Exception as exc:
             if _code(exc) in _NOT_FOUND_CODES:
                 raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
