@@ -66,7 +66,17 @@ class ShardyfusionHook(BaseHook):
         )
 
     def credential_env(self, output_uri: str) -> dict[str, str]:
-        """Credentials as environment variables for a child process (never argv)."""
+        """Credentials as environment variables for a child process (never argv).
+
+        Only when the connection holds keys or assumes a role: otherwise the child's own default
+        chain (instance profile, IRSA, …) finds the same identity and refreshes it, whereas a
+        frozen copy of temporary credentials could expire in the middle of a long write.
+        """
+        if not layout.normalize_root(output_uri).startswith("s3://") or not self.aws_conn_id:
+            return {}
+        cfg = self._aws_hook.conn_config
+        if not (cfg.aws_access_key_id or cfg.role_arn):
+            return {}
         opts = self.storage_options(output_uri)
         env = {
             "AWS_ACCESS_KEY_ID": opts.aws_access_key_id,

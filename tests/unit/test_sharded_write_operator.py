@@ -326,6 +326,21 @@ def test_credentials_reach_spark_submit_only_through_its_environment(monkeypatch
     assert SECRET not in str(info.value) and "a line that leaks ***" in str(info.value)
 
 
+def test_a_connection_without_keys_forwards_no_frozen_credentials(monkeypatch):
+    # The driver's own default chain refreshes temporary credentials; a copy taken here could expire.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFROMTHEWORKERENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    connections(monkeypatch, aws={"conn_type": "aws", "extra": {"endpoint_url": "http://127.0.0.1:9"}})
+    seen = stub_submit(monkeypatch, lambda c: None)
+    op = make_op("s3://some-bucket/snap", aws_conn_id="sf_aws", run_id="run-chain")
+    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, hook, config: None)
+    with pytest.raises(SparkSubmitError):
+        op.execute(make_context())
+    env = seen.last["env"]
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} & set(env)
+    assert seen.last["config"].storage_options.endpoint_url == "http://127.0.0.1:9"
+
+
 # ---- cluster modes and deferral (YARN / Kubernetes cannot run here: the command is checked) ---
 
 
