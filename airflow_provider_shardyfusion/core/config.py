@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
-from .errors import ConfigError
+from .errors import ConfigError, show_value
 from .storage.base import StorageOptions
 
 CONFIG_FORMAT_VERSION = 1
 _SECRET_OPTION = re.compile(r"(?i)password|secret|token|credential|access[._-]?key")
 INPUT_FORMATS = ("parquet", "orc", "json", "csv", "avro", "delta", "text")
+# A run that stops renewing holds its run id until the lease runs out; a week is already generous.
+MAX_LEASE_SECONDS = 7 * 24 * 3600
 
 
 def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -33,8 +36,29 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
 def _positive_number(name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{name} {value!r} must be a number > 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise ConfigError(f"{name} {value!r} must be a finite number > 0")
+
+
+def _section(d: Mapping[str, Any], name: str, *, optional: bool = False) -> Mapping[str, Any]:
+    """A nested object of the config JSON, so a wrong shape names the section instead of an AttributeError."""
+    value = d.get(name)
+    if value is None and optional:
+        return {}
+    if value is None and name not in d:
+        raise ConfigError(f"write config is missing {name!r}")
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"write config section {name!r} must be an object, got {type(value).__name__} {show_value(value)}")
+    return value
+
+
+def _list_field(section: str, d: Mapping[str, Any], name: str) -> tuple[Any, ...] | None:
+    value = d.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"write config {section}.{name} {show_value(value)} must be a list")
+    return tuple(value)
 
 
 def _str_map(name: str, value: Any) -> dict[str, str]:
@@ -70,9 +94,10 @@ class InputSpec:
         secret_like = sorted(k for k in self.options if _SECRET_OPTION.search(k))
         if secret_like:
             # The config travels on the spark-submit command line and into logs: never secrets.
+            # spark_conf is no better: it ends up in the spark-submit argv.
             raise ConfigError(
-                f"input_options {secret_like} look like credentials; pass them through the Spark "
-                "configuration or environment (spark_conf / spark_env_vars), not input_options"
+                f"input_options {secret_like} look like credentials; do not pass secrets as options. Give the "
+                "job access through the Airflow connection (aws_conn_id) or the cluster's own role instead"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,7 +105,7 @@ class InputSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
-        return cls(path=d.get("path"), format=d.get("format", "parquet"), options=dict(d.get("options") or {}),
+        return cls(path=d.get("path"), format=d.get("format", "parquet"), options=_str_map("input.options", d.get("options")),
                    table=d.get("table"), sql=d.get("sql"))
 
 
@@ -118,8 +143,8 @@ class ValueSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ValueSpec:
-        cols = d.get("columns")
-        return cls(format=d.get("format", "binary"), column=d.get("column"), columns=tuple(cols) if cols else None)
+        cols = _list_field("value", d, "columns")
+        return cls(format=d.get("format", "binary"), column=d.get("column"), columns=cols or None)
 
 
 @dataclass(frozen=True)
@@ -158,8 +183,11 @@ class ShardingSpec:
         routing.compile_cel(self.cel_expr or "", columns)
         if self.routing_values is not None and self.infer_routing_values:
             raise ConfigError("give routing_values or infer_routing_values=True, not both")
+        if not isinstance(self.infer_routing_values, bool):
+            raise ConfigError(f"infer_routing_values {show_value(self.infer_routing_values)} must be True or False")
         if self.routing_values is not None:
             values = routing.validate_routing_values(list(self.routing_values))
+            routing.validate_num_dbs(len(values), what="the number of routing_values")
             if self.num_dbs is not None and self.num_dbs != len(values):
                 raise ConfigError(
                     f"num_dbs {self.num_dbs} disagrees with routing_values ({len(values)} values); "
@@ -186,12 +214,11 @@ class ShardingSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ShardingSpec:
-        rv = d.get("routing_values")
         return cls(
             strategy=d.get("strategy", "hash"), num_dbs=d.get("num_dbs"), max_keys_per_shard=d.get("max_keys_per_shard"),
             cel_expr=d.get("cel_expr"), cel_columns=d.get("cel_columns"),
-            routing_values=tuple(rv) if rv is not None else None,
-            infer_routing_values=bool(d.get("infer_routing_values", False)),
+            routing_values=_list_field("sharding", d, "routing_values"),
+            infer_routing_values=d.get("infer_routing_values", False),
         )
 
 
@@ -208,6 +235,11 @@ class ShardRetry:
             raise ConfigError(f"shard_retry.max_retries {self.max_retries!r} must be an integer >= 0")
         _positive_number("shard_retry.initial_backoff_s", self.initial_backoff_s)
         _positive_number("shard_retry.max_backoff_s", self.max_backoff_s)
+        if self.initial_backoff_s > self.max_backoff_s:
+            raise ConfigError(
+                f"shard_retry.initial_backoff_s {self.initial_backoff_s} must not exceed "
+                f"shard_retry.max_backoff_s {self.max_backoff_s}"
+            )
 
     def backoff(self, retry_number: int) -> float:
         return min(self.max_backoff_s, self.initial_backoff_s * (2 ** max(0, retry_number - 1)))
@@ -254,6 +286,8 @@ class WriteOptions:
         _positive_number("max_write_bytes_per_second", self.max_write_bytes_per_second, allow_none=True)
         _positive_number("lease_seconds", self.lease_seconds)
         _positive_number("heartbeat_seconds", self.heartbeat_seconds)
+        if self.lease_seconds > MAX_LEASE_SECONDS:
+            raise ConfigError(f"lease_seconds {self.lease_seconds} must be at most {MAX_LEASE_SECONDS} (7 days)")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError(
                 f"heartbeat_seconds {self.heartbeat_seconds} must be shorter than lease_seconds {self.lease_seconds}"
@@ -330,18 +364,20 @@ class WriteConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WriteConfig:
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"write config must be a JSON object, got {type(d).__name__} {show_value(d)}")
         version = d.get("format_version", CONFIG_FORMAT_VERSION)
         if version != CONFIG_FORMAT_VERSION:
             raise ConfigError(f"config format_version {version!r} is not supported (expected {CONFIG_FORMAT_VERSION})")
         try:
             return cls(
-                run_id=d["run_id"], output_uri=d["output_uri"], input=InputSpec.from_dict(d["input"]),
+                run_id=d["run_id"], output_uri=d["output_uri"], input=InputSpec.from_dict(_section(d, "input")),
                 key_column=d["key_column"], key_encoding=d.get("key_encoding"),
-                value=ValueSpec.from_dict(d["value"]), sharding=ShardingSpec.from_dict(d["sharding"]),
-                options=WriteOptions.from_dict(d.get("options") or {}),
+                value=ValueSpec.from_dict(_section(d, "value")), sharding=ShardingSpec.from_dict(_section(d, "sharding")),
+                options=WriteOptions.from_dict(_section(d, "options", optional=True)),
                 spark_conf_overrides=_str_map("spark_conf_overrides", d.get("spark_conf_overrides")),
-                storage_options=StorageOptions.from_dict(d.get("storage_options")),
-                airflow_context=d.get("airflow_context"),
+                storage_options=StorageOptions.from_dict(dict(_section(d, "storage_options", optional=True))),
+                airflow_context=dict(_section(d, "airflow_context", optional=True)) or None,
             )
         except KeyError as exc:
             raise ConfigError(f"write config is missing {exc.args[0]!r}") from None
@@ -416,6 +452,13 @@ def build_write_config(
         raise ConfigError(f"value_columns {value_columns!r} must be a list of column names")
     if routing_values is not None and not isinstance(routing_values, (list, tuple)):
         raise ConfigError(f"routing_values {routing_values!r} must be a list")
+    if isinstance(cel_columns, str):  # iterating it would declare one column per character
+        raise ConfigError(
+            f"cel_columns {show_value(cel_columns)} is a single string; pass a list of column names "
+            "(e.g. [\"region\"]) or a mapping column -> CEL type"
+        )
+    if cel_columns is not None and not isinstance(cel_columns, (Mapping, list, tuple)):
+        raise ConfigError(f"cel_columns {show_value(cel_columns)} must be a list of column names or a mapping column -> CEL type")
     config = WriteConfig(
         run_id=run_id if run_id is not None else layout.new_run_id(),
         output_uri=layout.normalize_root(output_uri),

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from . import encoding, layout, routing, serialization as ser
-from .errors import ManifestValidationError
+from .errors import ManifestValidationError, ShardyfusionError, show_value
 
 MANIFEST_FORMAT_VERSION = 1
 _WHAT = "manifest"
@@ -56,6 +56,8 @@ class ShardEntry:
     def from_dict(cls, obj: dict[str, Any]) -> ShardEntry:
         what = f"{_WHAT} shard"
         files = ser.require(obj, "files", list, what, _ERR)
+        for bad in (f for f in files if not isinstance(f, dict)):
+            raise _ERR(f"{what}: file entry {show_value(bad)} is not an object")
         return cls(
             db_id=ser.require(obj, "db_id", int, what, _ERR),
             db_url=ser.require(obj, "db_url", str, what, _ERR),
@@ -89,7 +91,7 @@ class ShardingInfo:
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardingInfo:
         what = f"{_WHAT} sharding"
-        rv = obj.get("routing_values")
+        rv = ser.require(obj, "routing_values", list, what, _ERR, optional=True)
         return cls(
             strategy=ser.require(obj, "strategy", str, what, _ERR),
             key_column=ser.require(obj, "key_column", str, what, _ERR),
@@ -97,7 +99,7 @@ class ShardingInfo:
             cel_expr=ser.require(obj, "cel_expr", str, what, _ERR, optional=True),
             cel_columns=ser.require(obj, "cel_columns", dict, what, _ERR, optional=True),
             cel_mode=ser.require(obj, "cel_mode", str, what, _ERR, optional=True),
-            routing_values=tuple(rv) if isinstance(rv, list) else rv,
+            routing_values=tuple(rv) if rv is not None else None,
         )
 
 
@@ -136,6 +138,19 @@ class Manifest:
         if self.sharding.strategy == "cel":
             if not self.sharding.cel_expr or self.sharding.cel_mode not in routing.CEL_MODES or not self.sharding.cel_columns:
                 raise _ERR(f"{_WHAT}: CEL sharding needs cel_expr, cel_columns and cel_mode in {list(routing.CEL_MODES)}")
+            try:
+                columns = routing.normalize_cel_columns(self.sharding.cel_columns)
+            except Exception as exc:
+                raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
+            # The writer resolves every type from the Spark schema; a reader cannot.
+            untyped = sorted(name for name, typ in columns.items() if typ is None)
+            if untyped:
+                raise _ERR(f"{_WHAT}: cel_columns {untyped} have no CEL type (expected one of {list(routing.CEL_TYPES)})")
+        if self.sharding.routing_values is not None:
+            try:
+                routing.validate_routing_values(self.sharding.routing_values)
+            except Exception as exc:
+                raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
         if self.sharding.routing_values is not None and len(self.sharding.routing_values) != self.num_dbs:
             raise _ERR(
                 f"{_WHAT}: routing_values has {len(self.sharding.routing_values)} values but num_dbs is {self.num_dbs}"
@@ -191,12 +206,27 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Manifest:
+        try:
+            return cls._from_dict(obj)
+        except ShardyfusionError:
+            raise
+        except Exception as exc:  # a shape the field checks missed: still one clear manifest error
+            run = f" of run {show_value(obj.get('run_id'))}" if isinstance(obj, dict) else ""
+            raise _ERR(f"{_WHAT}{run} is malformed: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_dict(cls, obj: dict[str, Any]) -> Manifest:
+        if not isinstance(obj, dict):
+            raise _ERR(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
         sharding = ser.require(obj, "sharding", dict, _WHAT, _ERR)
         shards = ser.require(obj, "shards", list, _WHAT, _ERR)
         for bad in (s for s in shards if not isinstance(s, dict)):
-            raise _ERR(f"{_WHAT}: shard entry {bad!r} is not an object")
+            raise _ERR(f"{_WHAT}: shard entry {show_value(bad)} is not an object")
+        value_columns = ser.require(obj, "value_columns", list, _WHAT, _ERR, optional=True) or []
+        for bad in (c for c in value_columns if not isinstance(c, str)):
+            raise _ERR(f"{_WHAT}: value_columns entry {show_value(bad)} is not a string")
         return cls(
-            format_version=obj["format_version"],
+            format_version=ser.require(obj, "format_version", int, _WHAT, _ERR),
             run_id=ser.require(obj, "run_id", str, _WHAT, _ERR),
             created_at=ser.ts_field(obj, "created_at", _WHAT, _ERR),  # type: ignore[arg-type]
             output_uri=ser.require(obj, "output_uri", str, _WHAT, _ERR),
@@ -204,11 +234,11 @@ class Manifest:
             sharding=ShardingInfo.from_dict(sharding),
             key_encoding=ser.require(obj, "key_encoding", str, _WHAT, _ERR),
             value_format=ser.require(obj, "value_format", str, _WHAT, _ERR),
-            value_columns=tuple(obj.get("value_columns") or ()),
-            storage_engine=dict(obj.get("storage_engine") or {}),
+            value_columns=tuple(value_columns),
+            storage_engine=dict(ser.require(obj, "storage_engine", dict, _WHAT, _ERR, optional=True) or {}),
             shards=tuple(ShardEntry.from_dict(s) for s in shards),
-            stats=dict(obj.get("stats") or {}),
-            writer=dict(obj.get("writer") or {}),
+            stats=dict(ser.require(obj, "stats", dict, _WHAT, _ERR, optional=True) or {}),
+            writer=dict(ser.require(obj, "writer", dict, _WHAT, _ERR, optional=True) or {}),
         ).validate()
 
     def to_bytes(self) -> bytes:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import layout, serialization as ser
-from .errors import ManifestValidationError, ObjectNotFoundError
+from .errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
 
 if TYPE_CHECKING:
     from .storage.base import ObjectStore
@@ -46,7 +46,18 @@ class CurrentPointer:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
+        try:
+            return cls._from_dict(obj)
+        except ShardyfusionError:
+            raise
+        except Exception as exc:  # a shape the field checks missed: still one clear pointer error
+            raise ManifestValidationError(f"{_WHAT} is malformed: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
         err = ManifestValidationError
+        if not isinstance(obj, dict):
+            raise err(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
         run_id = ser.require(obj, "run_id", str, _WHAT, err)
         try:
             layout.validate_run_id(run_id)
@@ -57,7 +68,7 @@ class CurrentPointer:
             run_id=run_id,
             updated_at=ser.ts_field(obj, "updated_at", _WHAT, err),  # type: ignore[arg-type]
             manifest_content_type=ser.require(obj, "manifest_content_type", str, _WHAT, err),
-            format_version=obj["format_version"],
+            format_version=ser.require(obj, "format_version", int, _WHAT, err),
         )
 
     def to_bytes(self) -> bytes:

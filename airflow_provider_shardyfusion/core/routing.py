@@ -61,9 +61,18 @@ def route_key(key: Any, num_dbs: int) -> int:
     return _xxh3(canonical_bytes(key)) % num_dbs
 
 
+# Shard folders are ``db=<id:05d>`` and readers parse exactly five digits (core.layout).
+MAX_NUM_DBS = 99_999
+
+
 def validate_num_dbs(num_dbs: object, *, what: str = "num_dbs") -> int:
     if isinstance(num_dbs, bool) or not isinstance(num_dbs, int) or num_dbs < 1:
-        raise ConfigError(f"{what} {num_dbs!r} must be an integer >= 1")
+        raise ConfigError(f"{what} {show_value(num_dbs)} must be an integer >= 1")
+    if num_dbs > MAX_NUM_DBS:
+        raise ConfigError(
+            f"{what} {num_dbs} is above the maximum {MAX_NUM_DBS}: the snapshot layout names shard folders "
+            "with five digits (db=00000..db=99999)"
+        )
     return num_dbs
 
 
@@ -102,6 +111,9 @@ def normalize_cel_columns(columns: object) -> dict[str, str | None]:
     if isinstance(columns, (list, tuple)) and columns and all(isinstance(c, str) and c for c in columns):
         return {c: None for c in columns}
     raise ConfigError(f"cel_columns {show_value(columns)} must be a mapping column → CEL type or a non-empty list of names")
+
+
+_CEL_RANGES = {"int": ", int is -2**63..2**63-1", "uint": ", uint is 0..2**64-1"}
 
 
 def _cel_type(name: str) -> Any:
@@ -169,7 +181,15 @@ class CelRouter:
             value = row.get(name)
             if value is None:
                 raise InputDataError(f"column {name!r}: null value in CEL routing column (rule: CEL inputs must not be null)")
-            activation[name] = conv(value)
+            try:
+                activation[name] = conv(value)
+            except Exception as exc:
+                typ = self.spec.columns[name]
+                raise InputDataError(
+                    f"column {name!r}: value {show_value(value)} of type {type(value).__name__} does not convert to "
+                    f"its declared CEL type {typ} ({exc}; rule: CEL routing inputs must fit their declared type"
+                    f"{_CEL_RANGES.get(typ, '')})"
+                ) from None
         try:
             result = self._program.evaluate(activation)
         except InputDataError:
@@ -229,22 +249,54 @@ def compile_cel(expr: str, columns: Mapping[str, str | None]) -> Any:
     return env.program(ast, functions={"shard_hash": _cel_shard_hash})
 
 
+# Macros whose first argument binds a loop variable visible only in the remaining arguments.
+_BINDING_MACROS = frozenset({"exists", "all", "exists_one", "map", "filter"})
+
+
 def _check_identifiers(expr: str, ast: Any, allowed: set[str]) -> None:
     """Refuse names that are neither declared columns nor CEL built-ins (cel-python only finds them at run time)."""
+    import lark
+
     builtins = {"shard_hash", "true", "false", "null", "int", "uint", "string", "bytes", "double", "bool",
                 "size", "type", "has", "dyn", "list", "map", "timestamp", "duration"}
     unknown: set[str] = set()
-    for node in ast.iter_subtrees():
-        if node.data == "ident_arg":  # a function call: name is the first token
-            continue
+    # Explicit stack, not recursion: the parse tree is ~10 levels deep per CEL nesting level.
+    stack: list[tuple[Any, frozenset[str]]] = [(ast, frozenset())]
+    while stack:
+        node, bound = stack.pop()
+        if not isinstance(node, lark.Tree):
+            continue  # tokens: function names, field names, literals
         if node.data == "ident":
             name = str(node.children[0])
-            if name not in allowed and name not in builtins:
+            if name not in allowed and name not in builtins and name not in bound:
                 unknown.add(name)
+            continue
+        if node.data == "member_dot_arg" and len(node.children) == 3 and str(node.children[1]) in _BINDING_MACROS:
+            target, _, args = node.children
+            var = _macro_variable(args)
+            if var is not None:
+                stack.append((target, bound))
+                stack.extend((arg, bound | {var}) for arg in args.children[1:])
+                continue
+        stack.extend((child, bound) for child in node.children)
     if unknown:
         raise ConfigError(
             f"cel_expr {expr!r} refers to {sorted(unknown)}, which are not in cel_columns {sorted(allowed)}"
         )
+
+
+def _macro_variable(args: Any) -> str | None:
+    """The loop variable of ``target.macro(var, body)``: the first argument when it is a bare name."""
+    import lark
+
+    if not isinstance(args, lark.Tree) or args.data != "exprlist" or len(args.children) < 2:
+        return None
+    node = args.children[0]
+    while isinstance(node, lark.Tree) and node.data != "ident" and len(node.children) == 1:
+        node = node.children[0]
+    if isinstance(node, lark.Tree) and node.data == "ident":
+        return str(node.children[0])
+    return None
 
 
 def validate_cel_result_range(db_ids: Sequence[int], num_dbs: int) -> None:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from . import layout, serialization as ser
-from .errors import ObjectNotFoundError, RunRecordError
+from .errors import ObjectNotFoundError, RunRecordError, ShardyfusionError, show_value
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,21 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        error = obj.get("error")
+        try:
+            return cls._from_dict(obj)
+        except ShardyfusionError:
+            raise
+        except Exception as exc:  # a shape the field checks missed: still one clear run record error
+            run = f" of run {show_value(obj.get('run_id'))}" if isinstance(obj, dict) else ""
+            raise _ERR(f"{_WHAT}{run} is malformed: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_dict(cls, obj: dict[str, Any]) -> RunRecord:
+        if not isinstance(obj, dict):
+            raise _ERR(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
+        error = ser.require(obj, "error", dict, _WHAT, _ERR, optional=True)
         return cls(
-            format_version=obj["format_version"],
+            format_version=ser.require(obj, "format_version", int, _WHAT, _ERR),
             run_id=ser.require(obj, "run_id", str, _WHAT, _ERR),
             status=ser.require(obj, "status", str, _WHAT, _ERR),
             started_at=ser.ts_field(obj, "started_at", _WHAT, _ERR),  # type: ignore[arg-type]
@@ -107,12 +119,12 @@ class RunRecord:
             lease_expires_at=ser.ts_field(obj, "lease_expires_at", _WHAT, _ERR),  # type: ignore[arg-type]
             finished_at=ser.ts_field(obj, "finished_at", _WHAT, _ERR, optional=True),
             manifest_ref=ser.require(obj, "manifest_ref", str, _WHAT, _ERR, optional=True),
-            error=RunError.from_dict(error) if isinstance(error, dict) else None,
+            error=RunError.from_dict(error) if error is not None else None,
             output_uri=ser.require(obj, "output_uri", str, _WHAT, _ERR),
             num_dbs=ser.require(obj, "num_dbs", int, _WHAT, _ERR, optional=True),
             config_fingerprint=ser.require(obj, "config_fingerprint", str, _WHAT, _ERR, optional=True),
-            writer=dict(obj.get("writer") or {}),
-            stats=dict(obj.get("stats") or {}),
+            writer=dict(ser.require(obj, "writer", dict, _WHAT, _ERR, optional=True) or {}),
+            stats=dict(ser.require(obj, "stats", dict, _WHAT, _ERR, optional=True) or {}),
         ).validate()
 
     def to_bytes(self) -> bytes:
@@ -185,7 +197,14 @@ class RunRecordLifecycle:
 
     def start(self) -> RunRecordLifecycle:
         with self._lock:
-            self._write(self.record)
+            etag = self.store.put_if_match(self.key, self.record.to_bytes(), None)
+            if etag is None:
+                self.lost = True  # the record is another run's: never touch it
+                raise RunRecordError(
+                    f"a run record for run_id {self.record.run_id!r} already exists at {self.ref}; run ids must be "
+                    "unique (pick a new run_id or leave it unset to generate one)"
+                )
+            self._etag = etag
         log.info("run %s: run record started at %s (lease %ss)", self.record.run_id, self.ref, self.lease.total_seconds())
         self._thread = threading.Thread(target=self._beat_loop, name=f"run-record-heartbeat-{self.record.run_id}", daemon=True)
         self._thread.start()

@@ -104,8 +104,12 @@ def test_start_writes_running_record(store):
 def test_start_refuses_existing_record(store):
     first = lifecycle(store).start()
     try:
-        with pytest.raises(RunRecordError, match="changed by someone else"):
-            lifecycle(store).start()  # same run id: never overwrite another writer's record
+        second = lifecycle(store)
+        with pytest.raises(RunRecordError, match=r"run record for run_id 'run-1' already exists") as info:
+            second.start()  # same run id: never overwrite another writer's record
+        assert store.uri("runs/run_id=run-1/run.json") in str(info.value)
+        assert "must be unique" in str(info.value) and "someone else" not in str(info.value)
+        assert read_run_record(store, "run-1").status == RUNNING and second.lost
     finally:
         first.succeed(manifest_ref(store))
     assert read_run_record(store, "run-1").status == SUCCEEDED

@@ -176,6 +176,26 @@ def test_num_dbs_invalid(bad):
     assert_config_error("num_dbs", num_dbs=bad)
 
 
+def test_num_dbs_above_five_digit_layout_limit():
+    assert build(num_dbs=99_999).sharding.num_dbs == 99_999
+    assert_config_error(("num_dbs", "100000", "99999", "five digits"), num_dbs=100_000)
+
+
+def test_routing_values_more_than_five_digit_layout_limit():
+    assert_config_error(("routing_values", "100000", "five digits"), num_dbs=None, cel_expr="id",
+                        routing_values=list(range(100_000)))
+
+
+def test_cel_columns_bare_string_refused():
+    assert_config_error(("cel_columns", "'region'", "list"), num_dbs=None, cel_expr="region", cel_columns="region",
+                        routing_values=["eu"])
+    assert_config_error(("cel_columns", "5"), num_dbs=None, cel_expr="id", cel_columns=5, routing_values=["eu"])
+
+
+def test_infer_routing_values_must_be_bool():
+    assert_config_error(("infer_routing_values", "'yes'"), num_dbs=None, cel_expr="id", infer_routing_values="yes")
+
+
 def test_cel_compile_error():
     assert_config_error(("cel_expr", "'id +'"), cel_expr="id +")
 
@@ -265,6 +285,17 @@ def test_bad_key_encoding():
     assert_config_error(("key_encoding", "'zigzag'"), key_encoding="zigzag")
 
 
+@pytest.mark.parametrize("name", ["lease_seconds", "heartbeat_seconds", "max_writes_per_second"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_seconds_and_rates_must_be_finite(name, bad):
+    assert_config_error((name, "finite"), **{name: bad})
+
+
+def test_lease_seconds_capped():
+    assert build(lease_seconds=7 * 24 * 3600).options.lease_seconds == 7 * 24 * 3600
+    assert_config_error(("lease_seconds", "7 days"), lease_seconds=1e12)
+
+
 def test_heartbeat_not_shorter_than_lease():
     assert_config_error(("heartbeat_seconds", "lease_seconds"), heartbeat_seconds=600, lease_seconds=600)
     assert_config_error(("heartbeat_seconds", "lease_seconds"), heartbeat_seconds=700, lease_seconds=600)
@@ -288,6 +319,10 @@ def test_bad_shard_retry():
     assert_config_error(("shard_retry", "'x'"), shard_retry={"x": 1})
     assert_config_error("shard_retry.max_retries", shard_retry=-1)
     assert_config_error("shard_retry", shard_retry=True)
+    assert_config_error("shard_retry.max_retries", shard_retry={"max_retries": True})
+    assert_config_error("shard_retry.initial_backoff_s", shard_retry={"initial_backoff_s": float("inf")})
+    assert_config_error(("shard_retry.initial_backoff_s 60", "shard_retry.max_backoff_s 30"),
+                        shard_retry={"initial_backoff_s": 60, "max_backoff_s": 30})
 
 
 def test_shard_retry_backoff():
@@ -324,6 +359,37 @@ def test_from_dict_unknown_option():
         WriteConfig.from_dict(data)
 
 
+@pytest.mark.parametrize("bad", [[1, 2], "config", 5, None])
+def test_from_dict_not_an_object(bad):
+    with pytest.raises(ConfigError, match="write config must be a JSON object"):
+        WriteConfig.from_dict(bad)
+    with pytest.raises(ConfigError, match="write config must be a JSON object"):
+        WriteConfig.from_json(json.dumps(bad))
+
+
+@pytest.mark.parametrize("section", ["input", "value", "sharding", "options", "storage_options", "airflow_context"])
+@pytest.mark.parametrize("bad", [["a"], "text", 5])
+def test_from_dict_section_not_an_object(section, bad):
+    data = build(run_id="r1").to_dict()
+    data[section] = bad
+    with pytest.raises(ConfigError, match=f"section '{section}' must be an object") as info:
+        WriteConfig.from_dict(data)
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "bad", "match"),
+    [("value", "columns", 5, "value.columns 5 must be a list"),
+     ("sharding", "routing_values", 7, "sharding.routing_values 7 must be a list"),
+     ("input", "options", "x=1", "input.options 'x=1' must be a mapping")],
+)
+def test_from_dict_nested_field_of_wrong_shape(section, name, bad, match):
+    data = build(run_id="r1").to_dict()
+    data[section][name] = bad
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        WriteConfig.from_dict(data)
+
+
 def test_validate_refuses_non_canonical_output_uri():
     data = build(run_id="r1").to_dict()
     data["output_uri"] = "file:///data/out/"
@@ -335,6 +401,10 @@ def test_input_options_that_look_like_credentials_are_refused():
     from airflow_provider_shardyfusion.core.config import build_write_config
     from airflow_provider_shardyfusion.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"input_options \['password'\] look like credentials"):
+    with pytest.raises(ConfigError, match=r"input_options \['password'\] look like credentials") as info:
         build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
                            input_options={"header": "true", "password": "hunter2"}, value_column="v", num_dbs=2)
+    # spark_conf lands in the spark-submit argv: never advise it for secrets.
+    message = str(info.value)
+    assert "aws_conn_id" in message and "role" in message
+    assert "spark_conf" not in message and "spark_env_vars" not in message

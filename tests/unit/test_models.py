@@ -104,6 +104,32 @@ def test_pointer_bad_run_id():
         CurrentPointer.from_bytes(json.dumps(data).encode())
 
 
+@pytest.mark.parametrize("obj", [[1], "x", None])
+def test_pointer_from_dict_not_an_object(obj):
+    with pytest.raises(ManifestValidationError, match="_CURRENT pointer must be a JSON object"):
+        CurrentPointer.from_dict(obj)
+
+
+def test_pointer_from_dict_bad_format_version():
+    data = pointer().to_dict()
+    del data["format_version"]
+    with pytest.raises(ManifestValidationError, match="format_version"):
+        CurrentPointer.from_dict(data)
+    with pytest.raises(ManifestValidationError, match="format_version"):
+        CurrentPointer.from_dict(pointer().to_dict() | {"format_version": "1"})
+
+
+def test_pointer_unexpected_failure_is_still_a_pointer_error(monkeypatch):
+    from airflow_provider_shardyfusion.core import serialization
+
+    def boom(*args, **kwargs):
+        raise AttributeError("unexpected shape")
+
+    monkeypatch.setattr(serialization, "ts_field", boom)
+    with pytest.raises(ManifestValidationError, match="_CURRENT pointer is malformed: AttributeError: unexpected shape"):
+        CurrentPointer.from_bytes(pointer().to_bytes())
+
+
 @pytest.mark.parametrize("data", [b"not json", b"[1]", b"", b"\xff\xfe"])
 def test_pointer_not_json(data):
     with pytest.raises(ManifestValidationError, match="_CURRENT"):
@@ -213,6 +239,84 @@ def test_manifest_db_url_on_file_root():
     assert Manifest.from_bytes(ok.to_bytes()) == ok
     with pytest.raises(ManifestValidationError, match="db_url"):
         manifest(output_uri=root, shards=(shard(0, root="file:///data/other"),)).validate()
+
+
+def cel_sharding(**over):
+    base = dict(strategy="cel", key_column="id", cel_expr="region", cel_columns={"region": "string"},
+                cel_mode="categorical", routing_values=("eu", "us", "ap", "sa"))
+    base.update(over)
+    return ShardingInfo(**base)
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        (dict(cel_columns={"region": "float"}), r"type 'float' of column 'region' is not one of"),
+        (dict(cel_columns={"region": None}), r"cel_columns \['region'\] have no CEL type"),
+        (dict(cel_columns={"": "string"}), "column name"),
+        (dict(routing_values=("eu", "us", "eu", "ap")), r"routing_values must be unique; repeated: \['eu'\]"),
+        (dict(routing_values=("eu", 1, "us", "ap")), "all strings or all integers"),
+        (dict(routing_values=("eu", None, "us", "ap")), "null"),
+    ],
+)
+def test_manifest_cel_columns_and_routing_values_validated(over, match):
+    assert manifest(sharding=cel_sharding()).validate()
+    bad = manifest(sharding=cel_sharding(**over))
+    with pytest.raises(ManifestValidationError, match=match):
+        bad.validate()
+    with pytest.raises(ManifestValidationError, match=match):
+        Manifest.from_bytes(bad.to_bytes())
+
+
+def test_manifest_num_dbs_beyond_five_digit_folders():
+    with pytest.raises(ManifestValidationError, match="99999"):
+        Manifest.from_bytes(manifest_json(num_dbs=100_000))
+
+
+@pytest.mark.parametrize(
+    ("path", "bad", "match"),
+    [
+        (("value_columns",), 5, "'value_columns' is missing or not list"),
+        (("value_columns",), [1], "value_columns entry 1 is not a string"),
+        (("storage_engine",), ["rocksdb"], "'storage_engine' is missing or not dict"),
+        (("stats",), "lots", "'stats' is missing or not dict"),
+        (("writer",), [1], "'writer' is missing or not dict"),
+        (("sharding", "routing_values"), 5, "'routing_values' is missing or not list"),
+        (("sharding", "routing_values"), {"eu": 0}, "'routing_values' is missing or not list"),
+        (("shards", 0, "files"), [1], "file entry 1 is not an object"),
+        (("shards", 0, "files"), ["a.sst"], "file entry 'a.sst' is not an object"),
+    ],
+)
+def test_manifest_malformed_shapes(path, bad, match):
+    data = manifest().to_dict()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = bad
+    with pytest.raises(ManifestValidationError, match=match):
+        Manifest.from_bytes(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize("obj", [[1], "manifest", None])
+def test_manifest_from_dict_not_an_object(obj):
+    with pytest.raises(ManifestValidationError, match="manifest must be a JSON object"):
+        Manifest.from_dict(obj)
+
+
+def test_manifest_from_dict_missing_format_version():
+    data = manifest().to_dict()
+    del data["format_version"]
+    with pytest.raises(ManifestValidationError, match="format_version"):
+        Manifest.from_dict(data)
+
+
+def test_manifest_unexpected_failure_is_still_a_manifest_error(monkeypatch):
+    def boom(obj):
+        raise TypeError("unexpected shape")
+
+    monkeypatch.setattr(ShardEntry, "from_dict", boom)
+    with pytest.raises(ManifestValidationError, match=rf"manifest of run '{RUN}' is malformed: TypeError: unexpected shape"):
+        Manifest.from_bytes(manifest().to_bytes())
 
 
 @pytest.mark.parametrize("data", [b"not json", b"", b"[]", b'"manifest"', b"\xff\x00"])
@@ -331,6 +435,39 @@ def test_run_record_future_version():
 def test_run_record_bad_fields(change, match):
     with pytest.raises(RunRecordError, match=match):
         RunRecord.from_bytes(run_record_json(**change))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [(dict(writer=["spark"]), "'writer' is missing or not dict"), (dict(stats="many"), "'stats' is missing or not dict"),
+     (dict(error="boom", status="failed"), "'error' is missing or not dict")],
+)
+def test_run_record_malformed_shapes(change, match):
+    with pytest.raises(RunRecordError, match=match):
+        RunRecord.from_bytes(run_record_json(**change))
+
+
+@pytest.mark.parametrize("obj", [[1], "x", None])
+def test_run_record_from_dict_not_an_object(obj):
+    with pytest.raises(RunRecordError, match="run record must be a JSON object"):
+        RunRecord.from_dict(obj)
+
+
+def test_run_record_from_dict_missing_format_version():
+    data = record().to_dict()
+    del data["format_version"]
+    with pytest.raises(RunRecordError, match="format_version"):
+        RunRecord.from_dict(data)
+
+
+def test_run_record_unexpected_failure_is_still_a_run_record_error(monkeypatch):
+    def boom(obj):
+        raise ValueError("unexpected shape")
+
+    monkeypatch.setattr(RunError, "from_dict", boom)
+    data = record(status="failed", error=RunError("X", "y")).to_dict()
+    with pytest.raises(RunRecordError, match=rf"run record of run '{RUN}' is malformed: ValueError: unexpected shape"):
+        RunRecord.from_dict(data)
 
 
 @pytest.mark.parametrize("data", [b"nope", b"[]", b""])

@@ -111,6 +111,12 @@ def test_validate_num_dbs(bad):
     assert routing.validate_num_dbs(3) == 3
 
 
+def test_validate_num_dbs_capped_by_five_digit_shard_folders():
+    assert routing.validate_num_dbs(99_999) == 99_999
+    with pytest.raises(ConfigError, match=r"num_dbs 100000 is above the maximum 99999.*five digits"):
+        routing.validate_num_dbs(100_000)
+
+
 # ---- CEL ------------------------------------------------------------------------------------
 
 
@@ -155,6 +161,19 @@ def test_cel_null_input_names_column():
         router.route({"k": None})
 
 
+@pytest.mark.parametrize(
+    ("typ", "value", "detail"),
+    [("int", 2**64, "overflow"), ("uint", -1, "overflow"), ("int", "abc", "invalid literal"), ("bytes", 5, "")],
+)
+def test_cel_input_not_convertible_to_declared_type(typ, value, detail):
+    router = CelRouter(CelSpec("0", {"k": typ}, "direct", 4))
+    with pytest.raises(InputDataError) as info:
+        router.route({"k": value})
+    message = str(info.value)
+    assert "column 'k'" in message and repr(value) in message and f"CEL type {typ}" in message
+    assert detail in message and "rule:" in message
+
+
 def test_cel_categorical_string_tokens():
     router = CelRouter(CelSpec("region", {"region": "string"}, "categorical", 3, ("eu", "us", "ap")))
     assert [router.route({"region": r}) for r in ("eu", "us", "ap", "us")] == [0, 1, 2, 1]
@@ -188,6 +207,33 @@ def test_cel_compile_errors_are_config_errors(expr):
 def test_cel_undeclared_names_are_config_errors(expr, name):
     with pytest.raises(ConfigError, match=repr(name)):
         compile_cel(expr, {"k": "string"})
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "[1, 2, 3].exists(x, x == k)",
+        "[1, 2].all(x, x < k) && [3].exists_one(y, y == k)",
+        "size([1, 2].map(x, x * k).filter(y, y > 2)) > 0",
+        "[1].exists(x, [2].exists(y, x + y == k))",  # nested: both variables in scope inside
+    ],
+)
+def test_cel_macro_loop_variables_are_not_columns(expr):
+    assert compile_cel(expr, {"k": "int"}) is not None
+
+
+@pytest.mark.parametrize(
+    ("expr", "name"),
+    [("[1].exists(x, x == zz)", "zz"), ("[1].exists(x, x == 1) && x > 0", "x"), ("[1].map(x, x)[0] + y", "y")],
+)
+def test_cel_macro_variable_only_binds_inside_its_macro(expr, name):
+    with pytest.raises(ConfigError, match=repr(name)):
+        compile_cel(expr, {"k": "int"})
+
+
+def test_cel_macro_router_evaluates():
+    router = CelRouter(CelSpec("[1, 2, 3].exists(x, x == k) ? 1 : 0", {"k": "int"}, "direct", 2))
+    assert [router.route({"k": k}) for k in (0, 1, 3, 4)] == [0, 1, 1, 0]
 
 
 def test_cel_declared_columns_compile():
