@@ -158,7 +158,10 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
         num_dbs = sharding.num_dbs
         if num_dbs is None:
             count = df.count()
-            num_dbs = max(1, math.ceil(count / sharding.max_keys_per_shard))
+            num_dbs = routing.validate_num_dbs(
+                max(1, math.ceil(count / sharding.max_keys_per_shard)),
+                what=f"num_dbs = ceil({count} rows / max_keys_per_shard {sharding.max_keys_per_shard}) =",
+            )
             log.info("run %s: %d rows, max_keys_per_shard %d -> num_dbs %d", config.run_id, count,
                      sharding.max_keys_per_shard, num_dbs)
         return RoutingPlan(config.key_column, key_kind, num_dbs, "hash", wrong_router=wrong)
@@ -178,6 +181,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
                                  "routing values from (pass routing_values explicitly)")
         # Validate before sorting: mixed str/int tokens get the rule's message, not a TypeError.
         values = sorted(routing.validate_routing_values(tokens))
+        routing.validate_num_dbs(len(values), what="the number of inferred routing values")
         log.info("run %s: inferred %d routing values", config.run_id, len(values))
     num_dbs = len(values) if values is not None else sharding.num_dbs
     return RoutingPlan(config.key_column, key_kind, num_dbs, "cel", sharding.cel_expr, typed, mode,
