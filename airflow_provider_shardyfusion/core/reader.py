@@ -14,10 +14,16 @@ Retired shard handles are never closed explicitly: rocksdict refuses ``close()``
 thread is inside a read of the same handle ("Already borrowed"), and the read would then fail.
 Instead the retired snapshot drops its handles and each one closes (rocksdict closes on
 deallocation) as soon as the last read still using it returns.
+
+Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
+only when no shard download of that run is in flight; otherwise the last such download deletes
+them when it ends. A download of a retired snapshot stops at its next file and the read retries
+on the current snapshot (or fails with "closed").
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 # Written next to the shard files once every file is verified; a cached shard without a matching
 # marker (crash mid-download, another manifest) is downloaded again. RocksDB ignores the file.
 _MARKER = ".shardyfusion-shard.json"
+
 
 
 # (key, routing_context) -> (db_id, stored key bytes)
@@ -276,6 +283,11 @@ class ShardedReader:
         self._store: ObjectStore = open_store(self._root, storage_options)
         self._swap_lock = threading.Lock()
         self._state: _Snapshot | None = None
+        # Guards the three below: cached files may be deleted only while no download writes there.
+        self._cache_lock = threading.Lock()
+        self._downloads: collections.Counter[str] = collections.Counter()  # run_id -> shard downloads in flight
+        self._doomed_runs: set[str] = set()  # run folders to delete when their last download ends
+        self._close_pending = False  # the private cache goes when the last download ends
         if cache_dir is None:
             self._cache_root = tempfile.mkdtemp(prefix="shardyfusion-reader-")
             self._owns_cache = True
@@ -403,6 +415,10 @@ class ShardedReader:
                     self._root, old.run_id, pointer.run_id, pointer.manifest_ref, exc,
                 )
                 return False
+            with self._cache_lock:
+                # Back to a run whose folder awaits deletion (a rollback): keep it. Done before
+                # the swap, so no download for ``new`` can start while the folder is still doomed.
+                self._doomed_runs.discard(new.run_id)
             self._state = new
             self._retire(old, drop_cache=new.run_id != old.run_id)
             log.info("reader %s: now serving run %s (was %s)", self._root, new.run_id, old.run_id)
@@ -414,7 +430,11 @@ class ShardedReader:
             state, self._state = self._state, None
             if state is not None:
                 self._retire(state, drop_cache=False)
-            self._remove_owned_cache()
+            with self._cache_lock:
+                self._close_pending = bool(self._downloads)
+            # Every snapshot is retired now, so no download can start to race this deletion.
+            if not self._close_pending:
+                self._remove_owned_cache()
 
     def __enter__(self) -> ShardedReader:
         return self
@@ -511,26 +531,65 @@ class ShardedReader:
             db = state.handles.get(db_id)
             if db is not None:
                 return db
+            self._begin_download(state)
+            try:
+                path = self._ensure_local(state, shard)
+                try:
+                    db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
+                except Exception as exc:
+                    raise ReaderError(
+                        f"cannot open shard {db_id} of run {state.run_id!r} ({shard.db_url}) from {path}: {exc}"
+                    ) from exc
+                try:
+                    state.register(db_id, db)
+                except _StaleSnapshot:
+                    db.close()  # never shared with another thread, so closing it cannot break a read
+                    raise
+                return db
+            except _StaleSnapshot:
+                raise
+            except Exception as exc:
+                # Whatever went wrong for a snapshot nobody serves any more (e.g. its objects were
+                # already garbage-collected) is not the caller's problem: retry on the current one,
+                # which reports its own errors.
+                if state.retired:
+                    raise _StaleSnapshot() from exc
+                raise
+            finally:
+                self._end_download(state.run_id)
+
+    def _begin_download(self, state: _Snapshot) -> None:
+        with self._cache_lock:
+            # Checked under the lock _retire takes after setting ``retired``: either this download
+            # is counted before a retirement decides what to delete, or it sees the retirement.
             if state.retired:
                 raise _StaleSnapshot()
-            path = self._ensure_local(state.run_id, shard)
-            try:
-                db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
-            except Exception as exc:
-                raise ReaderError(
-                    f"cannot open shard {db_id} of run {state.run_id!r} ({shard.db_url}) from {path}: {exc}"
-                ) from exc
-            state.register(db_id, db)
-            return db
+            self._downloads[state.run_id] += 1
 
-    def _ensure_local(self, run_id: str, shard: ShardEntry) -> str:
+    def _end_download(self, run_id: str) -> None:
+        # Deletes while holding the lock (a rare path): were it released first, a refresh() back
+        # to this run could start a download into the folder during the deletion.
+        with self._cache_lock:
+            self._downloads[run_id] -= 1
+            if self._downloads[run_id] > 0:
+                return
+            del self._downloads[run_id]
+            if self._close_pending:
+                if not self._downloads:
+                    self._remove_owned_cache()
+            elif run_id in self._doomed_runs:
+                self._doomed_runs.discard(run_id)
+                self._remove_run_cache(run_id)
+
+    def _ensure_local(self, state: _Snapshot, shard: ShardEntry) -> str:
         """A verified local copy of ``shard``: reused if already cached, else downloaded."""
+        run_id = state.run_id
         final = layout.local_cache_dir(self._cache_root, run_id, shard.db_id)
         marker = json.dumps({"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}, sort_keys=True)
         if os.path.isdir(final):
-            if _cached_copy_ok(final, marker, shard):
+            if _cached_copy_ok(final, marker, shard, run_id):
                 return final
-            log.info("shard %s of run %s: cached copy at %s is stale or incomplete; downloading again",
+            log.info("shard %s of run %s: cached copy at %s is stale, incomplete or corrupt; downloading again",
                      shard.db_id, run_id, final)
             shutil.rmtree(final, ignore_errors=True)
         if not shard.files:
@@ -543,6 +602,8 @@ class ShardedReader:
         try:
             base_key = self._store.key_of(shard.db_url)
             for f in shard.files:
+                if state.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
+                    raise _StaleSnapshot()
                 local = os.path.join(staging, *f.name.split("/"))
                 source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {run_id!r})"
                 self._store.download_file(f"{base_key}/{f.name}", local)
@@ -553,11 +614,13 @@ class ShardedReader:
                     raise
             with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
                 fh.write(marker)
+            if state.retired:
+                raise _StaleSnapshot()
             try:
                 os.rename(staging, final)
             except OSError:
                 # Another reader sharing cache_dir won the race; use its copy if it is sound.
-                if not _cached_copy_ok(final, marker, shard):
+                if not _cached_copy_ok(final, marker, shard, run_id):
                     raise
             log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
             return final
@@ -623,19 +686,41 @@ class ShardedReader:
         # Only a private cache is ours to prune; a shared cache_dir may serve other readers. A read
         # still inside a retired handle is unaffected: its files stay open until it closes (POSIX).
         if drop_cache and self._owns_cache:
-            shutil.rmtree(os.path.join(self._cache_root, f"run_id={state.run_id}"), ignore_errors=True)
+            with self._cache_lock:
+                busy = self._downloads[state.run_id] > 0
+                if busy:
+                    self._doomed_runs.add(state.run_id)  # deleting now would pull files from under it
+            # Outside the lock, so cold reads of the new snapshot need not wait for the deletion:
+            # only a snapshot of this run could download here, and refresh() (which holds the swap
+            # lock we run under) is the only way one could become current again.
+            if not busy:
+                self._remove_run_cache(state.run_id)
+
+    def _remove_run_cache(self, run_id: str) -> None:
+        shutil.rmtree(os.path.join(self._cache_root, f"run_id={run_id}"), ignore_errors=True)
 
     def _remove_owned_cache(self) -> None:
         if self._cleanup is not None:
             self._cleanup()
 
 
-def _cached_copy_ok(path: str, marker: str, shard: ShardEntry) -> bool:
-    """A cached copy is reused only if it was verified for this very shard entry and sizes still hold."""
+def _cached_copy_ok(path: str, marker: str, shard: ShardEntry, run_id: str) -> bool:
+    """A cached copy is reused only if it was verified for this very shard entry and still checks out.
+
+    The marker says a download was verified once, maybe by another process; the files may have
+    rotted or been edited since, so sizes and checksums are checked again on every reuse (hashing
+    runs at disk speed, far cheaper than the download it saves).
+    """
     try:
         with open(os.path.join(path, _MARKER), encoding="utf-8") as fh:
             if fh.read() != marker:
                 return False
-        return all(os.path.getsize(os.path.join(path, *f.name.split("/"))) == f.size for f in shard.files)
+        for f in shard.files:
+            local = os.path.join(path, *f.name.split("/"))
+            verify_file(local, f.size, f.checksum, source=f"cached {local} (shard {shard.db_id} of run {run_id!r})")
+    except ChecksumMismatchError as exc:
+        log.warning("%s", exc)
+        return False
     except OSError:
         return False
+    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/
 
 from benchmarks.snapshot_factory import build_snapshot, publish_current  # noqa: E402
 
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
+from airflow_provider_shardyfusion.core import layout, reader as reader_module  # noqa: E402
 from airflow_provider_shardyfusion.core.errors import (  # noqa: E402
     ChecksumMismatchError,
     KeyEncodingError,
@@ -80,6 +81,57 @@ def _open_files_under(path: str) -> list[str]:
 
 def _files_under(path: str) -> list[str]:
     return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+
+
+def _stall_first_fetch(monkeypatch, reader: ShardedReader, where: str) -> tuple[threading.Event, threading.Event]:
+    """Hold the first shard file the reader fetches inside ``where`` ("download" or "verify").
+
+    Returns (entered, release): ``entered`` is set once a thread is held, which then waits for
+    ``release``. Later fetches pass straight through.
+    """
+    entered, release = threading.Event(), threading.Event()
+    lock = threading.Lock()
+    first = [True]
+
+    def hold() -> None:
+        with lock:
+            mine, first[0] = first[0], False
+        if mine:
+            entered.set()
+            assert release.wait(30), "the test never released the held fetch"
+
+    if where == "download":
+        original_download = reader._store.download_file
+
+        def download(key: str, local_path: str) -> None:
+            hold()  # before the copy: the staging folder exists, the file does not yet
+            original_download(key, local_path)
+
+        reader._store.download_file = download  # type: ignore[method-assign]
+    else:
+        original_verify = reader_module.verify_file
+
+        def verify(path, size, checksum, *, source):
+            hold()  # the file is downloaded into staging, not yet checked or renamed
+            original_verify(path, size, checksum, source=source)
+
+        monkeypatch.setattr(reader_module, "verify_file", verify)
+    return entered, release
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list, list]:
+    results: list = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results, errors
 
 
 # ---- look-ups ---------------------------------------------------------------------------------
@@ -224,6 +276,63 @@ def test_refresh_past_a_malformed_manifest_keeps_the_old_snapshot(any_root, dama
         assert reader.run_id == third.run_id and reader.get(1) == b"third" and reader.get(3) is None
 
 
+_POINTER_DAMAGE = [
+    "not-json", "not-an-object", "no-format-version", "newer-format-version", "missing-run-id", "bad-timestamp",
+    "manifest-outside-root", "run-id-mismatch", "manifest-missing",
+]
+
+
+# Parsing the pointer does not depend on the store: S3 runs the cases whose errors the store raises.
+@pytest.mark.parametrize(
+    "where,damage", [("file", d) for d in _POINTER_DAMAGE] + [("s3", "not-json"), ("s3", "manifest-missing")]
+)
+def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where, damage):
+    if where == "file":
+        root, opts = request.getfixturevalue("file_root"), None
+    else:
+        root, opts = request.getfixturevalue("s3_root"), request.getfixturevalue("s3_options")
+    first = build_snapshot(root, [(i, b"old-%d" % i) for i in range(50)], num_dbs=4, storage_options=opts)
+    store = open_store(root, opts)
+    later = first.published_at + timedelta(seconds=1)
+    # a good snapshot that a sound _CURRENT would name, so only the pointer itself is at fault
+    second = build_snapshot(root, [(1, b"second")], num_dbs=2, storage_options=opts, published_at=later, publish=False)
+    good = CurrentPointer(manifest_ref=second.manifest_ref, run_id=second.run_id, updated_at=later).to_dict()
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.get(3) == b"old-3"
+        if damage == "not-json":
+            data = b"{not json"
+        elif damage == "not-an-object":
+            data = json.dumps([good]).encode()
+        else:
+            pointer = dict(good)
+            if damage == "no-format-version":
+                del pointer["format_version"]
+            elif damage == "newer-format-version":
+                pointer["format_version"] = 99
+            elif damage == "missing-run-id":
+                del pointer["run_id"]
+            elif damage == "bad-timestamp":
+                pointer["updated_at"] = "yesterday"
+            elif damage == "manifest-outside-root":
+                pointer["manifest_ref"] = "file:///elsewhere/manifests/x/manifest.json"
+            elif damage == "run-id-mismatch":  # names run A's manifest but claims run B
+                pointer["run_id"] = first.run_id
+            else:  # a well-formed pointer to a manifest that does not exist
+                pointer["manifest_ref"] = store.uri(layout.manifest_key("run-gone", later))
+                pointer["run_id"] = "run-gone"
+            data = json.dumps(pointer).encode()
+        store.put(layout.CURRENT_KEY, data)
+        downloads = _count_downloads(reader)
+        assert reader.refresh() is False
+        assert reader.refresh() is False  # still unchanged, still no error
+        assert reader.run_id == first.run_id and reader.manifest == first.manifest
+        assert reader.get(3) == b"old-3" and reader.multi_get([4, 5, 77]) == [b"old-4", b"old-5", None]
+        assert not any(second.run_id in key for key in downloads)
+        publish_current(store, second.manifest_key, second.run_id, later)  # repaired
+        assert reader.refresh() is True
+        assert reader.run_id == second.run_id and reader.get(1) == b"second" and reader.get(3) is None
+
+
 def test_pinned_manifest_ref(file_root):
     first = build_snapshot(file_root, [(1, b"first")], num_dbs=2)
     build_snapshot(file_root, [(1, b"second")], num_dbs=2, published_at=first.published_at + timedelta(seconds=1))
@@ -306,6 +415,58 @@ def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, call, w
         else:
             assert reader.multi_get([5, 6, 99]) == [b"new", b"new", None]
         assert swapped and reader._state is not old and old.retired
+
+
+@pytest.mark.parametrize("call", ["get", "multi_get"])
+@pytest.mark.parametrize("where", ["download", "verify", "download-of-deleted-objects"])
+def test_a_cold_read_racing_refresh_retries_on_the_new_snapshot(file_root, monkeypatch, where, call):
+    first = build_snapshot(file_root, [(i, b"old") for i in range(20)], num_dbs=2)
+    with ShardedReader(file_root) as reader:
+        old_cache = os.path.join(reader.cache_dir, f"run_id={first.run_id}")
+        downloads = _count_downloads(reader)
+        entered, release = _stall_first_fetch(monkeypatch, reader, where.split("-")[0])
+        try:
+            read, results, errors = _in_thread(lambda: reader.get(5) if call == "get" else reader.multi_get([5, 6, 99]))
+            assert entered.wait(30)  # the read is inside the old run's download of a cold shard
+            build_snapshot(file_root, [(i, b"new") for i in range(20)], num_dbs=3,
+                           published_at=first.published_at + timedelta(seconds=1))
+            swap, swapped, swap_errors = _in_thread(reader.refresh)
+            swap.join(timeout=30)
+            assert swapped == [True] and not swap_errors  # refresh does not wait for the stalled download
+            assert os.path.isdir(old_cache)  # nor does it delete files that download is writing
+            if where == "download-of-deleted-objects":  # the old run is garbage-collected upstream meanwhile
+                store = open_store(file_root)
+                store.delete_many([f"{store.key_of(s.db_url)}/{f.name}" for s in first.manifest.shards for f in s.files])
+        finally:
+            release.set()
+        read.join(timeout=30)
+        assert not read.is_alive() and not errors, errors
+        assert results == ([b"new"] if call == "get" else [[b"new", b"new", None]])
+        assert sum(n for key, n in downloads.items() if first.run_id in key) == 1  # abandoned after the held file
+        assert not os.path.exists(old_cache)  # dropped once the abandoned download let go of it
+        assert _open_files_under(old_cache) == []
+        assert reader.get(5) == b"new" and reader.multi_get(list(range(20))) == [b"new"] * 20
+
+
+@pytest.mark.parametrize("where", ["download", "verify"])
+def test_a_cold_read_racing_close_says_the_reader_is_closed(file_root, monkeypatch, where):
+    build_snapshot(file_root, [(i, b"v") for i in range(20)], num_dbs=2)
+    reader = ShardedReader(file_root)
+    cache = reader.cache_dir
+    entered, release = _stall_first_fetch(monkeypatch, reader, where)
+    try:
+        read, results, errors = _in_thread(lambda: reader.get(5))
+        assert entered.wait(30)
+        closing, _, close_errors = _in_thread(reader.close)
+        closing.join(timeout=30)
+        assert not closing.is_alive() and not close_errors
+    finally:
+        release.set()
+    read.join(timeout=30)
+    assert not read.is_alive() and not results
+    assert len(errors) == 1 and isinstance(errors[0], ReaderError) and "closed" in str(errors[0]), errors
+    assert not os.path.exists(cache)  # removed once the abandoned download let go, not re-created by it
+    assert _open_files_under(cache) == []
 
 
 # ---- integrity --------------------------------------------------------------------------------
@@ -443,6 +604,55 @@ def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
         downloads = _count_downloads(third)
         assert third.multi_get([k for k, _ in rows]) == [v for _, v in rows]
         assert len(downloads) == len(third.manifest.shard(0).files)
+
+
+def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path):
+    root, opts = any_root
+    rows = [(i, _value(i)) for i in range(100)]
+    built = build_snapshot(root, rows, num_dbs=2, storage_options=opts)
+    cache = tmp_path / "cache"
+    with ShardedReader(root, storage_options=opts, cache_dir=cache) as first:
+        assert first.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+    shard_dir = layout.local_cache_dir(str(cache), built.run_id, 0)
+    victim = next(p for p in _files_under(shard_dir) if p.endswith(".sst"))
+    size = os.path.getsize(victim)
+    with open(victim, "r+b") as fh:  # bit rot: same size, marker still matches
+        fh.seek(size // 2)
+        byte = fh.read(1)
+        fh.seek(size // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    assert os.path.getsize(victim) == size
+    with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
+        downloads = _count_downloads(second)
+        assert second.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+        shard0 = {f"{second._store.key_of(second.manifest.shard(0).db_url)}/{f.name}"
+                  for f in second.manifest.shard(0).files}
+        assert set(downloads) == shard0 and set(downloads.values()) == {1}  # only the bad shard, once
+
+
+def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkeypatch):
+    rows = [(i, _value(i)) for i in range(100)]
+    built = build_snapshot(file_root, rows, num_dbs=2)
+    cache = tmp_path / "cache"
+    checked: list[str] = []
+    original = reader_module.verify_file
+
+    def counting(path, size, checksum, *, source):
+        checked.append(path)
+        original(path, size, checksum, source=source)
+
+    monkeypatch.setattr(reader_module, "verify_file", counting)
+    num_files = sum(len(s.files) for s in built.manifest.shards)
+    keys = [k for k, _ in rows]
+    with ShardedReader(file_root, cache_dir=cache) as first:  # downloads: each file checked as it arrives
+        assert first.multi_get(keys) == [v for _, v in rows]
+    assert len(checked) == num_files
+    del checked[:]
+    with ShardedReader(file_root, cache_dir=cache) as second:  # reuses the cache: checked again, no download
+        downloads = _count_downloads(second)
+        assert second.multi_get(keys) == [v for _, v in rows]
+        assert not downloads
+    assert len(checked) == num_files and all(p.startswith(str(cache) + os.sep) for p in checked)
 
 
 def test_close_releases_everything(file_root):
