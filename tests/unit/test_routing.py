@@ -296,3 +296,41 @@ def test_normalize_cel_columns(columns, expected):
 def test_normalize_cel_columns_rejects(columns):
     with pytest.raises(ConfigError, match="cel_columns"):
         routing.normalize_cel_columns(columns)
+
+
+# ---- the vectorized int64 hash used by the Spark job and the reader ---------------------------
+
+_INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(st.lists(_INT64, min_size=1, max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_numpy_xxh3_port_is_bit_exact_against_xxhash(keys):
+    import numpy as np
+    import xxhash
+
+    from airflow_provider_shardyfusion.core.fast_hash import xxh3_64_int64
+
+    got = xxh3_64_int64(np.array(keys, dtype=np.int64)).tolist()
+    assert got == [xxhash.xxh3_64_intdigest(routing.canonical_bytes(k), seed=0) for k in keys]
+
+
+@given(st.lists(_INT64, min_size=1, max_size=100), st.integers(min_value=1, max_value=99_999))
+@settings(max_examples=200, deadline=None)
+def test_vectorized_routing_equals_route_key(keys, num_dbs):
+    import numpy as np
+
+    from airflow_provider_shardyfusion.core.fast_hash import route_int64
+
+    assert route_int64(np.array(keys, dtype=np.int64), num_dbs).tolist() == [routing.route_key(k, num_dbs) for k in keys]
+
+
+def test_vectorized_routing_edges_and_spec_vectors():
+    import numpy as np
+
+    from airflow_provider_shardyfusion.core.fast_hash import route_int64
+
+    keys = [0, 1, 2, 7, 42, -1, 2**63 - 1, -(2**63)]
+    for n in (3, 4, 8, 16, 99_999):
+        assert route_int64(np.array(keys, dtype=np.int64), n).tolist() == [routing.route_key(k, n) for k in keys]
+    assert route_int64(np.arange(10, dtype=np.int64), 3).tolist() == [2, 2, 1, 1, 0, 2, 0, 2, 0, 0]
