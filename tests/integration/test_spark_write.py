@@ -259,21 +259,37 @@ def test_single_db_cel_still_checks_every_token(spark, tmp_path):
     _assert_failed_and_unpublished(root, "one-cel", None, "ShardAssignmentError", "'other'")
 
 
-def test_task_failure_after_upload_retry_wins_and_failed_attempt_is_deleted(spark, tmp_path):
+@pytest.mark.s3
+def test_task_failure_after_upload_retry_wins_and_failed_attempt_is_deleted(spark, tmp_path, any_root):
+    root, opts = any_root
     table, expected = int_table(4_000, seed=5)
-    root = f"file://{tmp_path}/retry"
-    run(spark, faults={"fail_after_upload": {"db_id": 2, "attempt": 0}}, output_uri=root, key_column="id",
-        input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=4)
-    manifest, shards = read_snapshot(root)
+    run(spark, faults={"fail_after_upload": {"db_id": 2, "attempt": 0}}, output_uri=root, storage_options=opts,
+        key_column="id", input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=4)
+    manifest, shards = read_snapshot(root, opts)
     retried = manifest.shard(2)
     assert retried.attempt == 1 and "/attempt=01-task=" in retried.db_url
     assert_exact(manifest, shards, expected, "u64be")
-    db2 = [o.key for o in open_store(root).list(layout.shard_db_prefix(manifest.run_id, 2))]
+    db2 = [o.key for o in open_store(root, opts).list(layout.shard_db_prefix(manifest.run_id, 2))]
     assert db2 and all("/attempt=01-task=" in k for k in db2)  # the failed attempt=00 files are gone
 
 
-def _assert_failed_and_unpublished(root, run_id, previous_pointer, error_type, needle):
-    store = open_store(root)
+@pytest.mark.s3
+def test_duplicate_key_on_s3_fails_clearly_and_keeps_current(spark, tmp_path, s3_root, s3_options):
+    good, _ = int_table(100)
+    run(spark, output_uri=s3_root, storage_options=s3_options, key_column="id", value_column="payload", num_dbs=2,
+        input_path=write_parquet(tmp_path, good, "good"), run_id="good-run")
+    before = open_store(s3_root, s3_options).get(layout.CURRENT_KEY).data
+    ids = list(range(50))
+    ids[9] = 3
+    bad = pa.table({"id": pa.array(ids, pa.int64()), "payload": [f"v{i}" for i in range(50)]})
+    with pytest.raises(InputDataError, match="duplicate key 3"):
+        run(spark, output_uri=s3_root, storage_options=s3_options, key_column="id", value_column="payload", num_dbs=2,
+            input_path=write_parquet(tmp_path, bad, "bad"), run_id="dup-run")
+    _assert_failed_and_unpublished(s3_root, "dup-run", before, "InputDataError", "duplicate key 3", s3_options)
+
+
+def _assert_failed_and_unpublished(root, run_id, previous_pointer, error_type, needle, storage_options=None):
+    store = open_store(root, storage_options)
     record = read_run_record(store, run_id)
     assert record is not None and record.status == "failed"
     assert record.error.type == error_type and needle in record.error.message
