@@ -116,7 +116,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             lifecycle.update(num_dbs=plan.num_dbs)
             write_plan = _write_plan(config, key_encoding, plan, faults)
             if plan.num_dbs == 1:
-                results = _write_single_db(spark, df, config, plan, write_plan, faults, durations)
+                results = _write_single_db(df, config, plan, write_plan, faults, durations)
             else:
                 with _Step(run_id, durations, "route_shuffle_write"):
                     results = _write_sharded(df, plan, write_plan)
@@ -219,19 +219,20 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
     return [json.loads(r.result) for r in rows]
 
 
-def _write_single_db(spark, df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
+def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
                      durations: dict[str, float]) -> list[dict[str, Any]]:
-    """num_dbs == 1: global sort, coalesce, stream Arrow batches to the driver, write there."""
+    """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
 
     if plan.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
         # pruning the routing UDF away, as it would for a column that is only dropped.
         df = _routed(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
-    sorted_df = df.orderBy(config.key_column)
-    parallelism = spark.sparkContext.defaultParallelism
-    # coalesce keeps the global order (repartition would shuffle it away).
-    ordered = sorted_df.coalesce(max(1, parallelism))
+    # The range-partitioned sort's partitions, streamed in index order, are the global order. No
+    # coalesce: its partition coalescer groups parents by locality, not by index, and interleaved
+    # them (caught by the writer's order check). AQE already merges small sorted partitions, and
+    # only contiguous ones.
+    ordered = df.orderBy(config.key_column)
     retry = config.options.shard_retry
     max_retries = retry.max_retries if retry else 0
     fail_first = int(faults.get("single_db_fail_attempts", 0))

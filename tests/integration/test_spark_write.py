@@ -249,6 +249,18 @@ def test_single_db_sorted_and_retried_into_attempt_01(spark, tmp_path):
     assert record["stats"]["rows"] == 5_000
 
 
+@pytest.mark.parametrize("shuffle_partitions", ["4", "13"])
+def test_single_db_keeps_the_global_order_across_many_sorted_partitions(spark, tmp_path, shuffle_partitions):
+    """Regression: coalescing the globally sorted frame grouped its partitions out of order."""
+    table, expected = int_table(20_000, seed=12)
+    root = f"file://{tmp_path}/one-many"
+    # AQE would merge the small sorted partitions into one and hide the problem.
+    run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table), value_column="payload",
+        num_dbs=1, spark_conf_overrides={"spark.sql.adaptive.coalescePartitions.enabled": "false",
+                                         "spark.sql.shuffle.partitions": shuffle_partitions})
+    assert_exact(*read_snapshot(root), expected, "u64be")
+
+
 def test_single_db_cel_still_checks_every_token(spark, tmp_path):
     """One shard needs no shuffle, but an unknown categorical token is still a bad row."""
     table = pa.table({"id": pa.array(range(100), pa.int64()), "payload": [f"v{i}" for i in range(100)]})
