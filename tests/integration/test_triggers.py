@@ -262,6 +262,31 @@ def test_user_kill_marks_the_writers_run_failed_only_when_asked(root):
     assert read_run_record(store, watched).status == RUNNING  # a sensor's trigger never touches the run
 
 
+@pytest.mark.parametrize("root", [pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+def test_triggers_never_look_connections_up_synchronously(root, monkeypatch):
+    """A sync connection look-up inside the triggerer's loop can deadlock its supervisor comms."""
+    from airflow.sdk.bases.hook import BaseHook
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("sync get_connection called inside a trigger")
+
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(forbidden))
+    uri, store, conn_id = root
+    from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+    with pytest.raises(AssertionError, match="sync get_connection"):  # the guard is really in place
+        ShardyfusionHook(aws_conn_id=conn_id).storage_options(uri)
+    pointer = publish_snapshot(store)
+    assert run_trigger(RunRecordTrigger(uri, pointer.run_id, aws_conn_id=conn_id, **FAST))["status"] == "success"
+    assert run_trigger(CurrentSnapshotTrigger(uri, aws_conn_id=conn_id, **FAST))["pointer"]["run_id"] == pointer.run_id
+    running_id = layout.new_run_id()
+    write_run_record(store, running_id, RUNNING)
+    asyncio.run(RunRecordTrigger(uri, running_id, aws_conn_id=conn_id, fail_run_on_kill=True, **FAST).on_kill())
+    from airflow_provider_shardyfusion.core.run_record import read_run_record
+
+    assert read_run_record(store, running_id).status == FAILED
+
+
 # ---- serialization and secrets -----------------------------------------------------------
 
 
