@@ -133,10 +133,13 @@ def test_hash_int_keys_round_trip_both_stores(spark, tmp_path, any_root):
     table, expected = int_table(20_000)
     record = run(spark, output_uri=root, storage_options=opts, key_column="id",
                  input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=8,
-                 sort_run_rows=3_000, batch_size=1_000)
+                 sort_run_rows=1_000, batch_size=300)
     manifest, shards = read_snapshot(root, opts)
     assert manifest.num_dbs == 8 and manifest.key_encoding == "u64be" and len(manifest.shards) == 8
     assert record["stats"]["rows"] == 20_000 and record["stats"]["empty_shards"] == 0
+    # ~2,500 rows per shard exceed one sort run (1,000): Spark sorts, the writer checks the order
+    # and ingests three non-overlapping runs per shard.
+    assert manifest.stats["shard_sort"] == "spark"
     assert_exact(manifest, shards, expected, "u64be")
     assert_reader_agrees(root, expected, opts, absent=[20_000, 2**40])
     # No attempt other than the winners is left under this run's shards.
@@ -154,6 +157,7 @@ def test_string_and_binary_keys_json_values(spark, tmp_path):
     manifest, shards = read_snapshot(root)
     expected = {n: encoding.encode_json_value({"age": i, "city": "Zürich"}) for i, n in enumerate(names)}
     assert manifest.key_encoding == "utf8" and manifest.value_format == "json"
+    assert manifest.stats["shard_sort"] == "writer"  # 600 rows per shard: one in-memory sort per shard
     assert_exact(manifest, shards, expected, "utf8")
     assert_reader_agrees(root, expected, decode=json.loads, absent=["user-99999-é", ""])
 
@@ -214,6 +218,7 @@ def test_cel_direct_categorical_and_inferred(spark, tmp_path):
         cel_expr="shard_hash(id) % 4u", num_dbs=4)
     manifest, shards = read_snapshot(root)
     assert manifest.sharding.cel_mode == "direct" and manifest.sharding.cel_columns == {"id": "int"}
+    assert manifest.stats["shard_sort"] == "spark"  # CEL may skew shards: never trust an average
     assert_exact(manifest, shards, expected, "u64be")  # same as hash routing, by construction
     assert_reader_agrees(root, expected, absent=[rows])  # CEL over the key alone: the reader routes from the key
 
@@ -409,6 +414,7 @@ def test_csv_with_options_writer_sort_runs_rate_limit_and_conf_overrides(spark, 
                  max_writes_per_second=1_000_000, spark_conf_overrides={"spark.sql.shuffle.partitions": "7"})
     manifest, shards = read_snapshot(root)
     assert_exact(manifest, shards, {k: f"row {k}".encode() for k in keys}, "u64be")
+    assert manifest.stats["shard_sort"] == "writer"
     assert seen_overrides == ["7"] and spark.conf.get("spark.sql.shuffle.partitions") == before
     assert "rate_limit_wait_s" in record["stats"]["task_time_totals_s"]
 
