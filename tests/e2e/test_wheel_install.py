@@ -138,6 +138,6 @@ def test_quickstart_dag_runs_from_the_installed_wheel(wheel_venv):
     lookups = result["xcoms"]["read_back"]["lookups"]
     assert lookups["13"] == "payload-13" and lookups["7"] is None
     # The bundle was built from the installed package into this run's private temp dir.
-    bundles = list((scratch / "tmp" / "shardyfusion-bundles").glob("*/bundle.zip"))
+    bundles = list((scratch / "tmp").glob(f"shardyfusion-bundles-{os.getuid()}/*/bundle.zip"))
     assert len(bundles) == 1, bundles
     assert str(REPO) not in proc.stdout.replace(str(scratch), "")
