@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from . import encoding, layout, routing, serialization as ser
-from .errors import ManifestValidationError, ShardyfusionError, show_value
+from .errors import ManifestValidationError, show_value
 
 MANIFEST_FORMAT_VERSION = 1
 _WHAT = "manifest"
@@ -206,18 +206,10 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Manifest:
-        try:
-            return cls._from_dict(obj)
-        except ShardyfusionError:
-            raise
-        except Exception as exc:  # a shape the field checks missed: still one clear manifest error
-            run = f" of run {show_value(obj.get('run_id'))}" if isinstance(obj, dict) else ""
-            raise _ERR(f"{_WHAT}{run} is malformed: {type(exc).__name__}: {exc}") from None
+        return ser.parse_object(cls._from_dict, obj, _WHAT, _ERR)
 
     @classmethod
     def _from_dict(cls, obj: dict[str, Any]) -> Manifest:
-        if not isinstance(obj, dict):
-            raise _ERR(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
         sharding = ser.require(obj, "sharding", dict, _WHAT, _ERR)
         shards = ser.require(obj, "shards", list, _WHAT, _ERR)
         for bad in (s for s in shards if not isinstance(s, dict)):

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import layout, serialization as ser
-from .errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
+from .errors import ManifestValidationError, ObjectNotFoundError
 
 if TYPE_CHECKING:
     from .storage.base import ObjectStore
@@ -46,18 +46,11 @@ class CurrentPointer:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
-        try:
-            return cls._from_dict(obj)
-        except ShardyfusionError:
-            raise
-        except Exception as exc:  # a shape the field checks missed: still one clear pointer error
-            raise ManifestValidationError(f"{_WHAT} is malformed: {type(exc).__name__}: {exc}") from None
+        return ser.parse_object(cls._from_dict, obj, _WHAT, ManifestValidationError)
 
     @classmethod
     def _from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
         err = ManifestValidationError
-        if not isinstance(obj, dict):
-            raise err(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
         run_id = ser.require(obj, "run_id", str, _WHAT, err)
         try:
             layout.validate_run_id(run_id)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from . import layout, serialization as ser
-from .errors import ObjectNotFoundError, RunRecordError, ShardyfusionError, show_value
+from .errors import ObjectNotFoundError, RunRecordError
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -97,18 +97,10 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        try:
-            return cls._from_dict(obj)
-        except ShardyfusionError:
-            raise
-        except Exception as exc:  # a shape the field checks missed: still one clear run record error
-            run = f" of run {show_value(obj.get('run_id'))}" if isinstance(obj, dict) else ""
-            raise _ERR(f"{_WHAT}{run} is malformed: {type(exc).__name__}: {exc}") from None
+        return ser.parse_object(cls._from_dict, obj, _WHAT, _ERR)
 
     @classmethod
     def _from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        if not isinstance(obj, dict):
-            raise _ERR(f"{_WHAT} must be a JSON object, got {type(obj).__name__}")
         error = ser.require(obj, "error", dict, _WHAT, _ERR, optional=True)
         return cls(
             format_version=ser.require(obj, "format_version", int, _WHAT, _ERR),

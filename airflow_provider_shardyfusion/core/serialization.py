@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from . import layout
-from .errors import ShardyfusionError
+from .errors import ShardyfusionError, show_value
+
+T = TypeVar("T")
 
 
 def dumps(data: Mapping[str, Any]) -> bytes:
@@ -34,6 +36,19 @@ def loads_object(data: bytes | str, what: str, error: type[ShardyfusionError], s
     if version < 1:
         raise error(f"{what} has invalid format_version {version}")
     return obj
+
+
+def parse_object(parse: Callable[[dict[str, Any]], T], obj: Any, what: str, error: type[ShardyfusionError]) -> T:
+    """``parse(obj)`` for a persisted object; a shape the field checks missed still gives one ``error``."""
+    if not isinstance(obj, dict):
+        raise error(f"{what} must be a JSON object, got {type(obj).__name__}")
+    try:
+        return parse(obj)
+    except ShardyfusionError:
+        raise
+    except Exception as exc:
+        run = f" of run {show_value(obj['run_id'])}" if "run_id" in obj else ""
+        raise error(f"{what}{run} is malformed: {type(exc).__name__}: {exc}") from None
 
 
 def require(obj: Mapping[str, Any], name: str, types: type | tuple[type, ...], what: str,

@@ -126,7 +126,7 @@ def test_pointer_unexpected_failure_is_still_a_pointer_error(monkeypatch):
         raise AttributeError("unexpected shape")
 
     monkeypatch.setattr(serialization, "ts_field", boom)
-    with pytest.raises(ManifestValidationError, match="_CURRENT pointer is malformed: AttributeError: unexpected shape"):
+    with pytest.raises(ManifestValidationError, match=r"_CURRENT pointer of run '.*' is malformed: AttributeError: unexpected shape"):
         CurrentPointer.from_bytes(pointer().to_bytes())
 
 
