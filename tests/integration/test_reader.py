@@ -583,13 +583,19 @@ def test_concurrent_first_use_downloads_a_shard_once(any_root):
         assert _cached_shards(reader) == {target}
 
 
-def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
+def _warm_shared_cache(any_root, tmp_path):
+    """A 2-shard snapshot read once through a caller-owned ``cache_dir`` (every shard cached)."""
     root, opts = any_root
     rows = [(i, _value(i)) for i in range(100)]
     built = build_snapshot(root, rows, num_dbs=2, storage_options=opts)
     cache = tmp_path / "cache"
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as first:
         assert first.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+    return root, opts, rows, built, cache
+
+
+def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
+    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path)
     assert _files_under(str(cache))  # a caller's cache_dir outlives the reader
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
         downloads = _count_downloads(second)
@@ -607,12 +613,7 @@ def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
 
 
 def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path):
-    root, opts = any_root
-    rows = [(i, _value(i)) for i in range(100)]
-    built = build_snapshot(root, rows, num_dbs=2, storage_options=opts)
-    cache = tmp_path / "cache"
-    with ShardedReader(root, storage_options=opts, cache_dir=cache) as first:
-        assert first.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path)
     shard_dir = layout.local_cache_dir(str(cache), built.run_id, 0)
     victim = next(p for p in _files_under(shard_dir) if p.endswith(".sst"))
     size = os.path.getsize(victim)
