@@ -82,9 +82,14 @@ def publish(
     lifecycle: RunRecordLifecycle,
     *,
     allow_rollback: bool = False,
+    live: bool = True,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Write the manifest, re-check our run record, then move ``_CURRENT``. Returns the manifest URI."""
+    """Write the manifest, re-check our run record, then move ``_CURRENT``. Returns the manifest URI.
+
+    ``live=False`` stages the run (SPEC §8): the manifest is written and checked, ``_CURRENT`` is
+    left alone, and ``PublishSnapshotOperator`` makes it live later.
+    """
     manifest.validate()
     key = layout.manifest_key(manifest.run_id, layout.utc_now())
     if not store.put_if_absent(key, manifest.to_bytes()):
@@ -95,6 +100,9 @@ def publish(
         raise PublishManifestError(
             f"run record of {manifest.run_id!r} is no longer 'running' (reaped as abandoned?); _CURRENT left unchanged"
         )
+    if not live:
+        log.info("run %s: staged (publish=False); _CURRENT left unchanged", manifest.run_id)
+        return manifest_ref
     write_current(store, manifest, manifest_ref, allow_rollback=allow_rollback, sleep=sleep)
     log.info("run %s: _CURRENT now points at %s", manifest.run_id, manifest_ref)
     return manifest_ref
