@@ -21,6 +21,14 @@ def file_checksum(path: str) -> str:
     return f"{ALGORITHM}:{h.hexdigest()}"
 
 
+def bytes_checksum(data: bytes, expected: str | None = None) -> str:
+    """Checksum of an in-memory object (a manifest), in the algorithm ``expected`` names if given."""
+    algorithm = expected.split(":", 1)[0] if expected else ALGORITHM
+    if algorithm != ALGORITHM:
+        raise ChecksumMismatchError(f"checksum algorithm {algorithm!r} is not supported (expected {ALGORITHM})")
+    return f"{ALGORITHM}:{xxhash.xxh3_128(data).hexdigest()}"
+
+
 def verify_file(path: str, size: int, checksum: str | None, *, source: str) -> None:
     actual_size = os.path.getsize(path)
     if actual_size != size:

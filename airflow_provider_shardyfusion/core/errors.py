@@ -54,6 +54,18 @@ class RunRecordError(ShardyfusionError):
     """A run record is malformed, missing, or says the run cannot go on."""
 
 
+class RunKilled(RunRecordError):
+    """The Airflow task that owned the run was stopped; the run was marked failed for it."""
+
+
+class RunAbandoned(RunRecordError):
+    """The run's writer is gone (its lease expired, or spark-submit ended without finishing the run)."""
+
+
+class WriterLost(RunRecordError):
+    """A ``running`` run record's lease expired: the writer died without marking the run failed."""
+
+
 class SparkSubmitError(ShardyfusionError):
     """spark-submit failed, or ended without the writer finishing its run record."""
 

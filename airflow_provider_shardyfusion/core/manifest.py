@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -21,16 +21,15 @@ class ShardFile:
     checksum: str  # "<algorithm>:<hex>", see core.checksum
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "checksum": self.checksum}
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardFile:
         what = f"{_WHAT} shard file"
-        name = ser.require(obj, "name", str, what, _ERR)
-        if any(part in ("", ".", "..") for part in name.split("/")):
-            raise _ERR(f"{what}: name {name!r} must be a relative path without '.' or '..'")
-        return cls(name=name, size=ser.require(obj, "size", int, what, _ERR),
-                   checksum=ser.require(obj, "checksum", str, what, _ERR))
+        shard_file = ser.from_plain(cls, obj, what, _ERR)
+        if any(part in ("", ".", "..") for part in shard_file.name.split("/")):
+            raise _ERR(f"{what}: name {shard_file.name!r} must be a relative path without '.' or '..'")
+        return shard_file
 
 
 @dataclass(frozen=True)
@@ -43,64 +42,32 @@ class ShardEntry:
     byte_size: int
     min_key: str  # hex of the encoded key
     max_key: str
-    files: tuple[ShardFile, ...] = ()
+    files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "db_id": self.db_id, "db_url": self.db_url, "attempt": self.attempt,
-            "task_attempt_id": self.task_attempt_id, "row_count": self.row_count, "byte_size": self.byte_size,
-            "min_key": self.min_key, "max_key": self.max_key, "files": [f.to_dict() for f in self.files],
-        }
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardEntry:
-        what = f"{_WHAT} shard"
-        files = ser.require(obj, "files", list, what, _ERR)
-        for bad in (f for f in files if not isinstance(f, dict)):
-            raise _ERR(f"{what}: file entry {show_value(bad)} is not an object")
-        return cls(
-            db_id=ser.require(obj, "db_id", int, what, _ERR),
-            db_url=ser.require(obj, "db_url", str, what, _ERR),
-            attempt=ser.require(obj, "attempt", int, what, _ERR),
-            task_attempt_id=ser.require(obj, "task_attempt_id", int, what, _ERR, optional=True),
-            row_count=ser.require(obj, "row_count", int, what, _ERR),
-            byte_size=ser.require(obj, "byte_size", int, what, _ERR),
-            min_key=ser.require(obj, "min_key", str, what, _ERR),
-            max_key=ser.require(obj, "max_key", str, what, _ERR),
-            files=tuple(ShardFile.from_dict(f) for f in files),
-        )
+        return ser.from_plain(cls, obj, f"{_WHAT} shard", _ERR)
 
 
 @dataclass(frozen=True)
 class ShardingInfo:
-    strategy: str  # "hash" | "cel"
+    strategy: routing.Strategy
     key_column: str
     hash_algorithm: str = routing.HASH_ALGORITHM
     cel_expr: str | None = None
-    cel_columns: dict[str, str] | None = None
-    cel_mode: str | None = None  # "direct" | "categorical"
+    cel_columns: dict[str, Any] | None = None  # column -> CEL type; checked by Manifest.validate
+    cel_mode: routing.CelMode | None = None
     routing_values: tuple[Any, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy, "key_column": self.key_column, "hash_algorithm": self.hash_algorithm,
-            "cel_expr": self.cel_expr, "cel_columns": self.cel_columns, "cel_mode": self.cel_mode,
-            "routing_values": list(self.routing_values) if self.routing_values is not None else None,
-        }
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardingInfo:
-        what = f"{_WHAT} sharding"
-        rv = ser.require(obj, "routing_values", list, what, _ERR, optional=True)
-        return cls(
-            strategy=ser.require(obj, "strategy", str, what, _ERR),
-            key_column=ser.require(obj, "key_column", str, what, _ERR),
-            hash_algorithm=ser.require(obj, "hash_algorithm", str, what, _ERR),
-            cel_expr=ser.require(obj, "cel_expr", str, what, _ERR, optional=True),
-            cel_columns=ser.require(obj, "cel_columns", dict, what, _ERR, optional=True),
-            cel_mode=ser.require(obj, "cel_mode", str, what, _ERR, optional=True),
-            routing_values=tuple(rv) if rv is not None else None,
-        )
+        return ser.from_plain(cls, obj, f"{_WHAT} sharding", _ERR)
 
 
 @dataclass(frozen=True)
@@ -112,11 +79,13 @@ class Manifest:
     sharding: ShardingInfo
     key_encoding: str
     value_format: str
-    shards: tuple[ShardEntry, ...]
-    value_columns: tuple[str, ...] = ()
+    shards: tuple[ShardEntry, ...] = field(metadata={"entry": "shard"})
+    value_columns: tuple[str, ...] = field(default_factory=tuple)
     storage_engine: dict[str, Any] = field(default_factory=lambda: {"name": "rocksdb"})
     stats: dict[str, Any] = field(default_factory=dict)
     writer: dict[str, Any] = field(default_factory=dict)
+    # When the writer's run started: the never-backwards rule of a publish compares runs by it.
+    run_started_at: datetime | None = None
     format_version: int = MANIFEST_FORMAT_VERSION
 
     def validate(self) -> Manifest:
@@ -133,7 +102,7 @@ class Manifest:
             raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
         if self.sharding.hash_algorithm != routing.HASH_ALGORITHM:
             raise _ERR(f"{_WHAT}: hash_algorithm {self.sharding.hash_algorithm!r} is unknown (expected {routing.HASH_ALGORITHM!r})")
-        if self.sharding.strategy not in ("hash", "cel"):
+        if self.sharding.strategy not in routing.STRATEGIES:
             raise _ERR(f"{_WHAT}: sharding strategy {self.sharding.strategy!r} is unknown")
         if self.sharding.strategy == "cel":
             if not self.sharding.cel_expr or self.sharding.cel_mode not in routing.CEL_MODES or not self.sharding.cel_columns:
@@ -195,14 +164,7 @@ class Manifest:
         return sum(s.byte_size for s in self.shards)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version, "run_id": self.run_id,
-            "created_at": ser.ts_str(self.created_at), "output_uri": self.output_uri, "num_dbs": self.num_dbs,
-            "sharding": self.sharding.to_dict(), "key_encoding": self.key_encoding,
-            "value_format": self.value_format, "value_columns": list(self.value_columns),
-            "storage_engine": dict(self.storage_engine), "shards": [s.to_dict() for s in self.shards],
-            "stats": dict(self.stats), "writer": dict(self.writer),
-        }
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Manifest:
@@ -210,28 +172,12 @@ class Manifest:
 
     @classmethod
     def _from_dict(cls, obj: dict[str, Any]) -> Manifest:
-        sharding = ser.require(obj, "sharding", dict, _WHAT, _ERR)
-        shards = ser.require(obj, "shards", list, _WHAT, _ERR)
-        for bad in (s for s in shards if not isinstance(s, dict)):
-            raise _ERR(f"{_WHAT}: shard entry {show_value(bad)} is not an object")
-        value_columns = ser.require(obj, "value_columns", list, _WHAT, _ERR, optional=True) or []
-        for bad in (c for c in value_columns if not isinstance(c, str)):
-            raise _ERR(f"{_WHAT}: value_columns entry {show_value(bad)} is not a string")
-        return cls(
-            format_version=ser.require(obj, "format_version", int, _WHAT, _ERR),
-            run_id=ser.require(obj, "run_id", str, _WHAT, _ERR),
-            created_at=ser.ts_field(obj, "created_at", _WHAT, _ERR),  # type: ignore[arg-type]
-            output_uri=ser.require(obj, "output_uri", str, _WHAT, _ERR),
-            num_dbs=ser.require(obj, "num_dbs", int, _WHAT, _ERR),
-            sharding=ShardingInfo.from_dict(sharding),
-            key_encoding=ser.require(obj, "key_encoding", str, _WHAT, _ERR),
-            value_format=ser.require(obj, "value_format", str, _WHAT, _ERR),
-            value_columns=tuple(value_columns),
-            storage_engine=dict(ser.require(obj, "storage_engine", dict, _WHAT, _ERR, optional=True) or {}),
-            shards=tuple(ShardEntry.from_dict(s) for s in shards),
-            stats=dict(ser.require(obj, "stats", dict, _WHAT, _ERR, optional=True) or {}),
-            writer=dict(ser.require(obj, "writer", dict, _WHAT, _ERR, optional=True) or {}),
-        ).validate()
+        manifest = ser.from_plain(cls, obj, _WHAT, _ERR)
+        if manifest.run_started_at is None and isinstance(manifest.stats.get("run_started_at"), str):
+            # Manifests written before the field existed kept it in stats only.
+            started = ser.ts_field(manifest.stats, "run_started_at", _WHAT, _ERR)
+            manifest = replace(manifest, run_started_at=started)
+        return manifest.validate()
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())

@@ -11,15 +11,19 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import xxhash
 
 from .errors import ConfigError, InputDataError, ShardAssignmentError, show_value
 
 HASH_ALGORITHM = "xxh3_64"
-CEL_TYPES = ("int", "uint", "string", "bytes", "double", "bool")
-CEL_MODES = ("direct", "categorical")
+Strategy = Literal["hash", "cel"]
+CelMode = Literal["direct", "categorical"]
+CelType = Literal["int", "uint", "string", "bytes", "double", "bool"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+CEL_TYPES: tuple[str, ...] = get_args(CelType)
+CEL_MODES: tuple[str, ...] = get_args(CelMode)
 _INT64 = struct.Struct("<q")
 # The two primitives of the hash contract, exported for hot loops (the reader's multi_get) that
 # must not redefine them: canonical bytes of an int (raises struct.error out of range) and the hash.

@@ -12,17 +12,20 @@ import threading
 import traceback
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 from . import layout, serialization as ser
-from .errors import ObjectNotFoundError, RunRecordError
+from .errors import ObjectNotFoundError, RunRecordError, WriterLost
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
 RUN_RECORD_FORMAT_VERSION = 1
-RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
-STATUSES = (RUNNING, SUCCEEDED, FAILED)
+RunStatus = Literal["running", "succeeded", "failed"]
+RUNNING: RunStatus = "running"
+SUCCEEDED: RunStatus = "succeeded"
+FAILED: RunStatus = "failed"
+STATUSES: tuple[str, ...] = get_args(RunStatus)
 _WHAT = "run record"
 _ERR = RunRecordError
 _TRACEBACK_TAIL_CHARS = 2000
@@ -51,7 +54,7 @@ class RunError:
 @dataclass(frozen=True)
 class RunRecord:
     run_id: str
-    status: str
+    status: RunStatus
     started_at: datetime
     updated_at: datetime
     lease_expires_at: datetime
@@ -63,6 +66,8 @@ class RunRecord:
     config_fingerprint: str | None = None
     writer: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    published_at: datetime | None = None  # last time _CURRENT was moved to this run; None while staged
+    deleted_at: datetime | None = None  # set by cleanup when the run's data is gone (the record stays)
     format_version: int = RUN_RECORD_FORMAT_VERSION
 
     @property
@@ -86,38 +91,11 @@ class RunRecord:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version, "run_id": self.run_id, "status": self.status,
-            "started_at": ser.ts_str(self.started_at), "updated_at": ser.ts_str(self.updated_at),
-            "lease_expires_at": ser.ts_str(self.lease_expires_at), "finished_at": ser.ts_str(self.finished_at),
-            "manifest_ref": self.manifest_ref, "error": self.error.to_dict() if self.error else None,
-            "output_uri": self.output_uri, "num_dbs": self.num_dbs, "config_fingerprint": self.config_fingerprint,
-            "writer": dict(self.writer), "stats": dict(self.stats),
-        }
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        return ser.parse_object(cls._from_dict, obj, _WHAT, _ERR)
-
-    @classmethod
-    def _from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        error = ser.require(obj, "error", dict, _WHAT, _ERR, optional=True)
-        return cls(
-            format_version=ser.require(obj, "format_version", int, _WHAT, _ERR),
-            run_id=ser.require(obj, "run_id", str, _WHAT, _ERR),
-            status=ser.require(obj, "status", str, _WHAT, _ERR),
-            started_at=ser.ts_field(obj, "started_at", _WHAT, _ERR),  # type: ignore[arg-type]
-            updated_at=ser.ts_field(obj, "updated_at", _WHAT, _ERR),  # type: ignore[arg-type]
-            lease_expires_at=ser.ts_field(obj, "lease_expires_at", _WHAT, _ERR),  # type: ignore[arg-type]
-            finished_at=ser.ts_field(obj, "finished_at", _WHAT, _ERR, optional=True),
-            manifest_ref=ser.require(obj, "manifest_ref", str, _WHAT, _ERR, optional=True),
-            error=RunError.from_dict(error) if error is not None else None,
-            output_uri=ser.require(obj, "output_uri", str, _WHAT, _ERR),
-            num_dbs=ser.require(obj, "num_dbs", int, _WHAT, _ERR, optional=True),
-            config_fingerprint=ser.require(obj, "config_fingerprint", str, _WHAT, _ERR, optional=True),
-            writer=dict(ser.require(obj, "writer", dict, _WHAT, _ERR, optional=True) or {}),
-            stats=dict(ser.require(obj, "stats", dict, _WHAT, _ERR, optional=True) or {}),
-        ).validate()
+        return ser.parse_object(lambda o: ser.from_plain(cls, o, _WHAT, _ERR).validate(), obj, _WHAT, _ERR)
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
@@ -263,11 +241,13 @@ class RunRecordLifecycle:
         self._stop.set()
 
 
-def mark_failed(store: ObjectStore, run_id: str, message: str, *, error_type: str = "RunAbandoned",
+def mark_failed(store: ObjectStore, run_id: str, error: RunRecordError, *,
                 clock: Callable[[], datetime] = layout.utc_now) -> RunRecord | None:
-    """Mark a still-running record failed from outside the writer (killed / abandoned).
+    """Mark a still-running record failed from outside the writer (``RunKilled``, ``RunAbandoned``).
 
-    Conditional on the version read, so a writer finishing at the same moment wins.
+    Conditional on the version read, so a writer finishing at the same moment wins. Because the
+    writer turns its record ``succeeded`` (conditionally, over its own last version) before it
+    moves ``_CURRENT``, a run marked failed here can never become live afterwards.
     """
     key = layout.run_record_key(run_id)
     try:
@@ -279,7 +259,73 @@ def mark_failed(store: ObjectStore, run_id: str, message: str, *, error_type: st
         return record
     now = clock()
     failed = replace(record, status=FAILED, updated_at=now, finished_at=now,
-                     error=RunError(type=error_type, message=message))
+                     error=RunError(type=type(error).__name__, message=str(error)))
     if store.put_if_match(key, failed.to_bytes(), obj.etag) is None:
         return read_run_record(store, run_id)
     return failed
+
+
+OutcomeKind = Literal["running", "succeeded", "failed", "writer_lost", "missing"]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run record (or its absence) means to someone waiting on the run.
+
+    One rule for the sensor's poke, the trigger and the write operator, so every waiter ends a
+    run the same way. ``payload()`` is the trigger event / XCom form.
+    """
+
+    kind: OutcomeKind
+    run_id: str
+    record: RunRecord | None = None
+    message: str = ""
+    error_type: str | None = None  # the writer's own error type when kind == "failed"
+    writer_message: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.kind != "running"
+
+    @classmethod
+    def of(cls, record: RunRecord, run_id: str, now: datetime) -> RunOutcome:
+        if record.run_id != run_id:
+            raise RunRecordError(
+                f"run record at {layout.run_record_key(run_id)} names run {record.run_id!r}, expected {run_id!r}"
+            )
+        if record.status == SUCCEEDED:
+            return cls("succeeded", run_id, record)
+        if record.status == FAILED:
+            err = record.error
+            error_type = err.type if err else "RunRecordError"
+            message = err.message if err else "no error recorded"
+            return cls("failed", run_id, record, f"run {run_id!r} failed: {error_type}: {message}", error_type, message)
+        if record.lease_expired(now):
+            return cls(
+                "writer_lost", run_id, record,
+                f"writer lost: run {run_id!r} is still 'running' but its lease expired at "
+                f"{layout.format_ts(record.lease_expires_at)} (last heartbeat {layout.format_ts(record.updated_at)}); "
+                "the writer (Spark driver) probably died without marking the run failed",
+                WriterLost.__name__,
+            )
+        return cls("running", run_id, record)
+
+    @classmethod
+    def missing(cls, run_id: str, output_uri: str, waited: float, missing_timeout: float) -> RunOutcome:
+        return cls(
+            "missing", run_id, None,
+            f"run record of run {run_id!r} does not exist under {output_uri} after {waited:.0f}s "
+            f"(missing_timeout={missing_timeout}s); did the writer start, and is output_uri right?",
+            RunRecordError.__name__,
+        )
+
+    def payload(self) -> dict[str, Any]:
+        if self.kind == "succeeded":
+            return {"status": "success", "run_record": self.record.to_dict() if self.record else None}
+        out: dict[str, Any] = {"status": "error", "message": self.message, "error_type": self.error_type,
+                               "reason": self.kind, "run_id": self.run_id}
+        if self.writer_message is not None:
+            out["writer_message"] = self.writer_message
+        if self.record is not None:
+            out["run_record"] = self.record.to_dict()
+        return out

@@ -59,7 +59,8 @@ def test_pointer_round_trips():
     p = pointer()
     assert CurrentPointer.from_dict(p.to_dict()) == p
     assert CurrentPointer.from_bytes(p.to_bytes()) == p
-    assert set(p.to_dict()) == {"format_version", "manifest_ref", "manifest_content_type", "run_id", "updated_at"}
+    assert set(p.to_dict()) == {"format_version", "manifest_ref", "manifest_content_type", "run_id", "updated_at",
+                                "previous_run_id", "manifest_checksum", "manifest_size"}
     assert json.loads(p.to_bytes())["updated_at"] == "2024-01-02T03:04:05.123456Z"
 
 
