@@ -392,3 +392,62 @@ def test_uploaded_object_outlives_and_ignores_its_source(store, tmp_path):
     src.unlink()
     src.write_bytes(b"a different file at the same path")
     assert store.get("up/obj.bin").data == b"first version"
+
+
+# ---- conditional writes whose response was lost -------------------------------------------------
+
+
+def test_conditional_put_that_finds_its_own_bytes_is_a_success(store):
+    """A repeated conditional put (first response lost) meets its own write: success, same etag."""
+    assert store.put_if_absent("runs/run_id=r/run.json", b'{"status":"running"}') is True
+    # The repeat of that very request: the object is there with exactly our bytes.
+    assert store.put_if_absent("runs/run_id=r/run.json", b'{"status":"running"}') is True
+    assert store.put_if_absent("runs/run_id=r/run.json", b'{"status":"other writer"}') is False
+    first = store.get("runs/run_id=r/run.json")
+    assert first.data == b'{"status":"running"}'
+
+    new = store.put_if_match("runs/run_id=r/run.json", b'{"status":"succeeded"}', first.etag)
+    assert new is not None
+    # Repeating the update with the etag it was based on: the object already holds our bytes.
+    assert store.put_if_match("runs/run_id=r/run.json", b'{"status":"succeeded"}', first.etag) == new
+    assert store.put_if_match("runs/run_id=r/run.json", b'{"status":"failed"}', first.etag) is None
+    assert store.get("runs/run_id=r/run.json") == type(first)(data=b'{"status":"succeeded"}', etag=new)
+    # If-Match against an object deleted since: a conflict, never a write.
+    assert store.delete_many(["runs/run_id=r/run.json"]) == []
+    assert store.put_if_match("runs/run_id=r/run.json", b'{"status":"succeeded"}', new) is None
+    assert not store.exists("runs/run_id=r/run.json")
+
+
+# ---- an unreachable endpoint ----------------------------------------------------------------------
+
+
+def test_unreachable_s3_endpoint_is_a_storage_error_for_every_operation(tmp_path):
+    """Nothing listens on the port: each operation ends in one StorageError naming the endpoint."""
+    from airflow_provider_shardyfusion.core.retry import RetryPolicy
+    from airflow_provider_shardyfusion.core.storage import StorageOptions
+    from tests.conftest import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # bound then released: connections are refused
+    options = StorageOptions(endpoint_url=endpoint, region_name="us-east-1", addressing_style="path", max_attempts=1)
+    store = S3Store("s3://nobody/snap", options, retry=RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.02))
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    operations = {
+        "put": lambda: store.put("k.json", b"x"),
+        "conditional put": lambda: store.put_if_match("k.json", b"x", None),
+        "get": lambda: store.get("k.json"),
+        "head": lambda: store.head("k.json"),
+        "list": lambda: list(store.list("")),
+        "upload": lambda: store.upload_file(str(src), "k.bin"),
+        "download": lambda: store.download_file("k.bin", str(tmp_path / "out.bin")),
+    }
+    for what, call in operations.items():
+        with pytest.raises(StorageError) as info:
+            call()
+        message = str(info.value)
+        assert not isinstance(info.value, ObjectNotFoundError), what
+        assert f"S3 {what} of s3://nobody/snap/" in message, message
+        assert "after 2 attempt(s)" in message and endpoint in message and "unreachable or failing" in message, message
+    [(key, error)] = store.delete_many(["k.json"])
+    assert key == "k.json" and "S3 delete of" in error and endpoint in error
+    assert not (tmp_path / "out.bin").exists()

@@ -94,11 +94,14 @@ class LocalStore(ObjectStore):
             fcntl.flock(dir_fd, fcntl.LOCK_EX)
             try:
                 with open(path, "rb") as fh:
-                    current: str | None = _file_etag(fh)
+                    current_data: bytes | None = fh.read()
             except FileNotFoundError:
-                current = None
+                current_data = None
+            current = None if current_data is None else _etag(current_data)
             if current != etag:
-                return None
+                # Same rule as S3, where a repeated request whose first response was lost finds its
+                # own write: an object already holding exactly these bytes is a success.
+                return current if current_data == data else None
             self._write_atomic(path, data)
             return _etag(data)
         finally:

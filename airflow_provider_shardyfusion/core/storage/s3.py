@@ -1,17 +1,35 @@
-"""S3 object store on boto3; any S3-compatible server via ``endpoint_url`` and path-style addressing."""
+"""S3 object store on boto3; any S3-compatible server via ``endpoint_url`` and path-style addressing.
+
+Every failure leaves this module as a ``StorageError``. Operations that may be repeated safely
+(get, head, list, delete, whole-object put, upload, download) are retried with capped backoff
+(``core.retry``) on transient failures: connection errors, timeouts, 5xx and throttling. A
+conditional put is repeated too, because a repeat that finds its own earlier write in place is
+recognised by re-reading the object (see ``put_if_match``).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from .. import layout
 from ..errors import ObjectNotFoundError, StorageError
+from ..retry import RetryPolicy, call_with_retry
 from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
+
+T = TypeVar("T")
 
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+# Error codes that say "try again later" whatever the HTTP status (S3 and S3-compatible servers).
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+    "TooManyRequestsException", "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
+    "InternalError", "ServiceUnavailable", "OperationAborted",
+}
+
+DEFAULT_RETRY = RetryPolicy()
 
 
 def make_s3_client(options: StorageOptions) -> Any:
@@ -30,16 +48,58 @@ def make_s3_client(options: StorageOptions) -> Any:
     return session.client("s3", endpoint_url=options.endpoint_url, config=Config(**cfg))
 
 
-def _code(exc: Exception) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+def _response(exc: BaseException) -> dict[str, Any]:
+    # Connection errors carry no response at all (``response`` absent or None).
+    resp = getattr(exc, "response", None)
+    return resp if isinstance(resp, dict) else {}
+
+
+def _code(exc: BaseException) -> str:
+    error = _response(exc).get("Error")
+    return str(error.get("Code", "") or "") if isinstance(error, dict) else ""
+
+
+def _status(exc: BaseException) -> int:
+    meta = _response(exc).get("ResponseMetadata")
+    try:
+        return int(meta.get("HTTPStatusCode") or 0) if isinstance(meta, dict) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures a later identical request may not meet: network, timeouts, 5xx, throttling."""
+    from boto3.exceptions import RetriesExceededError
+    from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, IncompleteReadError, RetriesExceededError)):
+        return True
+    if isinstance(exc, ClientError):
+        return _code(exc) in _TRANSIENT_CODES or _status(exc) >= 500 or _status(exc) == 429
+    try:
+        from urllib3.exceptions import HTTPError as Urllib3Error
+    except ImportError:  # pragma: no cover - urllib3 comes with botocore
+        return False
+    return isinstance(exc, Urllib3Error)
+
+
+class _Conflict:
+    """A conditional put met a precondition failure (the object is not as the caller expected)."""
+
+
+_CONFLICT = _Conflict()
 
 
 class S3Store(ObjectStore):
-    def __init__(self, root: str, options: StorageOptions | None = None, client: Any = None):
+    def __init__(
+        self, root: str, options: StorageOptions | None = None, client: Any = None, retry: RetryPolicy | None = None
+    ):
         self.root = layout.normalize_root(root)
         if not self.root.startswith("s3://"):
             raise StorageError(f"{root!r} is not an s3:// URI")
         self.options = options or StorageOptions()
+        self.retry = retry or DEFAULT_RETRY
         bucket, _, prefix = self.root[len("s3://") :].partition("/")
         self.bucket = bucket
         self.prefix = prefix + "/" if prefix else ""
@@ -48,15 +108,35 @@ class S3Store(ObjectStore):
     def _k(self, key: str, *, prefix: bool = False) -> str:
         return self.prefix + self._check_key(key, prefix=prefix)
 
-    def _wrap(self, exc: Exception, what: str, key: str) -> StorageError:
-        return StorageError(f"S3 {what} of {self.uri(key)} failed: {exc}")
+    def _endpoint(self) -> str:
+        return self.options.endpoint_url or "the default AWS S3 endpoint"
+
+    def _wrap(self, exc: BaseException, what: str, key: str) -> StorageError:
+        return StorageError(f"S3 {what} of {self.uri(key)} failed: {type(exc).__name__}: {exc}")
+
+    def _retrying(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        """``fn`` retried on transient failures; every failure that escapes is a ``StorageError``."""
+
+        def give_up(exc: BaseException, attempts: int, elapsed: float) -> StorageError:
+            return StorageError(
+                f"S3 {what} of {self.uri(key)} failed after {attempts} attempt(s) over {elapsed:.1f}s: "
+                f"{type(exc).__name__}: {exc}. {self._endpoint()} is unreachable or failing: check "
+                "storage_options.endpoint_url, the network and the service's health, then run again"
+            )
+
+        try:
+            return call_with_retry(fn, policy=self.retry, retryable=is_transient,
+                                   describe=f"S3 {what} of {self.uri(key)}", give_up=give_up)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._wrap(exc, what, key) from exc
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
         k = self._k(key)
-        try:
-            resp = self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type)
-        except Exception as exc:
-            raise self._wrap(exc, "put", key) from exc
+        resp = self._retrying(
+            "put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type)
+        )
         return str(resp.get("ETag", "")).strip('"')
 
     def put_if_match(
@@ -64,35 +144,67 @@ class S3Store(ObjectStore):
     ) -> str | None:
         k = self._k(key)
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": f'"{etag}"'}
+
+        def attempt() -> str | _Conflict:
+            try:
+                resp = self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type, **condition)
+            except Exception as exc:
+                code = _code(exc)
+                # If-Match on a deleted object: S3 answers 404, which is a conflict as well.
+                if code in _PRECONDITION_CODES or (etag is not None and code in _NOT_FOUND_CODES):
+                    return _CONFLICT
+                raise
+            return str(resp.get("ETag", "")).strip('"')
+
+        result = self._retrying("conditional put", key, attempt)
+        if not isinstance(result, _Conflict):
+            return result
+        # The request may have been applied with its response lost; the repeat (botocore's or
+        # ours) then fails its own precondition. An object holding exactly our bytes is that
+        # earlier write of ours, so it is a success, not a conflict.
+        current = self._get_or_none(key)
+        if current is not None and current.data == data:
+            return current.etag
+        return None
+
+    def _get_or_none(self, key: str) -> StoredObject | None:
         try:
-            resp = self.client.put_object(Bucket=self.bucket, Key=k, Body=data, ContentType=content_type, **condition)
-        except Exception as exc:
-            if _code(exc) in _PRECONDITION_CODES:
-                return None
-            if etag is not None and _code(exc) in _NOT_FOUND_CODES:  # If-Match on a deleted object: S3 says 404
-                return None
-            raise self._wrap(exc, "conditional put", key) from exc
-        return str(resp.get("ETag", "")).strip('"')
+            return self.get(key)
+        except ObjectNotFoundError:
+            return None
 
     def get(self, key: str) -> StoredObject:
         k = self._k(key)
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=k)
-            data = resp["Body"].read()
-        except Exception as exc:
-            if _code(exc) in _NOT_FOUND_CODES:
-                raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
-            raise self._wrap(exc, "get", key) from exc
-        return StoredObject(data=data, etag=str(resp.get("ETag", "")).strip('"'))
+
+        def attempt() -> StoredObject | None:
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=k)
+            except Exception as exc:
+                if _code(exc) in _NOT_FOUND_CODES:
+                    return None
+                raise
+            # The body is read inside the retried call: a connection dropped mid-body is transient too.
+            return StoredObject(data=resp["Body"].read(), etag=str(resp.get("ETag", "")).strip('"'))
+
+        found = self._retrying("get", key, attempt)
+        if found is None:
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
+        return found
 
     def head(self, key: str) -> ObjectInfo | None:
         k = self._k(key)
-        try:
-            resp = self.client.head_object(Bucket=self.bucket, Key=k)
-        except Exception as exc:
-            if _code(exc) in _NOT_FOUND_CODES:
-                return None
-            raise self._wrap(exc, "head", key) from exc
+
+        def attempt() -> dict[str, Any] | None:
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=k)
+            except Exception as exc:
+                if _code(exc) in _NOT_FOUND_CODES:
+                    return None
+                raise
+
+        resp = self._retrying("head", key, attempt)
+        if resp is None:
+            return None
         return ObjectInfo(
             key=key, size=int(resp["ContentLength"]), last_modified=resp.get("LastModified"),
             etag=str(resp.get("ETag", "")).strip('"'),
@@ -103,16 +215,22 @@ class S3Store(ObjectStore):
         return self._list(self._k(prefix, prefix=True), prefix)
 
     def _list(self, full_prefix: str, prefix: str) -> Iterator[ObjectInfo]:
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
-                for item in page.get("Contents", []):
-                    yield ObjectInfo(
-                        key=item["Key"][len(self.prefix) :], size=int(item["Size"]),
-                        last_modified=item.get("LastModified"), etag=str(item.get("ETag", "")).strip('"'),
-                    )
-        except Exception as exc:
-            raise self._wrap(exc, "list", prefix) from exc
+        # Page by page, each page retried on its own: restarting a half-consumed listing would
+        # yield its first objects twice.
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._retrying("list", prefix, lambda kw=kwargs: self.client.list_objects_v2(**kw))  # type: ignore[misc]
+            for item in page.get("Contents", []):
+                yield ObjectInfo(
+                    key=item["Key"][len(self.prefix) :], size=int(item["Size"]),
+                    last_modified=item.get("LastModified"), etag=str(item.get("ETag", "")).strip('"'),
+                )
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            if not token:
+                return
 
     def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
         pending: list[str] = []
@@ -126,11 +244,12 @@ class S3Store(ObjectStore):
                 pending.append(key)
         for start in range(0, len(pending), 1000):  # S3 DeleteObjects takes at most 1000 keys
             chunk = pending[start : start + 1000]
+            request = {"Objects": [{"Key": self._k(k)} for k in chunk], "Quiet": True}
             try:
-                resp = self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": self._k(k)} for k in chunk], "Quiet": True}
+                resp = self._retrying(
+                    "delete", chunk[0], lambda r=request: self.client.delete_objects(Bucket=self.bucket, Delete=r)  # type: ignore[misc]
                 )
-            except Exception as exc:
+            except StorageError as exc:
                 failures.extend((k, str(exc)) for k in chunk)
                 continue
             for err in resp.get("Errors", []):
@@ -139,17 +258,20 @@ class S3Store(ObjectStore):
 
     def upload_file(self, local_path: str, key: str) -> None:
         k = self._k(key)
-        try:
-            self.client.upload_file(local_path, self.bucket, k)
-        except Exception as exc:
-            raise self._wrap(exc, "upload", key) from exc
+        self._retrying("upload", key, lambda: self.client.upload_file(local_path, self.bucket, k))
 
     def download_file(self, key: str, local_path: str) -> None:
         k = self._k(key)
-        try:
-            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-            self.client.download_file(self.bucket, k, local_path)
-        except Exception as exc:
-            if _code(exc) in _NOT_FOUND_CODES:
-                raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
-            raise self._wrap(exc, "download", key) from exc
+
+        def attempt() -> bool:
+            try:
+                os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+                self.client.download_file(self.bucket, k, local_path)
+            except Exception as exc:
+                if _code(exc) in _NOT_FOUND_CODES:
+                    return False
+                raise
+            return True
+
+        if not self._retrying("download", key, attempt):
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist")

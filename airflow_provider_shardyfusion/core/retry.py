@@ -1,0 +1,86 @@
+"""The one retry helper for backoff loops (capped, jittered exponential backoff with a deadline).
+
+Object-store clients retry a few times on their own (botocore's standard mode), but a short
+outage of the endpoint outlasts those few tries, and botocore's retry quota runs dry under a
+burst of failures. Operations that are safe to repeat go through ``call_with_retry`` so such an
+outage costs time instead of failing a run whose work is already done.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+log = logging.getLogger("shardyfusion.retry")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep trying: at most ``attempts`` calls, none started after ``deadline_s``.
+
+    The delay before retry ``n`` (1-based) is ``min(max_delay_s, base_delay_s * 2**(n-1))``, scaled
+    by a random factor in [0.5, 1] so many clients failing together do not retry in lockstep.
+    """
+
+    attempts: int = 6
+    base_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+    deadline_s: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
+            raise ConfigError(f"retry attempts {self.attempts!r} must be an integer >= 1")
+        if self.base_delay_s < 0 or self.max_delay_s < 0:
+            raise ConfigError("retry delays must not be negative")
+        if self.deadline_s is not None and self.deadline_s < 0:
+            raise ConfigError(f"retry deadline_s {self.deadline_s!r} must not be negative")
+
+    def delay(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
+        capped = min(self.max_delay_s, self.base_delay_s * (2 ** (retry_number - 1)))
+        return capped * (0.5 + 0.5 * rand())
+
+
+NO_RETRY = RetryPolicy(attempts=1, deadline_s=None)
+
+
+def call_with_retry(
+    fn: Callable[[], T],
+    *,
+    policy: RetryPolicy,
+    retryable: Callable[[BaseException], bool],
+    describe: str,
+    give_up: Callable[[BaseException, int, float], BaseException] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Call ``fn`` until it returns, raises a non-retryable error, or the policy is spent.
+
+    ``give_up(last_error, attempts_made, seconds_spent)`` builds the error raised when retries
+    run out (default: the last error itself). A non-retryable error is raised as it is, at once.
+    """
+    started = clock()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except Exception as exc:
+            if not retryable(exc):
+                raise
+            elapsed = clock() - started
+            wait = policy.delay(attempt)
+            out_of_time = policy.deadline_s is not None and elapsed + wait > policy.deadline_s
+            if attempt >= policy.attempts or out_of_time:
+                if give_up is None:
+                    raise
+                raise give_up(exc, attempt, elapsed) from exc
+            log.warning("%s failed (attempt %d of %d, %s: %s); retrying in %.2fs",
+                        describe, attempt, policy.attempts, type(exc).__name__, exc, wait)
+            sleep(wait)
