@@ -271,9 +271,12 @@ class _AsyncS3Reader(AsyncObjectReader):
             async with resp["Body"] as body:
                 return await body.read()
         except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code", "")) in self._NOT_FOUND:
+            if str((exc.response or {}).get("Error", {}).get("Code", "")) in self._NOT_FOUND:
                 return None
             raise StorageError(f"S3 get of {uri} failed: {exc}") from exc
+        except Exception as exc:
+            # Connection errors and timeouts carry no response; the trigger retries on its next poll.
+            raise StorageError(f"S3 get of {uri} failed: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         ctx, self._client_ctx = self._client_ctx, None
