@@ -131,7 +131,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                                  shard_sort="spark" if write_plan.presorted else "writer")
             with _Step(run_id, durations, "publish"):
-                manifest_ref = publish(store, manifest, lifecycle)
+                manifest_ref = publish(store, manifest, lifecycle, live=config.options.publish)
             stats = dict(manifest.stats, durations_s=dict(durations))
             record = mark_succeeded(lifecycle, manifest_ref, stats)
         except BaseException as exc:

@@ -277,6 +277,8 @@ class WriteOptions:
     allow_duplicate_keys: bool = False
     lease_seconds: float = 600.0
     heartbeat_seconds: float = 60.0
+    # False stages the run (SPEC §8): manifest and a succeeded run record, _CURRENT untouched.
+    publish: bool = True
 
     def validate(self) -> None:
         _positive_int("batch_size", self.batch_size)
@@ -292,7 +294,7 @@ class WriteOptions:
             raise ConfigError(
                 f"heartbeat_seconds {self.heartbeat_seconds} must be shorter than lease_seconds {self.lease_seconds}"
             )
-        for name in ("verify_routing", "cache_input", "sort_within_partitions", "allow_duplicate_keys"):
+        for name in ("verify_routing", "cache_input", "sort_within_partitions", "allow_duplicate_keys", "publish"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} {getattr(self, name)!r} must be True or False")
         if self.shard_retry is not None:
@@ -437,6 +439,7 @@ def build_write_config(
     allow_duplicate_keys: bool = False,
     lease_seconds: float = 600.0,
     heartbeat_seconds: float = 60.0,
+    publish: bool = True,
     spark_conf_overrides: Mapping[str, Any] | None = None,
     storage_options: StorageOptions | Mapping[str, Any] | None = None,
     airflow_context: Mapping[str, Any] | None = None,
@@ -482,7 +485,7 @@ def build_write_config(
             max_writes_per_second=max_writes_per_second, max_write_bytes_per_second=max_write_bytes_per_second,
             shard_retry=ShardRetry.from_value(shard_retry), sort_run_rows=sort_run_rows,
             allow_duplicate_keys=allow_duplicate_keys, lease_seconds=lease_seconds,
-            heartbeat_seconds=heartbeat_seconds,
+            heartbeat_seconds=heartbeat_seconds, publish=publish,
         ),
         spark_conf_overrides=_str_map("spark_conf_overrides", spark_conf_overrides),
         storage_options=storage,

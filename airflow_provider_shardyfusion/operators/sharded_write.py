@@ -21,7 +21,7 @@ from dataclasses import replace
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import Asset, BaseOperator, BaseOperatorLink
+from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 
 from airflow_provider_shardyfusion.core.errors import (
     ConfigError, ShardyfusionError, SparkSubmitError, error_type_by_name,
@@ -141,7 +141,7 @@ class ShardedWriteOperator(BaseOperator):
         "batch_size", "verify_routing", "sample_size", "cache_input", "sort_within_partitions",
         "max_writes_per_second", "max_write_bytes_per_second", "shard_retry", "allow_duplicate_keys",
         "spark_conn_id", "spark_conf", "spark_env_vars", "python_env_archive", "aws_conn_id",
-        "driver_memory", "executor_memory", "executor_cores", "num_executors", "total_executor_cores",
+        "driver_memory", "executor_memory", "executor_cores", "num_executors", "total_executor_cores", "publish",
     )
     template_fields_renderers = {
         "input_sql": "sql", "input_options": "json", "spark_conf": "json", "spark_env_vars": "json",
@@ -192,13 +192,11 @@ class ShardedWriteOperator(BaseOperator):
         num_executors: int | None = None,
         total_executor_cores: int | None = None,
         poll_interval: float = 30.0,
+        publish: bool = True,
         **kwargs: Any,
     ) -> None:
-        outlets = list(kwargs.pop("outlets", None) or [])
-        asset = _snapshot_asset(output_uri)
-        if asset is not None and all(getattr(o, "uri", None) != asset.uri for o in outlets):
-            outlets.append(asset)
-        super().__init__(outlets=outlets, **kwargs)
+        super().__init__(outlets=_with_snapshot_outlet(list(kwargs.pop("outlets", None) or []), output_uri, publish),
+                         **kwargs)
         # Verbatim on purpose: templates render after __init__, so validation lives in execute().
         self.output_uri = output_uri
         self.input_path = input_path
@@ -239,6 +237,7 @@ class ShardedWriteOperator(BaseOperator):
         self.num_executors = num_executors
         self.total_executor_cores = total_executor_cores
         self.poll_interval = poll_interval
+        self.publish = publish
         # Set during execute() so on_kill() can stop what this try started.
         self._submit_hook: Any = None
         self._active_run_id: str | None = None
@@ -271,7 +270,7 @@ class ShardedWriteOperator(BaseOperator):
             sort_within_partitions=self.sort_within_partitions,
             max_writes_per_second=self.max_writes_per_second,
             max_write_bytes_per_second=self.max_write_bytes_per_second,
-            shard_retry=self.shard_retry, allow_duplicate_keys=self.allow_duplicate_keys,
+            shard_retry=self.shard_retry, allow_duplicate_keys=self.allow_duplicate_keys, publish=self.publish,
             storage_options=storage_options, airflow_context=self.airflow_context(context),
         )
 
@@ -449,6 +448,7 @@ class ShardedWriteOperator(BaseOperator):
     def _finish(self, context: Context, hook: ShardyfusionHook, config: WriteConfig, record: RunRecord | None,
                 submit_error: BaseException | None, submit_hook: Any, cluster_mode: bool) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
+        from airflow_provider_shardyfusion.core.errors import RunAbandoned
         from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, mark_failed
 
         tail = submit_hook.tail_text() if hasattr(submit_hook, "tail_text") else ""
@@ -461,7 +461,7 @@ class ShardedWriteOperator(BaseOperator):
         if record is not None and record.status == RUNNING and not cluster_mode:
             # spark-submit (and with it the client-mode driver) is gone: nobody will finish this run.
             why = f"spark-submit ended ({submit_error or 'exit code 0'}) while the run was still running"
-            mark_failed(hook.get_store(config.output_uri), config.run_id, why, error_type="RunAbandoned")
+            mark_failed(hook.get_store(config.output_uri), config.run_id, RunAbandoned(why))
         job_line = _job_failure_line(tail)
         if job_line is not None and record is None:
             # The job refused the config before it could start a run record (exit code 2).
@@ -492,13 +492,12 @@ class ShardedWriteOperator(BaseOperator):
         raise _writer_exception(error_type, message)
 
     def _succeeded(self, context: Context, record: RunRecord) -> dict[str, Any]:
-        summary = snapshot_summary(record)
-        self.log.info("Run %s published %s rows in %s shards (%s empty): %s", record.run_id, summary["rows"],
-                      summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
-        asset = _snapshot_asset(record.output_uri)
-        for outlet in self.outlets or []:
-            if asset is not None and isinstance(outlet, Asset) and outlet.uri == asset.uri:
-                context["outlet_events"][outlet].extra = dict(summary)
+        summary = snapshot_summary(record, published=self.publish is True)
+        self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", record.run_id,
+                      "published" if summary["published"] else "staged (publish=False, _CURRENT untouched)",
+                      summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
+        if summary["published"]:
+            _emit_snapshot_event(context, self.outlets or [], record.output_uri, summary)
         return summary
 
     def _raise_writer_error(self, record: RunRecord) -> None:
@@ -527,21 +526,27 @@ class ShardedWriteOperator(BaseOperator):
         if self._active_run_id and self._active_output_uri:
             from airflow_provider_shardyfusion.core.run_record import mark_failed
             from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-            from airflow_provider_shardyfusion.triggers.run_record import KILLED_ERROR_TYPE, KILLED_MESSAGE
+            from airflow_provider_shardyfusion.core.errors import RunKilled
 
             try:
                 store = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_store(self._active_output_uri)
-                mark_failed(store, self._active_run_id, KILLED_MESSAGE, error_type=KILLED_ERROR_TYPE)
+                mark_failed(store, self._active_run_id, RunKilled())
             except Exception as exc:  # the kill itself must go through
                 self.log.warning("Run %s: could not mark the run record failed: %s", self._active_run_id, exc)
 
 
-def snapshot_summary(record: RunRecord) -> dict[str, Any]:
-    """The small, JSON-able description of a published snapshot (the operator's XCom)."""
+def snapshot_summary(record: RunRecord, *, published: bool = True) -> dict[str, Any]:
+    """The small, JSON-able description of a written snapshot (the operator's XCom).
+
+    ``published``: whether the run went live. The run record's ``published_at`` says so when the
+    writer stamped it; otherwise the flag the run was written with (a succeeded run with
+    ``publish=True`` moved ``_CURRENT``).
+    """
     from airflow_provider_shardyfusion.core import layout
 
     stats = record.stats or {}
     return {
+        "published": getattr(record, "published_at", None) is not None or bool(published),
         "run_id": record.run_id,
         "output_uri": record.output_uri,
         "manifest_ref": record.manifest_ref,
@@ -552,6 +557,39 @@ def snapshot_summary(record: RunRecord) -> dict[str, Any]:
         "empty_shards": stats.get("empty_shards"),
         "spark_app_id": record.writer.get("spark_app_id"),
     }
+
+
+def _snapshot_alias(output_uri: Any) -> AssetAlias:
+    return AssetAlias(name=f"shardyfusion-snapshot:{output_uri}")
+
+
+def _with_snapshot_outlet(outlets: list[Any], output_uri: Any, publish: Any) -> list[Any]:
+    """The snapshot's asset as an outlet, so Airflow emits its event only when a write goes live.
+
+    Airflow emits an event for every ``Asset`` outlet of a successful task, so a staging write
+    (``publish=False``) gets none: ``PublishSnapshotOperator`` emits it when the run goes live. A
+    templated ``publish`` is only known in ``execute``: an ``AssetAlias`` outlet then carries the
+    event, added only if the run was published.
+    """
+    asset = _snapshot_asset(output_uri)
+    if asset is None or publish is False:
+        return outlets
+    if publish is True:
+        if all(getattr(o, "uri", None) != asset.uri for o in outlets):
+            outlets.append(asset)
+        return outlets
+    return [*outlets, _snapshot_alias(output_uri)]
+
+
+def _emit_snapshot_event(context: Context, outlets: Sequence[Any], output_uri: str, summary: Mapping[str, Any]) -> None:
+    asset = _snapshot_asset(output_uri)
+    if asset is None:
+        return
+    for outlet in outlets:
+        if isinstance(outlet, Asset) and outlet.uri == asset.uri:
+            context["outlet_events"][outlet].extra = dict(summary)
+        elif isinstance(outlet, AssetAlias) and outlet.name.startswith("shardyfusion-snapshot:"):
+            context["outlet_events"][outlet].add(asset, extra=dict(summary))
 
 
 def _snapshot_asset(output_uri: Any) -> Asset | None:

@@ -408,3 +408,24 @@ def test_input_options_that_look_like_credentials_are_refused():
     message = str(info.value)
     assert "aws_conn_id" in message and "role" in message
     assert "spark_conf" not in message and "spark_env_vars" not in message
+
+
+# ---- publish (SPEC §8: staged writes) ---------------------------------------------------------
+
+
+def test_publish_defaults_to_true_and_survives_json():
+    assert build().options.publish is True
+    staged = build(publish=False)
+    assert staged.options.publish is False
+    assert WriteConfig.from_json(staged.to_json()).options.publish is False
+
+
+def test_publish_must_be_a_bool():
+    with pytest.raises(ConfigError, match=r"^publish 'False' must be True or False$"):
+        build(publish="False")
+
+
+def test_a_config_written_before_publish_existed_still_publishes():
+    data = build().to_dict()
+    del data["options"]["publish"]
+    assert WriteConfig.from_dict(data).options.publish is True

@@ -22,12 +22,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk import Asset
+from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.config import WriteConfig
 from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, ShardyfusionError
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError, read_run_record
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import bundle as bundle_mod
 from airflow_provider_shardyfusion.operators import sharded_write as sw
@@ -195,7 +195,8 @@ def test_success_returns_summary_from_the_run_record_and_emits_asset_event(monke
     summary = op.execute(ctx)
 
     assert set(summary) == {"run_id", "output_uri", "manifest_ref", "run_record_ref", "num_dbs", "rows", "bytes",
-                            "empty_shards", "spark_app_id"}
+                            "empty_shards", "spark_app_id", "published"}
+    assert summary["published"] is True
     assert summary["run_id"] == "run-ok-1" and summary["spark_app_id"] == "local-123"
     assert (summary["num_dbs"], summary["rows"], summary["bytes"], summary["empty_shards"]) == (4, 1000, 4096, 1)
     assert summary["run_record_ref"] == f"{root}/runs/run_id=run-ok-1/run.json"
@@ -219,6 +220,49 @@ def test_success_returns_summary_from_the_run_record_and_emits_asset_event(monke
     assert call["application"].endswith("sharded_write_job.py") and Path(call["application"]).is_file()
     assert call["env"]["MY_FLAG"] == "1"
     assert call["env"]["PYSPARK_PYTHON"] == sys.executable  # workers must import the same packages
+
+
+def writer_stages(config: WriteConfig):
+    """What the Spark job leaves behind with publish=False: manifest and a succeeded record, no _CURRENT."""
+    store = open_store(config.output_uri)
+    key = layout.manifest_key(config.run_id, layout.utc_now())
+    store.put(key, b"{}")
+    record = write_run_record(store, config.run_id, SUCCEEDED, manifest_ref=store.uri(key))
+    store.put(layout.run_record_key(config.run_id), dataclasses.replace(record, stats=STATS).to_bytes())
+
+
+def test_publish_false_stages_the_run_without_an_asset_event(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_stages)
+    root = f"file://{tmp_path}/snap"
+    op = make_op(root, run_id="run-staged", publish=False)
+    assert not [o for o in op.outlets if isinstance(o, (Asset, AssetAlias))]  # nothing goes live: no event
+    ctx = make_context()
+    summary = op.execute(ctx)
+    assert seen.last["config"].options.publish is False  # the job is told to leave _CURRENT alone
+    assert summary["published"] is False and summary["run_id"] == "run-staged" and summary["rows"] == 1000
+    assert summary["manifest_ref"].startswith(f"{root}/manifests/")
+    assert not ctx["outlet_events"]
+    assert not open_store(root).exists(layout.CURRENT_KEY)
+
+
+def test_templated_publish_emits_the_event_through_an_alias_only_when_published(monkeypatch, tmp_path):
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+    for rendered, behaviour, events in ((True, writer_succeeds, 1), (False, writer_stages, 0)):
+        stub_submit(monkeypatch, behaviour)
+        op = make_op(root, publish="{{ params.go_live }}")
+        aliases = [o for o in op.outlets if isinstance(o, AssetAlias)]
+        assert len(aliases) == 1 and not [o for o in op.outlets if isinstance(o, Asset)]
+        op.publish = rendered  # what render_template_as_native_obj gives
+        ctx = {**make_context(), "outlet_events": OutletEventAccessors()}
+        summary = op.execute(ctx)
+        added = ctx["outlet_events"][aliases[0]].asset_alias_events
+        assert summary["published"] is rendered and len(added) == events
+        if events:
+            assert added[0].dest_asset_key.uri == root and added[0].extra == summary
 
 
 def test_generated_run_ids_are_fresh_per_execute(monkeypatch, tmp_path):
