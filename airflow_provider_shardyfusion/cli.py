@@ -20,8 +20,9 @@ import sys
 from typing import Any, NoReturn
 
 from .core import layout
-from .core.errors import ShardyfusionError
-from .core.storage import ObjectStore, StorageOptions, open_store
+from .core.errors import ObjectNotFoundError, ShardyfusionError
+from .core.snapshot import SnapshotRoot
+from .core.storage import StorageOptions
 
 PROG = "shardyfusion"
 
@@ -78,49 +79,34 @@ def _storage_options(args: argparse.Namespace) -> StorageOptions:
     })
 
 
-def _cmd_current(store: ObjectStore, args: argparse.Namespace) -> Any:
-    from .core.pointer import CurrentPointer
-
-    pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
+def _cmd_current(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    pointer = snapshots.current()
+    if pointer is None:
+        raise ObjectNotFoundError(f"no snapshot is published at {snapshots.root}: _CURRENT does not exist")
     return pointer.to_dict()
 
 
-def _cmd_manifest(store: ObjectStore, args: argparse.Namespace) -> Any:
-    from .core.errors import ObjectNotFoundError
-    from .core.manifest import Manifest
-    from .core.pointer import CurrentPointer
-
+def _cmd_manifest(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     if args.run_id is None:
-        pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
-        pointer.check_root(store.root)
-        key = store.key_of(pointer.manifest_ref)
-    else:
-        layout.validate_run_id(args.run_id, what="--run-id")
-        found = [
-            (parsed.published_at, info.key) for info in store.list(layout.MANIFESTS_DIR + "/")
-            if (parsed := layout.parse_manifest_key(info.key)) is not None and parsed.run_id == args.run_id
-        ]
-        if not found:
-            raise ObjectNotFoundError(f"no manifest of run {args.run_id!r} under {layout.join(store.root, layout.MANIFESTS_DIR)}/")
-        key = max(found)[1]  # a run published twice (rollback): its latest manifest
-    return Manifest.from_bytes(store.get(key).data).to_dict()
+        pointer = snapshots.current()
+        if pointer is None:
+            raise ObjectNotFoundError(f"no snapshot is published at {snapshots.root}: _CURRENT does not exist")
+        return snapshots.load_manifest(pointer).to_dict()
+    layout.validate_run_id(args.run_id, what="--run-id")
+    ref = snapshots.find_manifest(args.run_id)
+    if ref is None:
+        raise ObjectNotFoundError(f"no manifest of run {args.run_id!r} under {layout.join(snapshots.root, layout.MANIFESTS_DIR)}/")
+    return snapshots.read_manifest(ref).to_dict()
 
 
-def _cmd_runs(store: ObjectStore, args: argparse.Namespace) -> Any:
-    from .core.run_record import read_run_record
-
+def _cmd_runs(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     runs = []
-    for info in store.list(layout.RUNS_DIR + "/"):
-        run_id = layout.parse_run_record_key(info.key)
-        if run_id is None:
-            continue
-        try:
-            record = read_run_record(store, run_id)
-        except ShardyfusionError as exc:  # one bad record must not hide the others
-            runs.append({"run_id": run_id, "ref": store.uri(info.key), "invalid": str(exc)})
-            continue
-        if record is not None:
-            runs.append({**record.to_dict(), "ref": store.uri(info.key)})
+    for run_id, record, error in snapshots.iter_runs():
+        ref = snapshots.run_record_ref(run_id)
+        if error is not None:  # one bad record must not hide the others
+            runs.append({"run_id": run_id, "ref": ref, "invalid": str(error)})
+        elif record is not None:
+            runs.append({**record.to_dict(), "ref": ref})
     return runs
 
 
@@ -159,7 +145,7 @@ def _show_key(key: Any) -> Any:
     return key
 
 
-def _cmd_get(store: ObjectStore, args: argparse.Namespace) -> Any:
+def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     from .core.reader import ShardedReader
 
     context = None
@@ -170,7 +156,7 @@ def _cmd_get(store: ObjectStore, args: argparse.Namespace) -> Any:
             raise _UsageError(f"get: --routing-context is not valid JSON: {exc}") from None
         if not isinstance(context, dict):
             raise _UsageError("get: --routing-context must be a JSON object")
-    with ShardedReader(store.root, cache_dir=args.cache_dir, storage_options=_storage_options(args)) as reader:
+    with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=_storage_options(args)) as reader:
         manifest = reader.manifest
         keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
         values = reader.multi_get(keys, routing_context=context)
@@ -192,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        store = open_store(args.uri, _storage_options(args))
-        result = _COMMANDS[args.command](store, args)
+        snapshots = SnapshotRoot.open(args.uri, _storage_options(args))
+        result = _COMMANDS[args.command](snapshots, args)
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ConfigError, InputDataError, ShardAssignmentError, show_value,
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, mark_succeeded, publish
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
@@ -130,10 +130,9 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
             manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                                  shard_sort="spark" if write_plan.presorted else "writer")
-            with _Step(run_id, durations, "publish"):
-                manifest_ref = publish(store, manifest, lifecycle, live=config.options.publish)
             stats = dict(manifest.stats, durations_s=dict(durations))
-            record = mark_succeeded(lifecycle, manifest_ref, stats)
+            with _Step(run_id, durations, "publish"):
+                record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish)
         except BaseException as exc:
             raise job_errors.translate(exc) from exc
         finally:
@@ -350,7 +349,7 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
     stats = {
         "rows": sum(e.row_count for e in entries), "bytes": sum(e.byte_size for e in entries),
         "num_dbs": plan.num_dbs, "empty_shards": len(selection.empty_db_ids), "shards_written": len(entries),
-        "attempts_seen": selection.attempts_seen, "run_started_at": layout.format_ts(lifecycle.record.started_at),
+        "attempts_seen": selection.attempts_seen,
         "durations_s": dict(durations), "task_time_totals_s": task_totals, "shard_sort": shard_sort,
     }
     try:
@@ -368,5 +367,5 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
         ),
         key_encoding=key_encoding, value_format=config.value.format, value_columns=config.value.value_columns(),
         storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True},
-        shards=entries, stats=stats, writer=writer_info(spark, config),
+        shards=entries, stats=stats, writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at,
     ).validate()

@@ -57,6 +57,9 @@ class RunRecordError(ShardyfusionError):
 class RunKilled(RunRecordError):
     """The Airflow task that owned the run was stopped; the run was marked failed for it."""
 
+    def __init__(self, message: str = "killed: the Airflow task was stopped"):
+        super().__init__(message)
+
 
 class RunAbandoned(RunRecordError):
     """The run's writer is gone (its lease expired, or spark-submit ended without finishing the run)."""

@@ -1,79 +1,30 @@
-"""Two-phase publish (SPEC §6 steps 11–13): manifest, own-record check, then ``_CURRENT``."""
+"""Publishing: the writer's two-phase publish (SPEC §6 steps 11–13) and the later publish or
+rollback of a staged run (SPEC §8, ``PublishSnapshotOperator``).
+
+The writer's order is the fence that keeps a failed run from ever going live: manifest, then the
+run record turned ``succeeded`` by a conditional put over the writer's own last version, and only
+then ``_CURRENT``. Anyone who marked the run failed first (a kill, a cleanup reaping an expired
+lease) changed the record, so the conditional put fails and the pointer is never moved; and a
+``succeeded`` record is never marked failed afterwards (``mark_failed`` only touches running runs).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from . import layout
-from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError, StorageError
+from .errors import PublishManifestError, RunRecordError, StorageError
 from .manifest import Manifest
-from .pointer import CurrentPointer, read_current
-from .run_record import RunRecord, RunRecordLifecycle
+from .pointer import CurrentPointer
+from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
+from .snapshot import POINTER_RETRY_BACKOFF_S, ManifestRef, SnapshotRoot
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
-
-CURRENT_RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
-
-
-def _run_started_at(store: ObjectStore, pointer: CurrentPointer) -> str | None:
-    try:
-        manifest = Manifest.from_bytes(store.get(store.key_of(pointer.manifest_ref)).data)
-    except (ObjectNotFoundError, ManifestValidationError) as exc:
-        log.warning("current manifest %s is unreadable (%s); treating it as older", pointer.manifest_ref, exc)
-        return None
-    return manifest.stats.get("run_started_at")
-
-
-def _refuse_backwards(store: ObjectStore, current: CurrentPointer, manifest: Manifest) -> None:
-    ours = manifest.stats.get("run_started_at")
-    theirs = _run_started_at(store, current)
-    if theirs is not None and ours is not None and theirs > ours:
-        raise PublishManifestError(
-            f"_CURRENT names run {current.run_id!r}, which started at {theirs}, after this run "
-            f"({manifest.run_id!r}, {ours}); refusing to move it backwards (pass allow_rollback=True to force)"
-        )
-
-
-def write_current(
-    store: ObjectStore,
-    manifest: Manifest,
-    manifest_ref: str,
-    *,
-    allow_rollback: bool = False,
-    sleep: Callable[[float], None] = time.sleep,
-) -> CurrentPointer:
-    """Point ``_CURRENT`` at ``manifest_ref`` with a conditional put, 3 retries (1 s, 2 s, 4 s).
-
-    Refuses to move to a run that started before the run currently named, unless
-    ``allow_rollback``: a slow old run must not replace a newer snapshot.
-    """
-    pointer = CurrentPointer(manifest_ref=manifest_ref, run_id=manifest.run_id, updated_at=layout.utc_now())
-    last_error: Exception | None = None
-    for attempt, backoff in enumerate((*CURRENT_RETRY_BACKOFF_S, None)):
-        try:
-            current, etag = read_current(store)
-        except Exception as exc:  # transient storage errors: retry with backoff
-            last_error = exc
-        else:
-            if current is not None and current.run_id != manifest.run_id and not allow_rollback:
-                _refuse_backwards(store, current, manifest)
-            try:
-                if store.put_if_match(layout.CURRENT_KEY, pointer.to_bytes(), etag) is not None:
-                    return pointer
-                last_error = PublishManifestError("_CURRENT changed while publishing (concurrent writer)")
-            except Exception as exc:
-                last_error = exc
-        if backoff is None:
-            break
-        log.warning("run %s: writing _CURRENT failed (%s); retry %d in %.0fs", manifest.run_id, last_error, attempt + 1, backoff)
-        sleep(backoff)
-    raise PublishManifestError(
-        f"could not write {store.uri(layout.CURRENT_KEY)} after {len(CURRENT_RETRY_BACKOFF_S)} retries: {last_error}"
-    )
 
 
 def publish(
@@ -81,50 +32,152 @@ def publish(
     manifest: Manifest,
     lifecycle: RunRecordLifecycle,
     *,
+    stats: dict[str, Any] | None = None,
     allow_rollback: bool = False,
     live: bool = True,
     sleep: Callable[[float], None] = time.sleep,
-) -> str:
-    """Write the manifest, re-check our run record, then move ``_CURRENT``. Returns the manifest URI.
+) -> RunRecord:
+    """Write the manifest, mark the run succeeded (fenced), then move ``_CURRENT``.
 
-    ``live=False`` stages the run (SPEC §8): the manifest is written and checked, ``_CURRENT`` is
-    left alone, and ``PublishSnapshotOperator`` makes it live later.
+    ``live=False`` stages the run (SPEC §8): ``_CURRENT`` is left alone and
+    ``PublishSnapshotOperator`` makes it live later. Returns the final run record.
     """
-    manifest.validate()
-    key = layout.manifest_key(manifest.run_id, layout.utc_now())
-    if not store.put_if_absent(key, manifest.to_bytes()):
-        raise PublishManifestError(f"manifest {store.uri(key)} already exists; manifests are immutable")
-    manifest_ref = store.uri(key)
-    log.info("run %s: manifest written to %s", manifest.run_id, manifest_ref)
-    if not lifecycle.still_running():
-        raise PublishManifestError(
-            f"run record of {manifest.run_id!r} is no longer 'running' (reaped as abandoned?); _CURRENT left unchanged"
-        )
+    snapshots = SnapshotRoot(store)
+    ref = snapshots.write_manifest(manifest)
+    log.info("run %s: manifest written to %s", manifest.run_id, ref.uri)
+    record = mark_succeeded(lifecycle, ref.uri, stats if stats is not None else dict(manifest.stats), sleep=sleep)
     if not live:
         log.info("run %s: staged (publish=False); _CURRENT left unchanged", manifest.run_id)
-        return manifest_ref
-    write_current(store, manifest, manifest_ref, allow_rollback=allow_rollback, sleep=sleep)
-    log.info("run %s: _CURRENT now points at %s", manifest.run_id, manifest_ref)
-    return manifest_ref
+        return record
+    try:
+        snapshots.move_pointer(ref, allow_older=allow_rollback, sleep=sleep)
+    except PublishManifestError as exc:
+        raise PublishManifestError(
+            f"run {manifest.run_id!r} is written and recorded succeeded, but _CURRENT was not moved to it: {exc}. "
+            "It stays staged; publish it with PublishSnapshotOperator or 'shardyfusion publish'"
+        ) from exc
+    log.info("run %s: _CURRENT now points at %s", manifest.run_id, ref.uri)
+    return _stamp_published(snapshots, manifest.run_id) or record
 
 
 def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict[str, Any], *,
                    sleep: Callable[[float], None] = time.sleep) -> RunRecord:
-    """Step 12 after a publish: retried like ``_CURRENT``, since the snapshot is already live and a
-    transient storage error must not leave its run record looking failed."""
-    for backoff in (*CURRENT_RETRY_BACKOFF_S, None):
+    """Turn our running record ``succeeded``; transient storage errors are retried (1 s, 2 s, 4 s).
+
+    A record someone else changed (killed, reaped) is never overwritten: the run cannot publish.
+    """
+    for backoff in (*POINTER_RETRY_BACKOFF_S, None):
         try:
             return lifecycle.succeed(manifest_ref, stats)
+        except RunRecordError as exc:
+            raise PublishManifestError(
+                f"run record of {lifecycle.record.run_id!r} is no longer 'running' (killed, or reaped as "
+                f"abandoned?); _CURRENT left unchanged: {exc}"
+            ) from exc
         except StorageError as exc:
             if backoff is None:
                 raise PublishManifestError(
-                    f"snapshot {lifecycle.record.run_id!r} is live (_CURRENT names {manifest_ref}) but its run record "
-                    f"could not be marked succeeded: {exc}"
+                    f"the run record of {lifecycle.record.run_id!r} could not be marked succeeded, so the run was "
+                    f"not published (_CURRENT unchanged; manifest {manifest_ref}): {exc}"
                 ) from exc
             log.warning("run %s: marking the run record succeeded failed (%s); retrying in %.0fs",
                         lifecycle.record.run_id, exc, backoff)
             sleep(backoff)
     raise AssertionError("unreachable")
+
+
+def _stamp_published(snapshots: SnapshotRoot, run_id: str) -> RunRecord | None:
+    """Record ``published_at``; the pointer already moved, so a failure here is logged, not raised."""
+    try:
+        return snapshots.mark_published(run_id)
+    except (StorageError, RunRecordError) as exc:
+        log.warning("run %s is live but published_at could not be recorded: %s", run_id, exc)
+        return None
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What a publish did: the pointer now live, the one it replaced, and whether it moved at all."""
+
+    pointer: CurrentPointer
+    previous_run_id: str | None
+    moved: bool
+    rollback: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pointer": self.pointer.to_dict(), "previous_run_id": self.previous_run_id,
+                "moved": self.moved, "rollback": self.rollback}
+
+
+def resolve_manifest(snapshots: SnapshotRoot, *, run_id: str | None = None,
+                     manifest_ref: str | None = None) -> ManifestRef:
+    """The manifest a publish or a validation is about: by ``manifest_ref``, else the run's own."""
+    if manifest_ref is not None:
+        ref = snapshots.manifest_ref(manifest_ref)
+        if run_id is not None and ref.run_id != run_id:
+            raise PublishManifestError(f"manifest_ref {manifest_ref!r} is of run {ref.run_id!r}, not run_id {run_id!r}")
+        return ref
+    if run_id is None:
+        raise PublishManifestError("give run_id or manifest_ref")
+    record = snapshots.read_run(run_id)
+    if record is not None and record.manifest_ref:
+        return snapshots.manifest_ref(record.manifest_ref)
+    found = snapshots.find_manifest(run_id)
+    if found is None:
+        raise PublishManifestError(
+            f"run {run_id!r} has no manifest under {snapshots.root}/{layout.MANIFESTS_DIR}/ (did its write finish?)"
+        )
+    return found
+
+
+def publish_run(
+    snapshots: SnapshotRoot,
+    *,
+    run_id: str | None = None,
+    manifest_ref: str | None = None,
+    allow_older: bool = False,
+    check: Callable[[ManifestRef, Manifest], list[str]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PublishResult:
+    """Make a staged (or older) run live: checks, then a conditional move of ``_CURRENT``.
+
+    ``check`` returns problems with the manifest's storage (``core.validation.check_storage``);
+    any problem, a run record that is not ``succeeded`` or names another manifest, or a run older
+    than the live one without ``allow_older`` refuses the publish with everything that is wrong.
+    Publishing the run that is already live is a no-op success.
+    """
+    ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
+    manifest = snapshots.read_manifest(ref)
+    problems = list(check(ref, manifest)) if check is not None else []
+    record = snapshots.read_run(ref.run_id)
+    if record is None:
+        problems.append(f"run {ref.run_id!r} has no run record")
+    elif record.status != SUCCEEDED:
+        problems.append(f"run record of {ref.run_id!r} is {record.status!r}, not 'succeeded'")
+    elif record.manifest_ref != ref.uri:
+        problems.append(f"run record of {ref.run_id!r} names manifest {record.manifest_ref!r}, not {ref.uri!r}")
+    elif record.deleted_at is not None:
+        problems.append(f"run {ref.run_id!r} was deleted by cleanup at {layout.format_ts(record.deleted_at)}")
+    if problems:
+        raise PublishManifestError(
+            f"refusing to publish run {ref.run_id!r} ({ref.uri}): " + "; ".join(problems) + "; _CURRENT unchanged"
+        )
+    before = snapshots.current()
+    pointer = snapshots.move_pointer(ref, allow_older=allow_older, sleep=sleep)
+    moved = before is None or before.manifest_ref != pointer.manifest_ref
+    rollback = False
+    if moved and before is not None:
+        try:
+            live_started = snapshots.load_manifest(before).run_started_at
+        except Exception:  # an unreadable live manifest: the move was allowed, so it was not newer
+            live_started = None
+        rollback = bool(live_started and manifest.run_started_at and live_started > manifest.run_started_at)
+    if moved or (record is not None and record.published_at is None):
+        _stamp_published(snapshots, ref.run_id)
+    log.info("%s: _CURRENT %s run %s (was %s)", snapshots.root,
+             "now names" if moved else "already named", ref.run_id, before.run_id if before else None)
+    return PublishResult(pointer=pointer, previous_run_id=before.run_id if before else None, moved=moved,
+                         rollback=rollback)
 
 
 def delete_losing_attempts(store: ObjectStore, run_id: str, winner_urls: Iterable[str]) -> tuple[int, list[tuple[str, str]]]:

@@ -49,6 +49,7 @@ from .errors import (
 )
 from .manifest import Manifest, ShardEntry
 from .pointer import CurrentPointer
+from .snapshot import SnapshotRoot
 from .routing import CelRouter, CelSpec, hash64, pack_int_key, route_key
 from .storage import ObjectStore, StorageOptions, open_store
 
@@ -281,6 +282,7 @@ class ShardedReader:
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
             storage_options = dict(storage_options)
         self._store: ObjectStore = open_store(self._root, storage_options)
+        self._snapshots = SnapshotRoot(self._store)
         self._swap_lock = threading.Lock()
         self._state: _Snapshot | None = None
         # Guards the three below: cached files may be deleted only while no download writes there.
@@ -631,55 +633,18 @@ class ShardedReader:
     # -- snapshots -----------------------------------------------------------------------------
 
     def _read_pointer(self) -> CurrentPointer | None:
-        try:
-            data = self._store.get(layout.CURRENT_KEY).data
-        except ObjectNotFoundError:
-            return None
-        pointer = CurrentPointer.from_bytes(data)
-        pointer.check_root(self._root)
-        return pointer
+        return self._snapshots.current()
 
     def _pinned_pointer(self, manifest_ref: str) -> CurrentPointer:
         """The pointer ``_CURRENT`` would hold for ``manifest_ref`` (same checks as a real one)."""
-        parsed = layout.parse_manifest_key(self._store.key_of(manifest_ref))
-        if parsed is None:
-            raise ManifestValidationError(
-                f"manifest_ref {manifest_ref!r} is not a manifest under {self._root}/{layout.MANIFESTS_DIR}/"
-            )
-        pointer = CurrentPointer(manifest_ref=manifest_ref, run_id=parsed.run_id, updated_at=parsed.published_at)
+        ref = self._snapshots.manifest_ref(manifest_ref)
+        pointer = CurrentPointer(manifest_ref=ref.uri, run_id=ref.run_id, updated_at=ref.published_at)
         pointer.check_root(self._root)
         return pointer
 
     def _load(self, pointer: CurrentPointer) -> _Snapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        key = self._store.key_of(pointer.manifest_ref)
-        data = self._store.get(key).data
-        try:
-            manifest = Manifest.from_bytes(data)
-        except ManifestValidationError as exc:
-            raise ManifestValidationError(f"{pointer.manifest_ref}: {exc}") from None
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # odd JSON shapes the model did not expect
-            raise ManifestValidationError(f"{pointer.manifest_ref}: malformed manifest: {exc!r}") from None
-        if manifest.run_id != pointer.run_id:
-            raise ManifestValidationError(
-                f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
-            )
-        # Manifest.validate checks db_urls against the manifest's own output_uri; a tampered
-        # manifest could change both, so check them against the root this reader follows too.
-        own_prefix = layout.join(self._root, layout.shards_prefix(manifest.run_id))
-        for shard in manifest.shards:
-            parsed = None
-            if shard.db_url.startswith(own_prefix):
-                try:
-                    parsed = layout.parse_shard_key(self._store.key_of(shard.db_url))
-                except ManifestValidationError:
-                    parsed = None
-            if parsed is None or parsed.run_id != manifest.run_id or parsed.db_id != shard.db_id:
-                raise ManifestValidationError(
-                    f"{pointer.manifest_ref}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this "
-                    f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
-                )
-        return _Snapshot(pointer, manifest)
+        return _Snapshot(pointer, self._snapshots.load_manifest(pointer))
 
     def _retire(self, state: _Snapshot, *, drop_cache: bool) -> None:
         state.retire()

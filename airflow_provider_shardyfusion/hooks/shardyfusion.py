@@ -17,10 +17,12 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.errors import RunRecordError
     from airflow_provider_shardyfusion.core.manifest import Manifest
     from airflow_provider_shardyfusion.core.pointer import CurrentPointer
     from airflow_provider_shardyfusion.core.reader import ShardedReader
     from airflow_provider_shardyfusion.core.run_record import RunRecord
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
 
 class ShardyfusionHook(BaseHook):
@@ -90,26 +92,23 @@ class ShardyfusionHook(BaseHook):
     def get_store(self, output_uri: str) -> ObjectStore:
         return open_store(output_uri, self.storage_options(output_uri))
 
-    def read_current(self, output_uri: str) -> CurrentPointer | None:
-        from airflow_provider_shardyfusion.core.pointer import read_current
+    def get_snapshots(self, output_uri: str) -> SnapshotRoot:
+        """Pointer, manifests and run records under ``output_uri`` (see ``core.snapshot``)."""
+        from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
-        return read_current(self.get_store(output_uri))[0]
+        return SnapshotRoot(self.get_store(output_uri))
+
+    def read_current(self, output_uri: str) -> CurrentPointer | None:
+        return self.get_snapshots(output_uri).current()
 
     def read_manifest(self, output_uri: str, manifest_ref: str) -> Manifest:
-        from airflow_provider_shardyfusion.core.manifest import Manifest
-
-        store = self.get_store(output_uri)
-        return Manifest.from_bytes(store.get(store.key_of(manifest_ref)).data)
+        return self.get_snapshots(output_uri).read_manifest(manifest_ref)
 
     def read_run_record(self, output_uri: str, run_id: str) -> RunRecord | None:
-        from airflow_provider_shardyfusion.core.run_record import read_run_record
-
-        return read_run_record(self.get_store(output_uri), run_id)
+        return self.get_snapshots(output_uri).read_run(run_id)
 
     def list_run_ids(self, output_uri: str) -> list[str]:
-        store = self.get_store(output_uri)
-        found = (layout.parse_run_record_key(o.key) for o in store.list(layout.RUNS_DIR + "/"))
-        return sorted(r for r in found if r)
+        return self.get_snapshots(output_uri).list_run_ids()
 
     def get_reader(self, output_uri: str, **kwargs: Any) -> ShardedReader:
         from airflow_provider_shardyfusion.core.reader import ShardedReader
@@ -177,7 +176,7 @@ class ShardyfusionHook(BaseHook):
         config = self._aws_hook.config.merge(Config(**overrides))
         return self._aws_hook.get_client_type(region_name=public.region_name, config=config, deferrable=True)
 
-    async def amark_failed(self, output_uri: str, run_id: str, message: str, *, error_type: str) -> RunRecord | None:
+    async def amark_failed(self, output_uri: str, run_id: str, error: RunRecordError) -> RunRecord | None:
         """Mark a still-running run failed (conditional write, see ``core.run_record.mark_failed``).
 
         The connection is fetched asynchronously first; the write itself is a single conditional
@@ -191,7 +190,7 @@ class ShardyfusionHook(BaseHook):
         if root.startswith("s3://") and self.aws_conn_id:
             await self._aseed_aws_connection()
         return await asyncio.to_thread(
-            lambda: mark_failed(self.get_store(root), run_id, message, error_type=error_type)
+            lambda: mark_failed(self.get_store(root), run_id, error)
         )
 
     async def aread_object(self, output_uri: str, key: str) -> bytes | None:
@@ -209,10 +208,10 @@ class ShardyfusionHook(BaseHook):
         return None if data is None else RunRecord.from_bytes(data)
 
     async def aread_current(self, output_uri: str) -> CurrentPointer | None:
-        from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+        from airflow_provider_shardyfusion.core.pointer import parse_pointer
 
         data = await self.aread_object(output_uri, layout.CURRENT_KEY)
-        return None if data is None else CurrentPointer.from_bytes(data)
+        return None if data is None else parse_pointer(data, layout.normalize_root(output_uri))
 
 
 class AsyncObjectReader:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ShardyfusionError
-from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger, check_mode, pointer_matches
+from airflow_provider_shardyfusion.core.pointer import PointerWait
+from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
+from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 _UNSET = object()
 
 
-class CurrentSnapshotSensor(BaseSensorOperator):
+class CurrentSnapshotSensor(PokeThenDeferSensor):
     """Wait until the ``_CURRENT`` pointer of ``output_uri`` satisfies ``mode``; return it (XCom).
 
     * ``mode="exists"``: any valid pointer;
@@ -79,7 +80,7 @@ class CurrentSnapshotSensor(BaseSensorOperator):
                 "(a DAG's default_args 'mode' also lands here)"
             )
         try:
-            check_mode(self.snapshot_mode, self.run_id)
+            PointerWait(self.snapshot_mode, self.run_id).validate()  # type: ignore[arg-type]
             root = layout.normalize_root(self.output_uri)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
@@ -94,33 +95,22 @@ class CurrentSnapshotSensor(BaseSensorOperator):
     def _has_explicit_baseline(self) -> bool:
         return self.previous_manifest_ref is not None or self.previous_run_id is not None
 
-    def execute(self, context: Context) -> Any:
-        root = self._validate()
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first:
-            return first.xcom_value if isinstance(first, PokeReturnValue) else None
+    def _trigger(self, root: str) -> CurrentSnapshotTrigger:
         previous_manifest_ref, previous_run_id = self.previous_manifest_ref, self.previous_run_id
         if self.snapshot_mode == "changed" and not self._has_explicit_baseline():
             previous_manifest_ref = None if self._baseline is _UNSET else self._baseline
-        self.defer(
-            trigger=CurrentSnapshotTrigger(
-                output_uri=root, mode=self.snapshot_mode, run_id=self.run_id, previous_run_id=previous_run_id,
-                previous_manifest_ref=previous_manifest_ref, aws_conn_id=self.aws_conn_id,
-                poll_interval=self.poll_interval,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
+        return CurrentSnapshotTrigger(
+            output_uri=root, mode=self.snapshot_mode, run_id=self.run_id, previous_run_id=previous_run_id,
+            previous_manifest_ref=previous_manifest_ref, aws_conn_id=self.aws_conn_id,
+            poll_interval=self.poll_interval,
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         root = self._validate()
-        pointer = ShardyfusionHook(aws_conn_id=self.aws_conn_id).read_current(root)
-        if pointer is not None:
-            pointer.check_root(root)
+        snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
+        pointer = snapshots.current()
         if self.snapshot_mode == "changed" and not self._has_explicit_baseline() and self._baseline is _UNSET:
             self._baseline = pointer.manifest_ref if pointer is not None else None
             self.log.info("Baseline for mode='changed': %s", self._baseline or "no _CURRENT yet")
@@ -131,15 +121,15 @@ class CurrentSnapshotSensor(BaseSensorOperator):
         baseline_ref = self.previous_manifest_ref if self._has_explicit_baseline() else self._baseline
         if self._baseline is _UNSET and not self._has_explicit_baseline():
             baseline_ref = None
-        if not pointer_matches(pointer, self.snapshot_mode, self.run_id, self.previous_run_id, baseline_ref):
+        wait = PointerWait(self.snapshot_mode, self.run_id, self.previous_run_id, baseline_ref)  # type: ignore[arg-type]
+        if not wait.satisfied_by(pointer):
             self.log.info("_CURRENT names run %r; mode=%r not satisfied yet", pointer.run_id, self.snapshot_mode)
             return False
+        snapshots.load_manifest(pointer)  # a pointer to a missing or altered manifest is no snapshot
         self.log.info("_CURRENT names run %r (manifest %s)", pointer.run_id, pointer.manifest_ref)
         return PokeReturnValue(is_done=True, xcom_value=pointer.to_dict())
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
-        if not event:
-            raise ShardyfusionError(f"CurrentSnapshotSensor {self.task_id!r} resumed without a trigger event")
+    def _on_event(self, event: dict[str, Any]) -> Any:
         if event.get("status") != "success":
             raise ShardyfusionError(
                 f"CurrentSnapshotSensor {self.task_id!r}: {event.get('message') or 'trigger failed without a message'}"

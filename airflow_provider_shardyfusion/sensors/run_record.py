@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import PokeReturnValue
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, RunRecordError
-from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger, missing_payload, record_outcome
+from airflow_provider_shardyfusion.core.run_record import RunOutcome
+from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
+from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -27,7 +28,7 @@ def failure_from_event(event: dict[str, Any]) -> RunRecordError:
     return exc
 
 
-class RunRecordSensor(BaseSensorOperator):
+class RunRecordSensor(PokeThenDeferSensor):
     """Wait until the run record of a shardyfusion write is terminal.
 
     Succeeds when the run ``succeeded`` and returns the run record as a dict (XCom). Fails with
@@ -72,6 +73,19 @@ class RunRecordSensor(BaseSensorOperator):
         self.missing_timeout = missing_timeout
         self._first_poke: float | None = None
 
+    def _validate(self) -> str:
+        root, _ = self._target()
+        if self.missing_timeout is not None and self.missing_timeout < 0:
+            raise ConfigError(f"RunRecordSensor {self.task_id!r}: missing_timeout must be >= 0, got {self.missing_timeout!r}")
+        return root
+
+    def _trigger(self, root: str) -> RunRecordTrigger:
+        _, run_id = self._target()
+        return RunRecordTrigger(
+            output_uri=root, run_id=run_id, aws_conn_id=self.aws_conn_id, poll_interval=self.poll_interval,
+            missing_timeout=self.missing_timeout,
+        )
+
     def _target(self) -> tuple[str, str]:
         """Validated ``(root, run_id)`` from the rendered arguments."""
         where = f"RunRecordSensor {self.task_id!r}"
@@ -89,24 +103,6 @@ class RunRecordSensor(BaseSensorOperator):
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
 
-    def execute(self, context: Context) -> Any:
-        root, run_id = self._target()
-        if self.missing_timeout is not None and self.missing_timeout < 0:
-            raise ConfigError(f"RunRecordSensor {self.task_id!r}: missing_timeout must be >= 0, got {self.missing_timeout!r}")
-        if not self.deferrable:
-            return super().execute(context)
-        first = self.poke(context)
-        if first:
-            return first.xcom_value if isinstance(first, PokeReturnValue) else None
-        self.defer(
-            trigger=RunRecordTrigger(
-                output_uri=root, run_id=run_id, aws_conn_id=self.aws_conn_id, poll_interval=self.poll_interval,
-                missing_timeout=self.missing_timeout,
-            ),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
-        )
-
     def poke(self, context: Context) -> bool | PokeReturnValue:
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
@@ -117,20 +113,17 @@ class RunRecordSensor(BaseSensorOperator):
         if record is None:
             waited = time.monotonic() - self._first_poke
             if self.missing_timeout is not None and waited > self.missing_timeout:
-                raise failure_from_event(missing_payload(run_id, root, waited, self.missing_timeout))
+                raise failure_from_event(RunOutcome.missing(run_id, root, waited, self.missing_timeout).payload())
             self.log.info("Run record of run %r not found under %s yet", run_id, root)
             return False
-        payload = record_outcome(record, run_id, layout.utc_now())
-        if payload is None:
+        outcome = RunOutcome.of(record, run_id, layout.utc_now())
+        if not outcome.is_final:
             self.log.info("Run %r is running; lease valid until %s", run_id, layout.format_ts(record.lease_expires_at))
             return False
-        return self._finish(payload)
+        return self._finish(outcome.payload())
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
-        if not event:
-            raise RunRecordError(f"RunRecordSensor {self.task_id!r} resumed without a trigger event")
-        result = self._finish(event)
-        return result.xcom_value
+    def _on_event(self, event: dict[str, Any]) -> Any:
+        return self._finish(event).xcom_value
 
     def _finish(self, payload: dict[str, Any]) -> PokeReturnValue:
         if payload.get("status") != "success":

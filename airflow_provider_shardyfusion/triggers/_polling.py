@@ -54,6 +54,10 @@ class PollingTrigger(BaseTrigger):
         """The final event for what was read (``None``: not there / not done yet, poll again)."""
         raise NotImplementedError
 
+    async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
+        """``_evaluate``; a subclass that must read one more object before deciding overrides this."""
+        return self._evaluate(data, waited)
+
     def _describe(self) -> str:
         return f"{self._key()} under {self.output_uri}"
 
@@ -80,7 +84,7 @@ class PollingTrigger(BaseTrigger):
                     if reader is None:
                         reader = await hook.aopen_reader(self.output_uri)
                     data = await reader.read(key)
-                    event = self._evaluate(data, time.monotonic() - started)
+                    event = await self._aevaluate(reader, data, time.monotonic() - started)
                 except PERMANENT_ERRORS as exc:
                     yield error_event(f"{type(exc).__name__} reading {self._describe()}: {exc}",
                                       error_type=type(exc).__name__)

@@ -7,19 +7,9 @@ from typing import Any
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+from airflow_provider_shardyfusion.core.pointer import PointerWait
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
-
-MODES = ("exists", "changed", "run_id")
-
-
-def check_mode(mode: object, run_id: object) -> None:
-    """Shared by the sensor and the trigger so both reject the same arguments the same way."""
-    if mode not in MODES:
-        raise ConfigError(f"mode {mode!r} is invalid: use one of {list(MODES)}")
-    if mode == "run_id":
-        layout.validate_run_id(run_id, what="run_id (required by mode='run_id')")
-
 
 class CurrentSnapshotTrigger(PollingTrigger):
     """Poll ``<output_uri>/_CURRENT`` until it satisfies ``mode``.
@@ -71,37 +61,32 @@ class CurrentSnapshotTrigger(PollingTrigger):
             },
         )
 
+    def _wait(self) -> PointerWait:
+        return PointerWait(self.mode, self.run_id, self.previous_run_id, self.previous_manifest_ref)  # type: ignore[arg-type]
+
     def _key(self) -> str:
-        check_mode(self.mode, self.run_id)
+        self._wait().validate()
         return layout.CURRENT_KEY
 
     def _describe(self) -> str:
         return f"{layout.CURRENT_KEY} under {self.output_uri}"
 
-    def _evaluate(self, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+    async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
+        from airflow_provider_shardyfusion.core.pointer import parse_pointer
+        from airflow_provider_shardyfusion.core.snapshot import manifest_for_pointer
 
         if data is None:
             self.log.info("%s does not exist yet; polling again in %ss", self._describe(), self.poll_interval)
             return None
-        pointer = CurrentPointer.from_bytes(data)
-        pointer.check_root(layout.normalize_root(self.output_uri))
-        if pointer_matches(pointer, self.mode, self.run_id, self.previous_run_id, self.previous_manifest_ref):
-            return TriggerEvent({"status": "success", "pointer": pointer.to_dict()})
-        self.log.info("%s names run %r (mode=%s not satisfied yet); polling again in %ss",
-                      self._describe(), pointer.run_id, self.mode, self.poll_interval)
-        return None
-
-
-def pointer_matches(pointer: Any, mode: str, run_id: str | None, previous_run_id: str | None,
-                    previous_manifest_ref: str | None) -> bool:
-    """Whether a (present, valid) pointer satisfies ``mode``; the sensor's poke uses the same rule."""
-    if mode == "exists":
-        return True
-    if mode == "run_id":
-        return pointer.run_id == run_id
-    if previous_manifest_ref is not None:
-        return pointer.manifest_ref != previous_manifest_ref
-    if previous_run_id is not None:
-        return pointer.run_id != previous_run_id
-    return True
+        root = layout.normalize_root(self.output_uri)
+        pointer = parse_pointer(data, root)
+        if not self._wait().satisfied_by(pointer):
+            self.log.info("%s names run %r (mode=%s not satisfied yet); polling again in %ss",
+                          self._describe(), pointer.run_id, self.mode, self.poll_interval)
+            return None
+        # A pointer to a missing or altered manifest is not a snapshot anyone can read.
+        manifest_data = await reader.read(layout.relative_key(root, pointer.manifest_ref))
+        if manifest_data is None:
+            raise ManifestValidationError(f"_CURRENT names manifest {pointer.manifest_ref}, which does not exist")
+        manifest_for_pointer(pointer, manifest_data, root)
+        return TriggerEvent({"status": "success", "pointer": pointer.to_dict()})

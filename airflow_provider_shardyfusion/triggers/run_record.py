@@ -9,10 +9,6 @@ from airflow.triggers.base import TriggerEvent
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
-KILLED_ERROR_TYPE = "RunKilled"
-KILLED_MESSAGE = "killed: the Airflow task was stopped"
-
-
 class RunRecordTrigger(PollingTrigger):
     """Poll ``<output_uri>/runs/run_id=<run_id>/run.json`` until the run is over.
 
@@ -75,10 +71,11 @@ class RunRecordTrigger(PollingTrigger):
     async def on_kill(self) -> None:
         if not self.fail_run_on_kill:
             return
+        from airflow_provider_shardyfusion.core.errors import RunKilled
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         record = await ShardyfusionHook(aws_conn_id=self.aws_conn_id).amark_failed(
-            self.output_uri, self.run_id, KILLED_MESSAGE, error_type=KILLED_ERROR_TYPE
+            self.output_uri, self.run_id, RunKilled()
         )
         self.log.info("Run %r after the kill: %s", self.run_id, record.status if record else "no run record yet")
 
@@ -89,56 +86,15 @@ class RunRecordTrigger(PollingTrigger):
         return f"the run record of run {self.run_id!r} under {self.output_uri}"
 
     def _evaluate(self, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.run_record import RunRecord
+        from airflow_provider_shardyfusion.core.run_record import RunOutcome, RunRecord
 
         if data is None:
             if self.missing_timeout is not None and waited > self.missing_timeout:
-                return TriggerEvent(missing_payload(self.run_id, self.output_uri, waited, self.missing_timeout))
+                return TriggerEvent(RunOutcome.missing(self.run_id, self.output_uri, waited, self.missing_timeout).payload())
             self.log.info("Run record of run %r not written yet; polling again in %ss", self.run_id, self.poll_interval)
             return None
-        payload = record_outcome(RunRecord.from_bytes(data), self.run_id, layout.utc_now())
-        if payload is None:
+        outcome = RunOutcome.of(RunRecord.from_bytes(data), self.run_id, layout.utc_now())
+        if not outcome.is_final:
             self.log.info("Run %r is running (lease still valid); polling again in %ss", self.run_id, self.poll_interval)
             return None
-        return TriggerEvent(payload)
-
-
-def missing_payload(run_id: str, output_uri: str, waited: float, missing_timeout: float) -> dict[str, Any]:
-    return {
-        "status": "error",
-        "message": f"run record of run {run_id!r} does not exist under {output_uri} after {waited:.0f}s "
-        f"(missing_timeout={missing_timeout}s); did the writer start, and is output_uri right?",
-        "error_type": "RunRecordError", "reason": "missing", "run_id": run_id,
-    }
-
-
-def record_outcome(record: Any, run_id: str, now: Any) -> dict[str, Any] | None:
-    """The event payload a run record means now, or ``None`` while the run is alive.
-
-    One rule for the trigger and the sensor's poke, so both modes end a run the same way.
-    """
-    from airflow_provider_shardyfusion.core.errors import RunRecordError
-    from airflow_provider_shardyfusion.core.run_record import FAILED, SUCCEEDED
-
-    if record.run_id != run_id:
-        raise RunRecordError(f"run record at {layout.run_record_key(run_id)} names run {record.run_id!r}, expected {run_id!r}")
-    if record.status == SUCCEEDED:
-        return {"status": "success", "run_record": record.to_dict()}
-    if record.status == FAILED:
-        err = record.error
-        error_type = err.type if err else "RunRecordError"
-        message = err.message if err else "no error recorded"
-        return {
-            "status": "error", "message": f"run {run_id!r} failed: {error_type}: {message}",
-            "error_type": error_type, "writer_message": message, "reason": "failed",
-            "run_id": run_id, "run_record": record.to_dict(),
-        }
-    if record.lease_expired(now):
-        return {
-            "status": "error",
-            "message": f"writer lost: run {run_id!r} is still 'running' but its lease expired at "
-            f"{layout.format_ts(record.lease_expires_at)} (last heartbeat {layout.format_ts(record.updated_at)}); "
-            "the writer (Spark driver) probably died without marking the run failed",
-            "error_type": "RunRecordError", "reason": "writer_lost", "run_id": run_id, "run_record": record.to_dict(),
-        }
-    return None
+        return TriggerEvent(outcome.payload())

@@ -1,5 +1,6 @@
-"""Two-phase publish (SPEC §6 steps 11–13) on both stores: manifest, own-record check, ``_CURRENT``
-with 3 retries (1 s, 2 s, 4 s), never backwards, and best-effort deletion of losing attempts."""
+"""Two-phase publish (SPEC §6 steps 11–13) on both stores: manifest, the run record turned succeeded
+(the fence), ``_CURRENT`` with 3 retries (1 s, 2 s, 4 s), never backwards, and best-effort deletion
+of losing attempts."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ import pytest
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, StorageError
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.pointer import read_current
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, mark_succeeded, publish, write_current
+from airflow_provider_shardyfusion.core.errors import RunAbandoned
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle, mark_failed, read_run_record
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+
+
+def read_current(store):
+    state = SnapshotRoot(store).read_pointer()
+    return state.pointer, state.etag
+
+
+def write_current(store, manifest, sleep):
+    """Write ``manifest`` as a new manifest object and move ``_CURRENT`` to it."""
+    ref = SnapshotRoot(store).write_manifest(manifest)
+    return SnapshotRoot(store).move_pointer(ref, sleep=sleep), ref
 
 
 @pytest.fixture
@@ -28,7 +41,7 @@ def manifest_for(store, run_id: str, started_minutes_ago: float) -> Manifest:
         run_id=run_id, created_at=layout.utc_now(), output_uri=store.root, num_dbs=2,
         sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
         value_columns=("v",), storage_engine={"name": "rocksdb"}, shards=(),
-        stats={"rows": 0, "run_started_at": layout.format_ts(started)},
+        stats={"rows": 0}, run_started_at=started,
     ).validate()
 
 
@@ -55,16 +68,28 @@ class FailingCurrentPuts:
 def test_publish_writes_manifest_then_current(store):
     lc = running(store, "run-a")
     manifest = manifest_for(store, "run-a", 1)
-    ref = publish(store, manifest, lc, sleep=lambda s: None)
+    record = publish(store, manifest, lc, sleep=lambda s: None)
+    ref = record.manifest_ref
     pointer, _ = read_current(store)
-    assert pointer.run_id == "run-a" and pointer.manifest_ref == ref
+    assert pointer.run_id == "run-a" and pointer.manifest_ref == ref and pointer.previous_run_id is None
     assert Manifest.from_bytes(store.get(store.key_of(ref)).data) == manifest
-    lc.succeed(ref)
+    stored = read_run_record(store, "run-a")
+    assert stored.status == "succeeded" and stored.manifest_ref == ref and stored.published_at is not None
+
+
+def test_staged_publish_writes_manifest_and_record_but_leaves_current(store):
+    live = publish(store, manifest_for(store, "run-live", 5), running(store, "run-live"), sleep=lambda s: None)
+    record = publish(store, manifest_for(store, "run-staged", 1), running(store, "run-staged"), live=False,
+                     sleep=lambda s: None)
+    assert record.status == "succeeded" and record.published_at is None
+    assert read_run_record(store, "run-staged").published_at is None
+    assert read_current(store)[0].manifest_ref == live.manifest_ref
+    assert SnapshotRoot(store).find_manifest("run-staged").uri == record.manifest_ref
 
 
 def test_publish_stops_before_current_when_the_run_was_reaped(store):
     lc = running(store, "run-r")
-    mark_failed(store, "run-r", "reaped by cleanup")
+    mark_failed(store, "run-r", RunAbandoned("reaped by cleanup"))
     with pytest.raises(PublishManifestError, match="no longer 'running'"):
         publish(store, manifest_for(store, "run-r", 1), lc, sleep=lambda s: None)
     assert read_current(store)[0] is None
@@ -76,31 +101,34 @@ def test_current_write_is_retried_with_1_2_4_second_backoff(store, failures, sle
     slept: list[float] = []
     flaky = FailingCurrentPuts(store, failures)
     manifest = manifest_for(store, "run-b", 1)
-    write_current(flaky, manifest, "ignored-ref-is-stored-verbatim", sleep=slept.append)
+    write_current(flaky, manifest, sleep=slept.append)
     assert slept == sleeps
     assert read_current(store)[0].run_id == "run-b"
 
 
 def test_current_write_gives_up_after_three_retries_and_leaves_current_alone(store):
     lc = running(store, "run-old")
-    first = publish(store, manifest_for(store, "run-old", 2), lc, sleep=lambda s: None)
+    first = publish(store, manifest_for(store, "run-old", 2), lc, sleep=lambda s: None).manifest_ref
     slept: list[float] = []
-    with pytest.raises(PublishManifestError, match="after 3 retries: injected: S3 said 503"):
-        write_current(FailingCurrentPuts(store, 4), manifest_for(store, "run-c", 1), "x", sleep=slept.append)
+    with pytest.raises(PublishManifestError, match="after 3 retries: injected: S3 said 503.*stays staged"):
+        publish(FailingCurrentPuts(store, 4), manifest_for(store, "run-c", 1), running(store, "run-c"),
+                sleep=slept.append)
     assert slept == [1.0, 2.0, 4.0]
     assert read_current(store)[0].manifest_ref == first
+    assert read_run_record(store, "run-c").status == "succeeded"  # staged: publishable later, never live+failed
 
 
 def test_current_never_moves_to_an_older_run_unless_rollback_is_asked(store):
     newer = publish(store, manifest_for(store, "run-new", 1), running(store, "run-new"), sleep=lambda s: None)
     older_lc = running(store, "run-older")
     older = manifest_for(store, "run-older", 30)
-    with pytest.raises(PublishManifestError, match="refusing to move it backwards"):
+    with pytest.raises(PublishManifestError, match="refusing to move it backwards.*allow_older=True"):
         publish(store, older, older_lc, sleep=lambda s: None)
-    assert read_current(store)[0].manifest_ref == newer
+    assert read_current(store)[0].manifest_ref == newer.manifest_ref
     ref = publish(store, manifest_for(store, "run-older2", 30), running(store, "run-older2"), allow_rollback=True,
-                  sleep=lambda s: None)
+                  sleep=lambda s: None).manifest_ref
     assert read_current(store)[0].manifest_ref == ref
+    assert read_current(store)[0].previous_run_id == "run-new"
 
 
 def test_delete_losing_attempts_keeps_only_winners(store):
@@ -134,17 +162,18 @@ class FailingRecordPuts(FailingCurrentPuts):
 
 
 @pytest.mark.parametrize("failures", [2, 4])
-def test_marking_a_live_snapshot_succeeded_is_retried(store, failures):
+def test_marking_the_run_succeeded_is_retried_and_fences_the_pointer(store, failures):
     flaky = FailingRecordPuts(store, 0)
     lc = running(flaky, "run-s")
-    ref = publish(flaky, manifest_for(store, "run-s", 1), lc, sleep=lambda s: None)
     flaky.failures = failures
     slept: list[float] = []
     if failures <= 3:
-        record = mark_succeeded(lc, ref, {"rows": 0}, sleep=slept.append)
-        assert record.status == "succeeded" and read_run_record(store, "run-s").manifest_ref == ref
+        record = publish(flaky, manifest_for(store, "run-s", 1), lc, sleep=slept.append)
+        assert record.status == "succeeded" and read_run_record(store, "run-s").manifest_ref == record.manifest_ref
         assert slept == [1.0, 2.0][:failures]
+        assert read_current(store)[0].run_id == "run-s"
     else:
-        with pytest.raises(PublishManifestError, match="'run-s' is live .* could not be marked succeeded"):
-            mark_succeeded(lc, ref, {"rows": 0}, sleep=slept.append)
+        with pytest.raises(PublishManifestError, match="'run-s' could not be marked succeeded, so the run was not published"):
+            publish(flaky, manifest_for(store, "run-s", 1), lc, sleep=slept.append)
         assert slept == [1.0, 2.0, 4.0] and read_run_record(store, "run-s").status == "running"
+        assert read_current(store)[0] is None  # never a live snapshot whose record is not succeeded

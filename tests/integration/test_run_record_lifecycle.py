@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled
+
 import threading
 import time
 from datetime import timedelta
@@ -222,7 +224,7 @@ def test_context_manager_success(store):
 
 def test_mark_failed_from_outside_wins_over_lifecycle(store):
     lc = lifecycle(store).start()
-    reaped = wait_until(lambda: (r := mark_failed(store, "run-1", "lease expired: abandoned")).status == FAILED and r)
+    reaped = wait_until(lambda: (r := mark_failed(store, "run-1", RunAbandoned("lease expired: abandoned"))).status == FAILED and r)
     assert reaped.error.type == "RunAbandoned" and reaped.error.message == "lease expired: abandoned"
     stored = read_run_record(store, "run-1")
     assert stored == reaped
@@ -239,26 +241,26 @@ def test_mark_failed_from_outside_wins_over_lifecycle(store):
 
 def test_heartbeat_notices_reaping(store):
     lc = lifecycle(store).start()
-    wait_until(lambda: mark_failed(store, "run-1", "killed", error_type="Killed").status == FAILED)
+    wait_until(lambda: mark_failed(store, "run-1", RunKilled("killed")).status == FAILED)
     wait_until(lambda: lc.lost)  # the next heartbeat finds a foreign version and stops
     rec = read_run_record(store, "run-1")
-    assert rec.status == FAILED and rec.error.type == "Killed"
+    assert rec.status == FAILED and rec.error.type == "RunKilled"
 
 
 def test_context_manager_after_reaping_keeps_outside_error(store):
     with pytest.raises(ValueError, match="late failure"):
         with lifecycle(store):
-            wait_until(lambda: mark_failed(store, "run-1", "abandoned").status == FAILED)
+            wait_until(lambda: mark_failed(store, "run-1", RunAbandoned("abandoned")).status == FAILED)
             raise ValueError("late failure")
     rec = read_run_record(store, "run-1")
     assert rec.error.type == "RunAbandoned" and rec.error.message == "abandoned"
 
 
 def test_mark_failed_missing_and_terminal(store):
-    assert mark_failed(store, "never-ran", "x") is None
+    assert mark_failed(store, "never-ran", RunAbandoned("x")) is None
     lc = lifecycle(store).start()
     done = lc.succeed(manifest_ref(store))
-    assert mark_failed(store, "run-1", "too late") == done
+    assert mark_failed(store, "run-1", RunAbandoned("too late")) == done
     assert read_run_record(store, "run-1").status == SUCCEEDED
 
 

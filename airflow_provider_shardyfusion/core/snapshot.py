@@ -1,0 +1,280 @@
+"""``SnapshotRoot``: everything stored under one output root, read and changed through one object.
+
+The reader, the CLI, the hook, the Spark job and the lifecycle (publish, validate, cleanup) all go
+through it: the pointer with its etag and the conditional move that never goes backwards unless
+asked, run records (read, list, conditional update), manifests (read against their pointer, find
+a run's manifest) and the published history.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from . import layout
+from .checksum import bytes_checksum
+from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError, RunRecordError, StorageError
+from .manifest import Manifest
+from .pointer import CurrentPointer, parse_pointer
+from .run_record import RunRecord, read_run_record
+from .storage.base import ObjectStore, StorageOptions
+
+log = logging.getLogger(__name__)
+
+POINTER_RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
+
+
+@dataclass(frozen=True)
+class PointerState:
+    """``_CURRENT`` as read, with the etag a conditional replace needs (both ``None``: no pointer)."""
+
+    pointer: CurrentPointer | None
+    etag: str | None
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """A manifest object under the root: where it is, whose run, and when it was published."""
+
+    uri: str
+    key: str
+    run_id: str
+    published_at: datetime
+
+
+class SnapshotRoot:
+    """The snapshots under one output root (``s3://bucket/prefix`` or ``file:///abs/dir``)."""
+
+    def __init__(self, store: ObjectStore):
+        self.store = store
+
+    @classmethod
+    def open(cls, output_uri: str, storage_options: StorageOptions | dict[str, Any] | None = None) -> SnapshotRoot:
+        from .storage import open_store
+
+        return cls(open_store(output_uri, storage_options))
+
+    @property
+    def root(self) -> str:
+        return self.store.root
+
+    # -- _CURRENT -------------------------------------------------------------------------------
+
+    def read_pointer(self) -> PointerState:
+        try:
+            obj = self.store.get(layout.CURRENT_KEY)
+        except ObjectNotFoundError:
+            return PointerState(None, None)
+        return PointerState(parse_pointer(obj.data, self.root), obj.etag)
+
+    def current(self) -> CurrentPointer | None:
+        return self.read_pointer().pointer
+
+    def move_pointer(
+        self,
+        manifest: ManifestRef,
+        *,
+        allow_older: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> CurrentPointer:
+        """Point ``_CURRENT`` at ``manifest`` with a conditional put on the pointer just read.
+
+        A concurrent move makes it re-read and decide again (never overwrite blindly); transient
+        storage errors are retried (1 s, 2 s, 4 s). A run that started before the live one is
+        refused unless ``allow_older`` (a rollback). Already live: returns the live pointer.
+        """
+        data = self.store.get(manifest.key).data
+        target = self._manifest_from_bytes(manifest.uri, data)
+        last_error: Exception | None = None
+        for attempt, backoff in enumerate((*POINTER_RETRY_BACKOFF_S, None)):
+            try:
+                state = self.read_pointer()
+                live = state.pointer
+                if live is not None and live.manifest_ref == manifest.uri:
+                    return live
+                if live is not None and live.run_id != target.run_id and not allow_older:
+                    self._refuse_backwards(live, target)
+                pointer = CurrentPointer(
+                    manifest_ref=manifest.uri, run_id=target.run_id, updated_at=layout.utc_now(),
+                    previous_run_id=live.run_id if live is not None else None,
+                    manifest_checksum=bytes_checksum(data), manifest_size=len(data),
+                )
+                if self.store.put_if_match(layout.CURRENT_KEY, pointer.to_bytes(), state.etag) is not None:
+                    return pointer
+                last_error = PublishManifestError("_CURRENT changed while publishing (a concurrent publisher)")
+            except StorageError as exc:
+                last_error = exc
+            if backoff is None:
+                break
+            log.warning("run %s: moving _CURRENT failed (%s); retry %d in %.0fs", target.run_id, last_error,
+                        attempt + 1, backoff)
+            sleep(backoff)
+        raise PublishManifestError(
+            f"could not write {self.store.uri(layout.CURRENT_KEY)} after {len(POINTER_RETRY_BACKOFF_S)} retries: {last_error}"
+        )
+
+    def _refuse_backwards(self, live: CurrentPointer, target: Manifest) -> None:
+        try:
+            theirs = self.load_manifest(live).run_started_at
+        except (StorageError, ManifestValidationError) as exc:
+            log.warning("live manifest %s is unreadable (%s); treating it as older", live.manifest_ref, exc)
+            return
+        ours = target.run_started_at
+        if theirs is not None and ours is not None and theirs > ours:
+            raise PublishManifestError(
+                f"_CURRENT names run {live.run_id!r}, which started at {layout.format_ts(theirs)}, after run "
+                f"{target.run_id!r} ({layout.format_ts(ours)}); refusing to move it backwards. To roll back on "
+                "purpose use PublishSnapshotOperator(allow_older=True) or 'shardyfusion publish --allow-older'"
+            )
+
+    # -- manifests ------------------------------------------------------------------------------
+
+    def manifest_ref(self, uri: str) -> ManifestRef:
+        """Parse a manifest URI; refuse anything that is not a manifest under this root."""
+        key = self.store.key_of(uri)
+        parsed = layout.parse_manifest_key(key)
+        if parsed is None:
+            raise ManifestValidationError(f"{uri!r} is not a manifest under {self.root}/{layout.MANIFESTS_DIR}/")
+        return ManifestRef(uri=self.store.uri(key), key=key, run_id=parsed.run_id, published_at=parsed.published_at)
+
+    def list_manifests(self) -> list[ManifestRef]:
+        """Every manifest under the root, oldest write first."""
+        found = []
+        for info in self.store.list(layout.MANIFESTS_DIR + "/"):
+            parsed = layout.parse_manifest_key(info.key)
+            if parsed is not None:
+                found.append(ManifestRef(self.store.uri(info.key), info.key, parsed.run_id, parsed.published_at))
+        return sorted(found, key=lambda m: (m.published_at, m.key))
+
+    def find_manifest(self, run_id: str) -> ManifestRef | None:
+        """The run's manifest; the latest one if it was written more than once."""
+        layout.validate_run_id(run_id)
+        of_run = [m for m in self.list_manifests() if m.run_id == run_id]
+        return of_run[-1] if of_run else None
+
+    def read_manifest(self, ref: ManifestRef | str) -> Manifest:
+        ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
+        manifest = self._manifest_from_bytes(ref.uri, self.store.get(ref.key).data)
+        if manifest.run_id != ref.run_id:
+            raise ManifestValidationError(f"{ref.uri}: manifest is of run {manifest.run_id!r}, its path says {ref.run_id!r}")
+        return manifest
+
+    def load_manifest(self, pointer: CurrentPointer) -> Manifest:
+        """The manifest ``pointer`` names, refused unless it is exactly the one the pointer was written for."""
+        ref = self.manifest_ref(pointer.manifest_ref)
+        return manifest_for_pointer(pointer, self.store.get(ref.key).data, self.root)
+
+    @staticmethod
+    def _manifest_from_bytes(where: str, data: bytes) -> Manifest:
+        return _parse_manifest(where, data)
+
+    def write_manifest(self, manifest: Manifest) -> ManifestRef:
+        """Write a new, immutable manifest object for its run."""
+        manifest.validate()
+        key = layout.manifest_key(manifest.run_id, layout.utc_now())
+        if not self.store.put_if_absent(key, manifest.to_bytes()):
+            raise PublishManifestError(f"manifest {self.store.uri(key)} already exists; manifests are immutable")
+        return self.manifest_ref(self.store.uri(key))
+
+    # -- run records ----------------------------------------------------------------------------
+
+    def read_run(self, run_id: str) -> RunRecord | None:
+        return read_run_record(self.store, run_id)
+
+    def run_record_ref(self, run_id: str) -> str:
+        return self.store.uri(layout.run_record_key(run_id))
+
+    def list_run_ids(self) -> list[str]:
+        found = (layout.parse_run_record_key(o.key) for o in self.store.list(layout.RUNS_DIR + "/"))
+        return sorted(r for r in found if r)
+
+    def iter_runs(self) -> Iterator[tuple[str, RunRecord | None, Exception | None]]:
+        """``(run_id, record, error)`` for every record; one bad record does not hide the others."""
+        for run_id in self.list_run_ids():
+            try:
+                yield run_id, self.read_run(run_id), None
+            except (RunRecordError, StorageError) as exc:
+                yield run_id, None, exc
+
+    def update_run(self, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
+                   attempts: int = 5) -> RunRecord | None:
+        """Apply ``change`` to the record with a conditional put, re-reading on a concurrent change.
+
+        ``change`` returns the new record, or ``None`` to leave it as it is. Returns what is stored.
+        """
+        key = layout.run_record_key(run_id)
+        for _ in range(attempts):
+            try:
+                obj = self.store.get(key)
+            except ObjectNotFoundError:
+                return None
+            record = RunRecord.from_bytes(obj.data)
+            new = change(record)
+            if new is None:
+                return record
+            new = replace(new, updated_at=layout.utc_now()).validate()
+            if self.store.put_if_match(key, new.to_bytes(), obj.etag) is not None:
+                return new
+        raise RunRecordError(f"run record {self.store.uri(key)} kept changing; gave up after {attempts} attempts")
+
+    def mark_published(self, run_id: str, when: datetime | None = None) -> RunRecord | None:
+        stamp = when or layout.utc_now()
+        return self.update_run(run_id, lambda r: replace(r, published_at=stamp))
+
+    # -- history --------------------------------------------------------------------------------
+
+    def published_history(self) -> list[CurrentPointer]:
+        """The pointer as it was after each publish still recorded in run records, newest first.
+
+        Derived from ``published_at`` of the run records and the manifests on storage, so it stays
+        available after ``_CURRENT`` moved on (e.g. to find what to roll back to).
+        """
+        manifests = {m.run_id: m for m in self.list_manifests()}
+        out = []
+        for run_id, record, _ in self.iter_runs():
+            if record is None or record.published_at is None or record.deleted_at is not None:
+                continue
+            ref = manifests.get(run_id)
+            if ref is not None:
+                out.append(CurrentPointer(manifest_ref=ref.uri, run_id=run_id, updated_at=record.published_at))
+        return sorted(out, key=lambda p: p.updated_at, reverse=True)
+
+
+def _parse_manifest(where: str, data: bytes) -> Manifest:
+    try:
+        return Manifest.from_bytes(data)
+    except ManifestValidationError as exc:
+        raise ManifestValidationError(f"{where}: {exc}") from None
+
+
+def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Manifest:
+    """Check manifest bytes against the pointer that names them (pure: async callers read the bytes).
+
+    The bytes must be the ones the pointer recorded (checksum and size), of the pointer's run, and
+    every ``db_url`` must lie in its own shard folder under ``root``: ``Manifest.validate`` checks
+    them against the manifest's own ``output_uri``, which a tampered manifest could change too.
+    """
+    pointer.check_manifest_bytes(data)
+    manifest = _parse_manifest(pointer.manifest_ref, data)
+    if manifest.run_id != pointer.run_id:
+        raise ManifestValidationError(
+            f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
+        )
+    own_prefix = layout.join(root, layout.shards_prefix(manifest.run_id))
+    for shard in manifest.shards:
+        parsed = None
+        if shard.db_url.startswith(own_prefix):
+            try:
+                parsed = layout.parse_shard_key(layout.relative_key(root, shard.db_url))
+            except ManifestValidationError:
+                parsed = None
+        if parsed is None or parsed.run_id != manifest.run_id or parsed.db_id != shard.db_id:
+            raise ManifestValidationError(
+                f"{pointer.manifest_ref}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this "
+                f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
+            )
+    return manifest
