@@ -31,7 +31,9 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Sharded RocksDB key-value snapshots built with Spark and published atomically.",
         "versions": [__version__],
         "integrations": [{"integration-name": integration, "tags": ["service"]}],
-        "operators": [{"integration-name": integration, "python-modules": [f"{base}.operators.sharded_write"]}],
+        "operators": [{"integration-name": integration, "python-modules": [
+            f"{base}.operators.sharded_write", f"{base}.operators.validate", f"{base}.operators.publish",
+            f"{base}.operators.cleanup"]}],
         "sensors": [{"integration-name": integration, "python-modules": [
             f"{base}.sensors.run_record", f"{base}.sensors.current"]}],
         "hooks": [{"integration-name": integration, "python-modules": [f"{base}.hooks.shardyfusion"]}],
