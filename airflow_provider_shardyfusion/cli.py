@@ -4,6 +4,7 @@
     shardyfusion manifest URI [--run-id RUN]      the live manifest, or the one of a given run
     shardyfusion runs     URI                     every run record under runs/
     shardyfusion get      URI KEY [KEY ...]       look keys up through ShardedReader
+    shardyfusion publish  URI --run-id RUN [--allow-older]   move _CURRENT to a staged run / roll back
 
 S3-compatible servers: ``--endpoint-url``, ``--region``, ``--path-style``. Credentials are never
 flags: boto3 takes them from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...).
@@ -53,6 +54,15 @@ def _build_parser() -> argparse.ArgumentParser:
     manifest = subs.add_parser("manifest", parents=[common], help="print a manifest (default: the live one)")
     manifest.add_argument("--run-id", help="print the manifest of this run instead of the one _CURRENT names")
     subs.add_parser("runs", parents=[common], help="list run records")
+    pub = subs.add_parser(
+        "publish", parents=[common], help="move _CURRENT to a staged run, or back to an older one",
+        description="Checks the run's manifest, files and run record, then moves _CURRENT with a conditional put. "
+                    "A run older than the live one needs --allow-older (a rollback).",
+    )
+    target = pub.add_mutually_exclusive_group(required=True)
+    target.add_argument("--run-id", help="the run to publish")
+    target.add_argument("--manifest-ref", help="the manifest URI to publish")
+    pub.add_argument("--allow-older", action="store_true", help="allow a run older than the live one (rollback)")
     get = subs.add_parser(
         "get", parents=[common], help="look keys up in the live snapshot",
         description="Values print as JSON objects (value_format json), UTF-8 text when the bytes decode, "
@@ -108,6 +118,15 @@ def _cmd_runs(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         elif record is not None:
             runs.append({**record.to_dict(), "ref": ref})
     return runs
+
+
+def _cmd_publish(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.publish import publish_run
+    from .core.validation import check_storage
+
+    result = publish_run(snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, allow_older=args.allow_older,
+                         check=lambda ref, manifest: check_storage(snapshots, manifest))
+    return result.to_dict()
 
 
 def _parse_key(text: str, key_type: str, key_encoding: str) -> Any:
@@ -171,7 +190,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         return {"run_id": reader.run_id, "results": out}
 
 
-_COMMANDS = {"current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
+_COMMANDS = {"publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
 
 
 def main(argv: list[str] | None = None) -> int:
