@@ -14,8 +14,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q "uv>=0.5"
-	$(VENV)/bin/uv pip install --python $(PY) -e ".[test]" hatchling
-	@# pyspark-client (pulled by the spark provider) writes into pyspark/ too: put pyspark's files back last.
+	@# pyspark and pyspark-client (pulled by the spark provider) share the pyspark/ folder: one version
+	@# for both (pyproject only has ranges), and pyspark's files put back last.
+	$(VENV)/bin/uv pip install --python $(PY) -e ".[test]" hatchling "pyspark==$(PYSPARK_VERSION)" "pyspark-client==$(PYSPARK_VERSION)"
 	$(VENV)/bin/uv pip install --python $(PY) --reinstall --no-deps "pyspark==$(PYSPARK_VERSION)"
 	touch $@
 

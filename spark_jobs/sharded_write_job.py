@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
+    from airflow_provider_shardyfusion.compat import check_pyspark_install
+
+    try:
+        # Before pyspark is imported: a pyspark / pyspark-client mix may fail on import with an
+        # error that names neither distribution.
+        check_pyspark_install()
+    except ShardyfusionError as exc:
+        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
     from pyspark.sql import SparkSession
 
     from spark_jobs.driver import run_write

@@ -67,6 +67,7 @@ def bundle_entries(spark_jobs_dir: Path | None = None) -> list[tuple[str, bytes]
     pkg = package_dir()
     files = _python_files(jobs, "spark_jobs")
     files.append((f"{_PACKAGE}/__init__.py", pkg / "__init__.py"))
+    files.append((f"{_PACKAGE}/compat.py", pkg / "compat.py"))  # the job's installation check
     files += _python_files(pkg / "core", f"{_PACKAGE}/core")
     names = [name for name, _ in files]
     if len(set(names)) != len(names):

@@ -7,6 +7,7 @@ import configparser
 import glob
 import importlib.metadata as md
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -14,13 +15,15 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 import airflow_provider_shardyfusion
 from airflow_provider_shardyfusion import get_provider_info
 
 ROOT = Path(__file__).resolve().parents[2]
 DIST = "airflow-provider-shardyfusion"
-SPARK_VERSION = "4.2.0"
+# make install puts pyspark and pyspark-client into the dev venv at this one version.
+SPARK_VERSION = re.search(r"^PYSPARK_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1)
 ENTRY_POINT = "airflow_provider_shardyfusion:get_provider_info"
 
 
@@ -92,3 +95,46 @@ def test_wheel_contents(wheel):
         parser = configparser.ConfigParser()
         parser.read_string(zf.read(ep_file).decode())
     assert parser["apache_airflow_provider"]["provider_info"] == ENTRY_POINT
+
+
+def test_wheel_ships_py_typed_license_and_urls(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert "airflow_provider_shardyfusion/py.typed" in names
+        assert "airflow_provider_shardyfusion/compat.py" in names
+        license_files = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert license_files and b"Apache License" in zf.read(license_files[0])
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in metadata.splitlines() if line.startswith("Project-URL: "))
+    assert {"Homepage", "Source", "Issues", "Changelog"} <= set(urls) and all(u.startswith("https://") for u in urls.values())
+
+
+def _requirements(wheel) -> dict[str, list[Requirement]]:
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    out: dict[str, list[Requirement]] = {}
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Dist: "):
+            req = Requirement(line.split(": ", 1)[1])
+            out.setdefault(req.name.lower(), []).append(req)
+    return out
+
+
+def test_install_requirements_are_ranges_with_the_tested_floors(wheel):
+    """No exact pins (Airflow constraints files must be able to choose), and the floors are the ones
+    README "Supported versions" explains and tests/deploy/ installs."""
+    from airflow_provider_shardyfusion import compat
+
+    reqs = _requirements(wheel)
+    for name, variants in reqs.items():
+        for req in variants:
+            assert not any(spec.operator in ("==", "===") for spec in req.specifier), f"exact pin: {req}"
+    assert "pyspark-client" not in reqs  # the spark provider brings it; compat refuses a mix at run time
+    floors = {name: min((spec.version for r in reqs[name] for spec in r.specifier if spec.operator == ">="),
+                        default=None) for name in reqs}
+    assert floors["apache-airflow"] == "3.3.0"
+    assert floors["apache-airflow-providers-apache-spark"] == compat.SPARK_PROVIDER_FLOOR == "5.6.0"
+    assert floors["apache-airflow-providers-amazon"] == "9.4.0"
+    spark_extra = [r for r in reqs["pyspark"] if r.marker and r.marker.evaluate({"extra": "spark"})]
+    assert spark_extra and str(spark_extra[0].specifier) in ("<5,>=4.1", ">=4.1,<5")
