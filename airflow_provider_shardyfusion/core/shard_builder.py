@@ -28,15 +28,31 @@ from .rate_limit import WriteLimiter
 
 log = logging.getLogger(__name__)
 
-# Files a read-only open does not need: the lock and RocksDB's informational logs.
-_SKIP_FILES = ("LOCK", "LOG")
+# Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
+# (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
+SST_FORMAT_VERSION = 5
+
+
+def shard_file_needed(name: str) -> bool:
+    """Whether a read-only open needs this file of a freshly built database.
+
+    Only CURRENT, the MANIFEST it names and the SSTs are. Left out: LOCK and LOG*, the empty WAL
+    (``*.log``, ingestion bypasses it), IDENTITY (read-only opens do without it), rocksdict's own
+    config, and OPTIONS-*: it names options newer than older RocksDB releases know, which makes
+    e.g. RocksDB 7.8's ``ldb`` refuse the whole database.
+    """
+    return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
 
 
 def _rocksdb_options() -> Any:
-    from rocksdict import Options
+    from rocksdict import BlockBasedOptions, Options
 
     # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
-    return Options(raw_mode=True)
+    opts = Options(raw_mode=True)
+    table = BlockBasedOptions()
+    table.set_format_version(SST_FORMAT_VERSION)
+    opts.set_block_based_table_factory(table)
+    return opts
 
 
 @dataclass(frozen=True)
@@ -266,7 +282,7 @@ class ShardBuilder:
         files = []
         for name in sorted(os.listdir(self.db_dir)):
             path = os.path.join(self.db_dir, name)
-            if name in _SKIP_FILES or name.startswith("LOG.old") or not os.path.isfile(path):
+            if not shard_file_needed(name) or not os.path.isfile(path):
                 continue
             files.append(ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path)))
         self.timings["checksum_s"] = time.perf_counter() - t0

@@ -1,0 +1,201 @@
+"""Shards are plain RocksDB databases that older, independent RocksDB clients read exactly (SPEC §5).
+
+A snapshot is written by the real Spark job (local mode). Every shard is fetched with exactly the
+files its manifest lists into a fresh folder, then read by two clients that share no code with the
+writer: Debian 12's RocksDB 7.8 tools (``ldb`` scans the database, ``sst_dump`` each SST; both
+refuse block-based ``format_version`` 6) and the Java RocksDB bundled with Spark, through the
+driver's JVM. Every key and value is compared with the input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_shardyfusion.core import encoding, layout, routing
+from airflow_provider_shardyfusion.core.config import build_write_config
+from airflow_provider_shardyfusion.core.manifest import Manifest
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.storage import open_store
+
+pytestmark = pytest.mark.spark
+MISSING_TOOL = "{} not found: `make install` installs Debian's rocksdb-tools (RocksDB 7.8) when run as root with apt-get"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]").appName("shardyfusion-independent-client")
+        .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path is not None, MISSING_TOOL.format(name)
+    return path
+
+
+def _fetch_shards(root: str) -> tuple[Manifest, dict[int, str]]:
+    """Follow _CURRENT and copy every shard's listed files, and nothing else, into fresh folders."""
+    store = open_store(root)
+    pointer = CurrentPointer.from_bytes(store.get(layout.CURRENT_KEY).data)
+    manifest = Manifest.from_bytes(store.get(store.key_of(pointer.manifest_ref)).data)
+    folders = {}
+    for shard in manifest.shards:
+        local = tempfile.mkdtemp(prefix=f"independent-db{shard.db_id}-")
+        for f in shard.files:
+            store.download_file(f"{store.key_of(shard.db_url)}/{f.name}", os.path.join(local, f.name))
+        folders[shard.db_id] = local
+    return manifest, folders
+
+
+def _parse_hex_pairs(lines: list[str], sep: str) -> list[tuple[bytes, bytes]]:
+    pairs = []
+    for line in lines:
+        k, v = line.split(sep, 1)
+        pairs.append((bytes.fromhex(k.strip().removeprefix("0x").strip("'")), bytes.fromhex(v.strip().removeprefix("0x"))))
+    return pairs
+
+
+def _ldb_scan(folder: str) -> list[tuple[bytes, bytes]]:
+    proc = subprocess.run([_tool("ldb"), f"--db={folder}", "scan", "--hex"], capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stdout.startswith("Failed"), f"ldb refused {folder}: {proc.stdout}{proc.stderr}"
+    return _parse_hex_pairs([ln for ln in proc.stdout.splitlines() if ln.strip()], " : ")
+
+
+def _sst_dump_scan(sst: str) -> list[tuple[bytes, bytes]]:
+    proc = subprocess.run([_tool("sst_dump"), f"--file={sst}", "--command=scan", "--output_hex"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "not a valid SST file" not in proc.stdout + proc.stderr, \
+        f"sst_dump refused {sst}: {proc.stdout}{proc.stderr}"
+    # Data lines look like: '00AB...' seq:0, type:1 => 76...
+    rows = [ln for ln in proc.stdout.splitlines() if " => " in ln and " seq:" in ln]
+    return [(bytes.fromhex(ln.split("'")[1]), bytes.fromhex(ln.split(" => ", 1)[1].strip())) for ln in rows]
+
+
+def _java_scan(spark, folder: str) -> list[tuple[bytes, bytes]]:
+    jvm = spark.sparkContext._jvm
+    jvm.org.rocksdb.RocksDB.loadLibrary()
+    options = jvm.org.rocksdb.Options()
+    db = jvm.org.rocksdb.RocksDB.openReadOnly(options, folder)
+    pairs = []
+    try:
+        it = db.newIterator()
+        try:
+            it.seekToFirst()
+            while it.isValid():
+                pairs.append((bytes(it.key()), bytes(it.value())))
+                it.next()
+        finally:
+            it.close()
+    finally:
+        db.close()
+        options.close()
+    return pairs
+
+
+def _check_exact(manifest: Manifest, shard_pairs: dict[int, list[tuple[bytes, bytes]]], expected: dict[bytes, bytes],
+                 key_encoding: str, what: str) -> None:
+    seen = {}
+    for db_id, pairs in shard_pairs.items():
+        keys = [k for k, _ in pairs]
+        assert keys == sorted(keys), f"{what}: shard {db_id} not in bytewise key order"
+        assert len(pairs) == manifest.shard(db_id).row_count, f"{what}: shard {db_id} row count"
+        for k, v in pairs:
+            assert routing.route_key(encoding.decode_key(k, key_encoding), manifest.num_dbs) == db_id, \
+                f"{what}: key {k.hex()} in the wrong shard {db_id}"
+            assert k not in seen, f"{what}: key {k.hex()} stored twice"
+            seen[k] = v
+    assert seen == expected, f"{what}: keys/values differ from the input"
+
+
+def _write(spark, tmp_path: Path, table: pa.Table, **kwargs) -> str:
+    from spark_jobs.driver import run_write
+
+    src = str(tmp_path / "input.parquet")
+    pq.write_table(table, src)
+    root = f"file://{tmp_path / 'out'}"
+    run_write(spark, build_write_config(output_uri=root, input_path=src, **kwargs), faults={})
+    return root
+
+
+CASES = {
+    # Several Spark-sorted runs per shard → several SSTs ingested into each database.
+    # Small Arrow batches let the writer flush a run every ~500 rows.
+    "int-keys-several-ssts": dict(rows=6_000, num_dbs=5, sort_run_rows=500, batch_size=200,
+                                  spark_conf_overrides={"spark.sql.execution.arrow.maxRecordsPerBatch": "250"}),
+    # One in-memory sort run per shard, string keys, JSON values.
+    "string-keys-json": dict(rows=3_000, num_dbs=3, sort_run_rows=1_000_000, batch_size=50_000),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_shard_reads_back_exactly_with_rocksdb_7_tools_and_java(spark, tmp_path, case):
+    c = CASES[case]
+    n = c["rows"]
+    if case.startswith("int"):
+        ids = list(range(0, n * 7, 7))
+        table = pa.table({"id": pa.array(ids, pa.int64()),
+                          "payload": pa.array([b"v%d-" % i + bytes([i % 256]) * (i % 40) for i in ids], pa.binary())})
+        kwargs = dict(key_column="id", value_column="payload")
+        key_encoding = "u64be"
+        expected = {encoding.encode_key(i, key_encoding): b"v%d-" % i + bytes([i % 256]) * (i % 40) for i in ids}
+    else:
+        names = [f"user-{i:05d}-é" for i in range(n)]
+        table = pa.table({"name": names, "age": list(range(n)), "city": [f"c{i % 13}" for i in range(n)]})
+        kwargs = dict(key_column="name", value_columns=["age", "city"], value_format="json")
+        key_encoding = "utf8"
+        expected = {encoding.encode_key(s, key_encoding): i for i, s in enumerate(names)}
+    root = _write(spark, tmp_path, table, num_dbs=c["num_dbs"], sort_run_rows=c["sort_run_rows"],
+                  batch_size=c["batch_size"], spark_conf_overrides=c.get("spark_conf_overrides"), **kwargs)
+    manifest, folders = _fetch_shards(root)
+    assert len(folders) == c["num_dbs"]
+    if case.startswith("int"):
+        assert all(sum(f.name.endswith(".sst") for f in s.files) > 1 for s in manifest.shards)
+
+    def normalize(pairs):
+        if key_encoding == "utf8":  # JSON text is compared as data, so key order inside it is free
+            return [(k, json.loads(v)) for k, v in pairs]
+        return pairs
+
+    want = expected if key_encoding == "u64be" else {
+        k: {"age": i, "city": f"c{i % 13}"} for k, i in expected.items()}
+    ldb = {db_id: normalize(_ldb_scan(folder)) for db_id, folder in folders.items()}
+    _check_exact(manifest, ldb, want, key_encoding, "ldb 7.x")
+    sst = {}
+    for db_id, folder in folders.items():
+        pairs = []
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".sst"):
+                pairs.extend(_sst_dump_scan(os.path.join(folder, name)))
+        sst[db_id] = normalize(sorted(pairs))
+    _check_exact(manifest, sst, want, key_encoding, "sst_dump 7.x")
+    java = {db_id: normalize(_java_scan(spark, folder)) for db_id, folder in folders.items()}
+    _check_exact(manifest, java, want, key_encoding, "Java RocksDB (Spark's rocksdbjni)")
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_rocksdb_7_tools_are_the_old_release():
+    """The guard above means something only if the tools predate format_version 6 (RocksDB 8.6)."""
+    proc = subprocess.run([_tool("ldb"), "--version"], capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    version = next((w for w in out.replace(",", " ").split() if w[:1].isdigit() and w.count(".") >= 1), None)
+    assert version is not None, f"cannot read ldb's version from {out!r}"
+    major, minor = (int(x) for x in version.split(".")[:2])
+    assert (major, minor) < (8, 6), f"ldb {version} reads format_version 6 too; this test needs RocksDB < 8.6"
