@@ -1,0 +1,567 @@
+"""Validation of a snapshot before (or after) it goes live (SPEC §8, ``ValidateManifestOperator``).
+
+Every check runs even when an earlier one failed, so one run of the gate lists everything that
+is wrong with a staged snapshot; the failures are raised together as one
+``ManifestValidationError``. The look-ups go through ``ShardedReader`` pinned to the manifest, so
+they prove exactly what a reader would do (routing, download, checksums, key and value decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import xxhash
+
+from . import layout
+from .checksum import verify_file
+from .encoding import decode_key
+from .errors import ConfigError, ManifestValidationError, ShardyfusionError, show_value
+from .manifest import Manifest
+from .pointer import CurrentPointer
+from .run_record import SUCCEEDED, RunRecord
+from .snapshot import ManifestRef, SnapshotRoot
+from .storage.base import StorageOptions
+
+log = logging.getLogger(__name__)
+
+# Keep the XCom small: the report lists at most this many look-ups / missing keys by name.
+_MAX_LISTED = 50
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its figure (what was measured), the limit it was held to, and the outcome.
+
+    ``skipped`` checks (nothing to compare with) count as passed and say why in ``detail``.
+    """
+
+    name: str
+    ok: bool
+    figure: Any = None
+    limit: Any = None
+    detail: str = ""
+    skipped: bool = False
+    problems: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "figure": self.figure,
+                "limit": self.limit, "detail": self.detail, "problems": list(self.problems)}
+
+    def describe(self) -> str:
+        state = "skipped" if self.skipped else ("ok" if self.ok else "FAILED")
+        limit = f" (limit {self.limit})" if self.limit is not None else ""
+        return f"{self.name}: {state}; figure {self.figure}{limit}" + (f"; {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One key read through the reader: where it routes, whether it was found, a digest of its value."""
+
+    key: Any  # JSON-able: int, str, or {"hex": ...} for bytes
+    source: str  # "sample" (a shard's min/max key) or "expected"
+    db_id: int | None
+    found: bool
+    value_digest: str | None = None  # xxh3_64 of the stored value bytes (the JSON encoding for json values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "source": self.source, "db_id": self.db_id, "found": self.found,
+                "value_digest": self.value_digest}
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    output_uri: str
+    run_id: str | None
+    manifest_ref: str | None
+    live: bool  # the manifest is the one _CURRENT names
+    checks: tuple[Check, ...]
+    num_dbs: int | None = None
+    rows: int | None = None
+    lookups: tuple[Lookup, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[str]:
+        return [p for c in self.checks if not c.ok for p in c.problems]
+
+    def check(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "output_uri": self.output_uri, "run_id": self.run_id, "manifest_ref": self.manifest_ref,
+            "live": self.live, "num_dbs": self.num_dbs, "rows": self.rows,
+            "checks": [c.to_dict() for c in self.checks], "failures": self.failures,
+            "lookups": [lk.to_dict() for lk in self.lookups[:_MAX_LISTED]], "lookups_total": len(self.lookups),
+        }
+
+
+# ---- storage ------------------------------------------------------------------------------------
+
+
+def check_storage(snapshots: SnapshotRoot, manifest: Manifest, *, verify_checksums: bool = False) -> list[str]:
+    """Problems with the manifest's winning files on storage (empty: every file is there as recorded).
+
+    One listing per shard folder gives presence and size of all its files; ``verify_checksums``
+    also downloads each file (one at a time, into a temporary folder) and checks its checksum.
+    """
+    store = snapshots.store
+    problems: list[str] = []
+    scratch = tempfile.mkdtemp(prefix="shardyfusion-validate-") if verify_checksums else None
+    try:
+        for shard in sorted(manifest.shards, key=lambda s: s.db_id):
+            where = f"shard {shard.db_id} of run {manifest.run_id!r}"
+            if not shard.files:
+                problems.append(f"{where} ({shard.db_url}): the manifest lists no files")
+                continue
+            try:
+                base = store.key_of(shard.db_url).rstrip("/")
+                listed = {info.key: info.size for info in store.list(base + "/")}
+            except ShardyfusionError as exc:
+                problems.append(f"{where}: cannot list {shard.db_url}: {exc}")
+                continue
+            for f in shard.files:
+                key = layout.join(base, f.name)
+                size = listed.get(key)
+                if size is None:
+                    problems.append(f"{where}: file {store.uri(key)} is missing (manifest records {f.size} bytes)")
+                    continue
+                if size != f.size:
+                    problems.append(
+                        f"{where}: file {store.uri(key)} has {size} bytes on storage, the manifest records {f.size}"
+                    )
+                    continue
+                if scratch is not None:
+                    local = os.path.join(scratch, "file")
+                    try:
+                        store.download_file(key, local)
+                        verify_file(local, f.size, f.checksum, source=f"{where}: file {store.uri(key)}")
+                    except ShardyfusionError as exc:
+                        problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+                    finally:
+                        if os.path.exists(local):
+                            os.unlink(local)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return problems
+
+
+# ---- thresholds (pure) --------------------------------------------------------------------------
+
+
+def _limit(name: str, value: Any, *, integer: bool) -> float | int | None:
+    """A threshold as given (numbers, or numeric text from a template); ``None`` means not asked."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = int(value) if integer else float(value)
+        except ValueError:
+            raise ConfigError(f"{name} {value!r} is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{name} {show_value(value)} must be {'an integer' if integer else 'a number'}")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} {value!r} must be a finite number >= 0")
+    return value
+
+
+def threshold_checks(
+    manifest: Manifest,
+    *,
+    baseline_rows: int | None = None,
+    baseline_note: str = "",
+    min_rows: int | None = None,
+    max_row_change_ratio: float | None = None,
+    max_empty_shards: int | None = None,
+    max_shard_skew: float | None = None,
+) -> list[Check]:
+    """The data-quality thresholds of one manifest; only the ones asked for are returned."""
+    checks: list[Check] = []
+    rows = manifest.row_count
+    where = f"run {manifest.run_id!r}"
+    if min_rows is not None:
+        ok = rows >= min_rows
+        checks.append(Check(
+            "min_rows", ok, figure=rows, limit=min_rows, detail=f"{rows} rows",
+            problems=() if ok else (f"{where}: {rows} rows, fewer than min_rows {min_rows}",),
+        ))
+    if max_row_change_ratio is not None:
+        if baseline_rows is None:
+            checks.append(Check("max_row_change_ratio", True, limit=max_row_change_ratio, skipped=True,
+                                detail=baseline_note or "no baseline snapshot to compare with"))
+        elif baseline_rows == 0:
+            checks.append(Check("max_row_change_ratio", True, limit=max_row_change_ratio, skipped=True,
+                                detail=f"the baseline ({baseline_note}) has 0 rows: the ratio is undefined"))
+        else:
+            ratio = abs(rows - baseline_rows) / baseline_rows
+            ok = ratio <= max_row_change_ratio
+            detail = f"{rows} rows against {baseline_rows} in the baseline ({baseline_note})"
+            checks.append(Check(
+                "max_row_change_ratio", ok, figure=round(ratio, 6), limit=max_row_change_ratio, detail=detail,
+                problems=() if ok else (
+                    f"{where}: row change ratio {ratio:.4f} exceeds max_row_change_ratio {max_row_change_ratio} "
+                    f"({detail})",),
+            ))
+    if max_empty_shards is not None:
+        # Shards absent from the sparse manifest are empty; a listed shard with 0 rows is empty too.
+        empty = manifest.num_dbs - sum(1 for s in manifest.shards if s.row_count > 0)
+        ok = empty <= max_empty_shards
+        checks.append(Check(
+            "max_empty_shards", ok, figure=empty, limit=max_empty_shards, detail=f"{empty} of {manifest.num_dbs} shards empty",
+            problems=() if ok else (f"{where}: {empty} of {manifest.num_dbs} shards are empty, more than max_empty_shards "
+                                    f"{max_empty_shards}",),
+        ))
+    if max_shard_skew is not None:
+        if rows == 0:
+            checks.append(Check("max_shard_skew", True, limit=max_shard_skew, skipped=True,
+                                detail="the snapshot has no rows: skew is undefined"))
+        else:
+            largest = max(manifest.shards, key=lambda s: (s.row_count, -s.db_id))
+            mean = rows / manifest.num_dbs
+            skew = largest.row_count / mean
+            ok = skew <= max_shard_skew
+            detail = f"largest shard {largest.db_id} has {largest.row_count} rows, mean {mean:.2f} over {manifest.num_dbs} shards"
+            checks.append(Check(
+                "max_shard_skew", ok, figure=round(skew, 6), limit=max_shard_skew, detail=detail,
+                problems=() if ok else (f"{where}: shard skew {skew:.4f} exceeds max_shard_skew {max_shard_skew} ({detail})",),
+            ))
+    return checks
+
+
+def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
+    """Up to ``n`` distinct ``(db_id, key)`` from the shards' min/max keys, spread over the shards.
+
+    Every shard's min key first (in shard order), then the max keys, so a small ``n`` still
+    touches as many shards as possible. Raises ``ManifestValidationError`` for a key that does not
+    decode with the manifest's key encoding.
+    """
+    if n <= 0:
+        return []
+    shards = sorted(manifest.shards, key=lambda s: s.db_id)
+    out: list[tuple[int, Any]] = []
+    seen: set[tuple[int, bytes]] = set()
+    for attr in ("min_key", "max_key"):
+        for shard in shards:
+            if len(out) >= n:
+                return out
+            if shard.row_count == 0:
+                continue
+            text = getattr(shard, attr)
+            try:
+                raw = bytes.fromhex(text)
+                key = decode_key(raw, manifest.key_encoding)
+            except (ValueError, ShardyfusionError) as exc:
+                raise ManifestValidationError(
+                    f"shard {shard.db_id} of run {manifest.run_id!r}: {attr} {text!r} does not decode as "
+                    f"{manifest.key_encoding}: {exc}"
+                ) from None
+            if (shard.db_id, raw) not in seen:
+                seen.add((shard.db_id, raw))
+                out.append((shard.db_id, key))
+    return out
+
+
+def coerce_key(key: Any, key_encoding: str) -> Any:
+    """An expected key as given, or converted from text (templates render lists of text)."""
+    if isinstance(key, str):
+        if key_encoding in ("u64be", "u32be"):
+            try:
+                return int(key)
+            except ValueError:
+                return key
+        if key_encoding == "raw":
+            return key.encode("utf-8")
+    return key
+
+
+def _show_key(key: Any) -> Any:
+    return {"hex": bytes(key).hex()} if isinstance(key, (bytes, bytearray, memoryview)) else key
+
+
+def value_digest(value: Any, value_format: str) -> str:
+    """Digest the report records for a value read back: xxh3_64 of its bytes (binary values) or of
+    its compact, key-sorted JSON (json values), so a caller can compare it with the value it expects."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+    else:
+        data = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return f"xxh3_64:{xxhash.xxh3_64(data).hexdigest()}"
+
+
+# ---- the whole validation -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    ref: ManifestRef | None
+    run_id: str | None
+    live_pointer: CurrentPointer | None
+    live: bool
+
+
+def validate_snapshot(
+    snapshots: SnapshotRoot,
+    *,
+    run_id: str | None = None,
+    manifest_ref: str | None = None,
+    min_rows: int | None = None,
+    max_row_change_ratio: float | None = None,
+    max_empty_shards: int | None = None,
+    max_shard_skew: float | None = None,
+    sample_lookups: int = 0,
+    expected_keys: Iterable[Any] | None = None,
+    verify_checksums: bool = False,
+    cache_dir: str | None = None,
+    storage_options: StorageOptions | Mapping[str, Any] | None = None,
+) -> ValidationReport:
+    """Check one snapshot (the live one when neither ``run_id`` nor ``manifest_ref`` is given).
+
+    Returns the report when every check passed; otherwise raises one ``ManifestValidationError``
+    listing every failure (the report is on the exception as ``.report``, the list as ``.failures``).
+    """
+    min_rows = _limit("min_rows", min_rows, integer=True)  # type: ignore[assignment]
+    max_row_change_ratio = _limit("max_row_change_ratio", max_row_change_ratio, integer=False)
+    max_empty_shards = _limit("max_empty_shards", max_empty_shards, integer=True)  # type: ignore[assignment]
+    max_shard_skew = _limit("max_shard_skew", max_shard_skew, integer=False)
+    sample_lookups = _limit("sample_lookups", sample_lookups or 0, integer=True)  # type: ignore[assignment]
+    if expected_keys is not None and (isinstance(expected_keys, (str, bytes)) or not isinstance(expected_keys, Iterable)):
+        raise ConfigError(f"expected_keys {show_value(expected_keys)} must be a list of keys")
+    expected = list(expected_keys) if expected_keys is not None else []
+    if run_id is not None:
+        layout.validate_run_id(run_id)
+
+    checks: list[Check] = []
+    target = _resolve(snapshots, run_id, manifest_ref, checks)
+    manifest = _structure(snapshots, target, checks) if target.ref is not None else None
+    if manifest is not None:
+        try:
+            problems = check_storage(snapshots, manifest, verify_checksums=verify_checksums)
+        except ShardyfusionError as exc:
+            problems = [f"storage of run {manifest.run_id!r}: {exc}"]
+        files = sum(len(s.files) for s in manifest.shards)
+        checks.append(Check(
+            "storage", not problems, figure={"shards": len(manifest.shards), "files": files, "bytes": manifest.byte_size},
+            detail=("files present with their recorded sizes" + (" and checksums" if verify_checksums else ""))
+            if not problems else f"{len(problems)} problem(s)",
+            problems=tuple(problems),
+        ))
+    if target.run_id is not None:
+        checks.append(_run_record_check(snapshots, target))
+    lookups: list[Lookup] = []
+    if manifest is not None:
+        baseline_rows, note = (None, "")
+        if max_row_change_ratio is not None:
+            baseline_rows, note = _baseline(snapshots, target, manifest)
+        checks.extend(threshold_checks(
+            manifest, baseline_rows=baseline_rows, baseline_note=note, min_rows=min_rows,
+            max_row_change_ratio=max_row_change_ratio, max_empty_shards=max_empty_shards, max_shard_skew=max_shard_skew,
+        ))
+        if sample_lookups or expected:
+            check, lookups = _lookup_check(snapshots, target, manifest, sample_lookups, expected, cache_dir,
+                                           storage_options)
+            checks.append(check)
+    report = ValidationReport(
+        output_uri=snapshots.root, run_id=target.run_id, manifest_ref=target.ref.uri if target.ref else None,
+        live=target.live, checks=tuple(checks), num_dbs=manifest.num_dbs if manifest else None,
+        rows=manifest.row_count if manifest else None, lookups=tuple(lookups),
+    )
+    if not report.ok:
+        failures = report.failures
+        what = f"run {report.run_id!r}" if report.run_id else "the snapshot"
+        error = ManifestValidationError(
+            f"validation of {what} at {snapshots.root} failed with {len(failures)} problem(s):\n"
+            + "\n".join(f"- {p}" for p in failures)
+        )
+        error.report = report  # type: ignore[attr-defined]
+        error.failures = failures  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+def _resolve(snapshots: SnapshotRoot, run_id: str | None, manifest_ref: str | None, checks: list[Check]) -> _Target:
+    from .publish import resolve_manifest
+
+    try:
+        live = snapshots.current()
+    except ShardyfusionError as exc:
+        live = None
+        if run_id is None and manifest_ref is None:
+            checks.append(Check("structure", False, detail="_CURRENT is unreadable",
+                                problems=(f"_CURRENT at {snapshots.root}: {exc}",)))
+            return _Target(None, None, None, False)
+        log.warning("%s: _CURRENT is unreadable (%s); validating without the live snapshot", snapshots.root, exc)
+    if run_id is None and manifest_ref is None:
+        if live is None:
+            checks.append(Check("structure", False, detail="no live snapshot", problems=(
+                f"no snapshot is published at {snapshots.root} (_CURRENT does not exist); give run_id or manifest_ref",)))
+            return _Target(None, None, None, False)
+        manifest_ref = live.manifest_ref
+    try:
+        ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
+    except ShardyfusionError as exc:
+        checks.append(Check("structure", False, detail="manifest not found", problems=(f"{exc}",)))
+        return _Target(None, run_id, live, False)
+    is_live = live is not None and live.manifest_ref == ref.uri
+    return _Target(ref, ref.run_id, live, is_live)
+
+
+def _structure(snapshots: SnapshotRoot, target: _Target, checks: list[Check]) -> Manifest | None:
+    """Parse and validate the manifest exactly as a reader following it would (SPEC §7)."""
+    ref = target.ref
+    assert ref is not None
+    # The live manifest is checked against the checksum _CURRENT recorded; another one against
+    # the pointer a publish would write (root, run and shard folders).
+    pointer = target.live_pointer if target.live and target.live_pointer is not None else CurrentPointer(
+        manifest_ref=ref.uri, run_id=ref.run_id, updated_at=ref.published_at)
+    try:
+        pointer.check_root(snapshots.root)
+        manifest = snapshots.load_manifest(pointer)
+    except ShardyfusionError as exc:
+        checks.append(Check("structure", False, detail="manifest is invalid", problems=(f"{ref.uri}: {exc}",)))
+        return None
+    checks.append(Check(
+        "structure", True, figure={"format_version": manifest.format_version, "num_dbs": manifest.num_dbs,
+                                   "shards": len(manifest.shards)},
+        detail=f"manifest {ref.uri} is valid",
+    ))
+    return manifest
+
+
+def _run_record_check(snapshots: SnapshotRoot, target: _Target) -> Check:
+    run_id = target.run_id
+    assert run_id is not None
+    where = f"run record {snapshots.run_record_ref(run_id)}"
+    try:
+        record = snapshots.read_run(run_id)
+    except ShardyfusionError as exc:
+        return Check("run_record", False, detail="unreadable", problems=(f"{where}: {exc}",))
+    if record is None:
+        return Check("run_record", False, detail="missing", problems=(f"{where} does not exist",))
+    problems = []
+    if record.status != SUCCEEDED:
+        why = f" ({record.error.type}: {record.error.message})" if record.error else ""
+        problems.append(f"{where}: status is {record.status!r}, not 'succeeded'{why}")
+    if target.ref is not None and record.manifest_ref != target.ref.uri:
+        problems.append(f"{where}: names manifest {record.manifest_ref!r}, not the validated {target.ref.uri!r}")
+    if record.deleted_at is not None:
+        problems.append(f"{where}: the run's data was deleted by cleanup at {layout.format_ts(record.deleted_at)}")
+    return Check("run_record", not problems, figure=record.status,
+                 detail=f"status {record.status}, published_at "
+                        f"{layout.format_ts(record.published_at) if record.published_at else None}",
+                 problems=tuple(problems))
+
+
+def _started(record: RunRecord | None, manifest: Manifest | None) -> datetime | None:
+    if manifest is not None and manifest.run_started_at is not None:
+        return manifest.run_started_at
+    return record.started_at if record is not None else None
+
+
+def _baseline(snapshots: SnapshotRoot, target: _Target, manifest: Manifest) -> tuple[int | None, str]:
+    """Rows to compare with: the live snapshot for another run, else the newest older succeeded run."""
+    live = target.live_pointer
+    if live is not None and not target.live:
+        try:
+            return snapshots.load_manifest(live).row_count, f"live run {live.run_id!r}"
+        except ShardyfusionError as exc:
+            log.warning("live manifest %s is unreadable (%s); comparing with older runs instead", live.manifest_ref, exc)
+    try:
+        own_record = snapshots.read_run(manifest.run_id)
+    except ShardyfusionError:
+        own_record = None
+    ours = _started(own_record, manifest)
+    best: tuple[datetime, RunRecord] | None = None
+    for other_id, record, _ in snapshots.iter_runs():
+        if (record is None or other_id == manifest.run_id or record.status != SUCCEEDED
+                or record.deleted_at is not None or not record.manifest_ref):
+            continue
+        if ours is not None and record.started_at >= ours:
+            continue
+        if best is None or record.started_at > best[0]:
+            best = (record.started_at, record)
+    if best is None:
+        return None, "no live snapshot and no older succeeded run to compare with"
+    record = best[1]
+    try:
+        rows = snapshots.read_manifest(record.manifest_ref or "").row_count
+    except ShardyfusionError as exc:
+        return None, f"the manifest of the older run {record.run_id!r} is unreadable ({exc})"
+    return rows, f"older succeeded run {record.run_id!r}"
+
+
+def _lookup_check(
+    snapshots: SnapshotRoot,
+    target: _Target,
+    manifest: Manifest,
+    sample_lookups: int,
+    expected: Sequence[Any],
+    cache_dir: str | None,
+    storage_options: StorageOptions | Mapping[str, Any] | None,
+) -> tuple[Check, list[Lookup]]:
+    from .reader import ShardedReader
+
+    assert target.ref is not None
+    sharding = manifest.sharding
+    if sharding.strategy == "cel" and set(sharding.cel_columns or {}) - {sharding.key_column}:
+        # The key alone cannot be routed; the routing context of each row is not in the manifest.
+        return Check("lookups", True, skipped=True, detail=(
+            f"CEL routing over columns {sorted(sharding.cel_columns or {})} needs more than the key")), []
+    where = f"run {manifest.run_id!r}"
+    problems: list[str] = []
+    try:
+        samples = sample_keys(manifest, sample_lookups)
+    except ManifestValidationError as exc:
+        samples = []
+        problems.append(str(exc))
+    wanted = [(db_id, key, "sample") for db_id, key in samples]
+    wanted += [(None, coerce_key(key, manifest.key_encoding), "expected") for key in expected]
+    lookups: list[Lookup] = []
+    missing_expected: list[Any] = []
+    try:
+        with ShardedReader(snapshots.root, manifest_ref=target.ref.uri, cache_dir=cache_dir,
+                           storage_options=storage_options) as reader:
+            for home, key, source in wanted:
+                try:
+                    db_id = reader.shard_for_key(key)
+                    value = reader.get(key)
+                except ShardyfusionError as exc:
+                    problems.append(f"{where}: look-up of {source} key {show_value(key)} failed: {type(exc).__name__}: {exc}")
+                    lookups.append(Lookup(_show_key(key), source, None, False))
+                    continue
+                found = value is not None
+                lookups.append(Lookup(_show_key(key), source, db_id, found,
+                                      value_digest(value, manifest.value_format) if found else None))
+                if home is not None and db_id != home:
+                    problems.append(f"{where}: key {show_value(key)} is stored in shard {home} but routes to shard "
+                                    f"{db_id}: reader and writer disagree on routing")
+                elif not found and source == "sample":
+                    problems.append(f"{where}: key {show_value(key)} (min/max key of shard {home}) is not found in "
+                                    f"shard {db_id}")
+                elif not found:
+                    missing_expected.append(key)
+    except ShardyfusionError as exc:
+        problems.append(f"{where}: the reader could not open {target.ref.uri}: {type(exc).__name__}: {exc}")
+    if missing_expected:
+        shown = ", ".join(show_value(k) for k in missing_expected[:_MAX_LISTED])
+        more = f" and {len(missing_expected) - _MAX_LISTED} more" if len(missing_expected) > _MAX_LISTED else ""
+        problems.append(f"{where}: {len(missing_expected)} of {len(expected)} expected keys are missing: {shown}{more}")
+    found = sum(1 for lk in lookups if lk.found)
+    figure = {"sampled": len(samples), "expected": len(expected), "found": found, "missing_expected": len(missing_expected)}
+    return Check("lookups", not problems, figure=figure,
+                 detail=f"{found} of {len(wanted)} keys read through ShardedReader", problems=tuple(problems)), lookups
