@@ -186,7 +186,7 @@ def build_snapshot(
         key_encoding=key_encoding, value_format=value_format, shards=tuple(shards), value_columns=value_columns,
         storage_engine={"name": "rocksdb", "writer": "benchmarks.snapshot_factory"},
         stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
-        writer={"provider": "snapshot_factory"},
+        writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
     ).validate()
     mkey = layout.manifest_key(run_id, published_at)
     store.put(mkey, manifest.to_bytes())
