@@ -1,0 +1,332 @@
+"""``plan_cleanup`` (SPEC §8, DeferredCleanupOperator): every rule, case by case, on hand-built inputs.
+
+The plan is pure, so each case states exactly what was read (listing, run records, manifests,
+``_CURRENT``, winners) and ``now``, and checks which objects the plan deletes and which it keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.cleanup import check_settings, plan_cleanup, runs_needing_winners
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
+from airflow_provider_shardyfusion.core.snapshot import ManifestRef
+from airflow_provider_shardyfusion.core.storage.base import ObjectInfo
+
+ROOT = "file:///data/out"
+NOW = datetime(2025, 1, 10, 12, 0, tzinfo=timezone.utc)
+GRACE = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+
+def record(run_id: str, status: str = SUCCEEDED, *, started: timedelta = DAY, lease_left: timedelta | None = None,
+           published: bool = True, deleted: bool = False) -> RunRecord:
+    started_at = NOW - started
+    finished = None if status == RUNNING else started_at + timedelta(minutes=5)
+    lease = NOW + lease_left if lease_left is not None else started_at + timedelta(minutes=10)
+    return RunRecord(
+        run_id=run_id, status=status, started_at=started_at, updated_at=lease - timedelta(minutes=10),
+        lease_expires_at=lease, output_uri=ROOT, finished_at=finished,
+        manifest_ref=f"{ROOT}/manifests/x_run_id={run_id}/manifest.json" if status == SUCCEEDED else None,
+        error=RunError("ShardWriteError", "boom") if status == FAILED else None,
+        published_at=finished if status == SUCCEEDED and published else None,
+        deleted_at=NOW - timedelta(hours=2) if deleted else None,
+    ).validate()
+
+
+def shard_files(run_id: str, db_id: int = 0, attempt: int = 0, task: int | None = None, *, age: timedelta = DAY,
+                sizes: tuple[int, ...] = (100, 7)) -> list[ObjectInfo]:
+    prefix = layout.attempt_key(run_id, db_id, attempt, task)
+    return [ObjectInfo(f"{prefix}/{name}", size, NOW - age) for name, size in zip(("000001.sst", "CURRENT"), sizes)]
+
+
+def manifest(run_id: str, *, age: timedelta = DAY, size: int = 500) -> tuple[ManifestRef, ObjectInfo]:
+    key = layout.manifest_key(run_id, NOW - age)
+    return ManifestRef(f"{ROOT}/{key}", key, run_id, NOW - age), ObjectInfo(key, size, NOW - age)
+
+
+class Root:
+    """What a cleanup would read from one output root."""
+
+    def __init__(self):
+        self.listing: list[ObjectInfo] = []
+        self.runs: dict[str, RunRecord | None] = {}
+        self.manifests: list[ManifestRef] = []
+        self.winners: dict[str, set[str]] = {}
+        self.pointer: CurrentPointer | None = None
+
+    def run(self, rec: RunRecord | None, run_id: str | None = None, *, with_manifest: bool = True,
+            attempts: tuple[tuple[int, int, int | None], ...] = ((0, 0, None),), winner: int = 0,
+            age: timedelta = DAY) -> list[ObjectInfo]:
+        run_id = rec.run_id if rec is not None else run_id
+        self.runs[run_id] = rec
+        objs = [o for db, att, task in attempts for o in shard_files(run_id, db, att, task, age=age)]
+        self.listing += objs
+        if with_manifest:
+            ref, info = manifest(run_id, age=age)
+            self.manifests.append(ref)
+            self.listing.append(info)
+            objs.append(info)
+        db, att, task = attempts[winner]
+        self.winners[run_id] = {layout.attempt_key(run_id, db, att, task)}
+        return objs
+
+    def publish(self, run_id: str) -> None:
+        ref = next(m for m in self.manifests if m.run_id == run_id)
+        self.pointer = CurrentPointer(manifest_ref=ref.uri, run_id=run_id, updated_at=NOW - timedelta(hours=3))
+
+    def plan(self, **kw):
+        kw.setdefault("grace_period", GRACE)
+        kw.setdefault("keep_runs", 3)
+        return plan_cleanup(self.listing, self.runs, self.manifests, self.pointer, kw.pop("now", NOW),
+                            winners=self.winners, root=ROOT, **kw)
+
+
+def deleted_keys(plan, category: str | None = None) -> set[str]:
+    return {o.key for i in plan.items if category in (None, i.category) for o in i.objects}
+
+
+def keys(objs) -> set[str]:
+    return {o.key for o in objs}
+
+
+# ---- never touched ---------------------------------------------------------------------------
+
+
+def test_the_run_current_names_is_never_touched_even_failed_or_beyond_keep_runs():
+    root = Root()
+    live = root.run(record("live-old", started=10 * DAY), attempts=((0, 0, None), (0, 1, None)), winner=1)
+    for n in range(3):
+        root.run(record(f"newer-{n}", started=DAY + timedelta(hours=n)))
+    root.publish("live-old")
+    plan = root.plan(keep_runs=1)
+    assert not keys(live) & deleted_keys(plan)
+    assert ("live-old", "named by _CURRENT") in {(s.run_id, s.reason) for s in plan.skipped}
+    assert {i.run_id for i in plan.of("expired_snapshots")} == {"newer-1", "newer-2"}
+
+
+def test_a_live_failed_run_is_still_untouched():
+    # Cannot happen through publish, but a hand-moved pointer must still be honoured.
+    root = Root()
+    objs = root.run(record("oops", FAILED))
+    root.publish("oops")
+    assert root.plan().items == ()
+    assert keys(objs)
+
+
+def test_pinned_runs_are_never_touched():
+    root = Root()
+    pinned_old = root.run(record("pinned-old", started=9 * DAY))
+    pinned_failed = root.run(record("pinned-failed", FAILED))
+    for n in range(3):
+        root.run(record(f"new-{n}", started=timedelta(hours=5 + n)))
+    plan = root.plan(keep_runs=1, keep_run_ids=["pinned-old", "pinned-failed"])
+    assert not (keys(pinned_old) | keys(pinned_failed)) & deleted_keys(plan)
+    assert {i.run_id for i in plan.items} == {"new-1", "new-2"}
+    assert plan.keep_run_ids == ("pinned-failed", "pinned-old")
+
+
+def test_a_running_run_with_a_valid_lease_is_never_touched_however_old():
+    root = Root()
+    objs = root.run(record("busy", RUNNING, started=5 * DAY, lease_left=timedelta(minutes=3)), with_manifest=False)
+    plan = root.plan(grace_period=timedelta(0))
+    assert plan.items == () and keys(objs)
+    assert [(s.run_id, s.reason) for s in plan.skipped] == [("busy", "running with a valid lease")]
+
+
+def test_a_lease_expired_less_than_the_grace_period_ago_is_waited_for():
+    root = Root()
+    root.run(record("late", RUNNING, started=DAY, lease_left=-timedelta(minutes=30)), with_manifest=False)
+    plan = root.plan()
+    assert plan.items == ()
+    assert plan.skipped[0].reason == "lease expired less than the grace period ago"
+
+
+def test_runs_younger_than_the_grace_period_are_kept():
+    root = Root()
+    young_failed = root.run(record("young-failed", FAILED, started=timedelta(minutes=20)))
+    root.run(record("old-failed", FAILED, started=3 * DAY))
+    plan = root.plan()
+    assert [i.run_id for i in plan.items] == ["old-failed"]
+    assert not keys(young_failed) & deleted_keys(plan)
+    # The same inputs an hour later: now it goes.
+    later = root.plan(now=NOW + timedelta(hours=1))
+    assert {i.run_id for i in later.items} == {"old-failed", "young-failed"}
+
+
+def test_young_objects_of_an_old_failed_run_stay_and_the_run_is_not_marked_deleted():
+    root = Root()
+    old = root.run(record("f", FAILED, started=3 * DAY))
+    zombie = shard_files("f", 1, 0, age=timedelta(minutes=5))  # a task still writing after the driver died
+    root.listing += zombie
+    (item,) = root.plan().items
+    assert keys(item.objects) == keys(old) and not item.mark_deleted
+
+
+def test_an_unreadable_run_record_leaves_the_run_alone():
+    root = Root()
+    objs = root.run(None, "broken")
+    plan = root.plan(grace_period=timedelta(0))
+    assert plan.items == () and keys(objs)
+    assert plan.skipped[0].reason == "run record cannot be read"
+
+
+def test_unknown_keys_under_shards_are_not_ours_and_stay():
+    root = Root()
+    root.listing.append(ObjectInfo("shards/README.txt", 5, NOW - DAY))
+    root.listing.append(ObjectInfo("shards/run_id=x/notes.txt", 5, NOW - DAY))
+    assert root.plan().items == ()
+
+
+# ---- what goes -------------------------------------------------------------------------------
+
+
+def test_failed_run_all_its_shards_and_manifest_go_and_its_record_is_marked_deleted():
+    root = Root()
+    objs = root.run(record("bad", FAILED), attempts=((0, 0, None), (1, 0, 4), (1, 1, 9)))
+    (item,) = root.plan().items
+    assert (item.category, item.run_id, item.mark_deleted) == ("failed_runs", "bad", True)
+    assert keys(item.objects) == keys(objs)
+    assert item.bytes == sum(o.size for o in objs) == 3 * 107 + 500
+
+
+def test_abandoned_running_run_goes_and_is_listed_for_marking_failed_first():
+    root = Root()
+    rec = record("lost", RUNNING, started=DAY, lease_left=-timedelta(hours=2))
+    objs = root.run(rec, with_manifest=False)
+    plan = root.plan()
+    (item,) = plan.items
+    assert (item.category, item.mark_deleted, item.expect_updated_at) == ("abandoned_runs", True, rec.updated_at)
+    assert keys(item.objects) == keys(objs)
+    assert plan.abandoned_run_ids == ("lost",)
+
+
+def test_abandoned_run_without_data_is_still_listed_to_be_marked_failed():
+    root = Root()
+    root.runs["empty"] = record("empty", RUNNING, started=DAY, lease_left=-timedelta(hours=2))
+    assert root.plan().abandoned_run_ids == ("empty",)
+
+
+def test_losing_attempts_of_kept_runs_go_winners_and_manifest_stay():
+    root = Root()
+    objs = root.run(record("kept"), attempts=((0, 0, 1), (0, 1, 2), (1, 0, 3)), winner=1)
+    plan = root.plan()
+    (item,) = plan.items
+    assert (item.category, item.mark_deleted) == ("losing_attempts", False)
+    winner = layout.attempt_key("kept", 0, 1, 2)
+    # db 1 has no winner in this manifest (an empty shard): anything there is a loser too.
+    assert keys(item.objects) == {o.key for o in objs if o.key.startswith("shards/") and not o.key.startswith(winner + "/")}
+    assert len(item.objects) == 4
+
+
+def test_winner_prefix_is_matched_as_a_folder_not_a_string_prefix():
+    root = Root()
+    # attempt=01-task=1 must not protect attempt=01-task=12
+    objs = root.run(record("r"), attempts=((0, 1, 1), (0, 1, 12)), winner=0)
+    (item,) = root.plan().items
+    assert keys(item.objects) == {o.key for o in objs if "task=12/" in o.key}
+
+
+def test_kept_run_with_unknown_winners_keeps_all_attempts():
+    root = Root()
+    root.run(record("r"), attempts=((0, 0, None), (0, 1, None)))
+    del root.winners["r"]
+    plan = root.plan()
+    assert plan.items == ()
+    assert "winning attempts unknown" in plan.skipped[0].reason
+
+
+def test_orphan_shard_folders_go_once_all_their_objects_are_past_grace():
+    root = Root()
+    old = shard_files("ghost", 0, 0) + shard_files("ghost", 3, 1)
+    young = shard_files("fresh", 0, 0, age=timedelta(minutes=1))
+    mixed = shard_files("mixed", 0, 0) + shard_files("mixed", 1, 0, age=timedelta(minutes=1))
+    root.listing += old + young + mixed
+    orphan_manifest, info = manifest("no-record")
+    root.manifests.append(orphan_manifest)
+    root.listing.append(info)
+    plan = root.plan()
+    (item,) = plan.items
+    assert (item.category, item.run_id, item.mark_deleted) == ("orphans", "ghost", False)
+    assert keys(item.objects) == keys(old)
+    assert {s.run_id for s in plan.skipped} == {"fresh", "mixed"}
+
+
+def test_succeeded_runs_beyond_keep_runs_go_newest_start_kept_not_lexical_order():
+    root = Root()
+    # Run ids sort the other way round from their start times: the plan must order by started_at.
+    starts = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}  # days ago
+    data = {rid: root.run(record(rid, started=d * DAY)) for rid, d in starts.items()}
+    plan = root.plan(keep_runs=2)
+    assert {i.run_id for i in plan.of("expired_snapshots")} == {"c", "d", "e"}
+    assert all(i.mark_deleted for i in plan.items)
+    assert deleted_keys(plan) == keys(data["c"]) | keys(data["d"]) | keys(data["e"])
+    assert runs_needing_winners(root.runs, 2) == ["a", "b"]
+
+
+def test_a_staged_run_counts_as_a_succeeded_run():
+    root = Root()
+    root.run(record("staged-newest", started=DAY, published=False))
+    root.run(record("published-mid", started=2 * DAY))
+    root.run(record("published-old", started=3 * DAY))
+    root.publish("published-mid")
+    plan = root.plan(keep_runs=1)
+    assert [i.run_id for i in plan.items] == ["published-old"]
+    # keep_runs=0: only the live run stays, the staged one goes too.
+    assert {i.run_id for i in root.plan(keep_runs=0).items} == {"published-old", "staged-newest"}
+
+
+def test_runs_already_deleted_do_not_count_and_their_leftovers_go_without_marking_again():
+    root = Root()
+    leftover = root.run(record("gone", started=DAY, deleted=True))
+    root.run(record("older", started=2 * DAY))
+    plan = root.plan(keep_runs=1)
+    assert [i.run_id for i in plan.items] == ["gone"]
+    assert plan.items[0].category == "expired_snapshots" and not plan.items[0].mark_deleted
+    assert keys(plan.items[0].objects) == keys(leftover)
+
+
+def test_failed_run_without_any_data_is_marked_deleted_once():
+    root = Root()
+    root.runs["nothing"] = record("nothing", FAILED)
+    (item,) = root.plan().items
+    assert item.objects == () and item.mark_deleted
+    root.runs["nothing"] = record("nothing", FAILED, deleted=True)
+    assert root.plan().items == ()
+
+
+def test_plan_is_json_and_totals_add_up():
+    root = Root()
+    root.run(record("bad", FAILED))
+    root.run(record("kept"), attempts=((0, 0, None), (0, 1, None)), winner=1)
+    root.listing += shard_files("ghost")
+    root.run(record("lost", RUNNING, lease_left=-timedelta(hours=3)))
+    for n in range(4):
+        root.run(record(f"s{n}", started=timedelta(hours=30 + n)))
+    plan = root.plan(keep_runs=3)
+    out = json.loads(json.dumps(plan.to_dict()))
+    totals = out["totals"]
+    assert {c: t["runs"] for c, t in totals.items()} == {
+        "losing_attempts": 1, "failed_runs": 1, "abandoned_runs": 1, "orphans": 1, "expired_snapshots": 2}
+    assert out["bytes"] == sum(t["bytes"] for t in totals.values()) == sum(i["bytes"] for i in out["items"])
+    assert totals["failed_runs"] == {"runs": 1, "objects": 3, "bytes": 607}
+    assert out["abandoned_run_ids"] == ["lost"] and out["grace_period_seconds"] == 3600
+
+
+@pytest.mark.parametrize("keep_runs, grace, ids, message", [
+    (-1, GRACE, (), "keep_runs"), (True, GRACE, (), "keep_runs"), (3, timedelta(seconds=-1), (), "grace_period"),
+    (3, "1h", (), "grace_period"), (3, GRACE, ("ok", "no/slash"), "keep_run_ids entry"), (3, GRACE, 5, "keep_run_ids"),
+])
+def test_settings_are_checked(keep_runs, grace, ids, message):
+    with pytest.raises(ConfigError, match=message):
+        check_settings(keep_runs, grace, ids)
+
+
+def test_settings_accept_seconds_and_a_single_run_id():
+    assert check_settings(0, 90, "only") == (0, timedelta(seconds=90), ("only",))
