@@ -63,6 +63,25 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--run-id", help="the run to publish")
     target.add_argument("--manifest-ref", help="the manifest URI to publish")
     pub.add_argument("--allow-older", action="store_true", help="allow a run older than the live one (rollback)")
+    val = subs.add_parser(
+        "validate", parents=[common], help="check a snapshot (default: the live one) and print the report",
+        description="Checks structure, files on storage, the run record, the given thresholds and look-ups; prints "
+                    "the report, or every failure on stderr with exit status 1.",
+    )
+    val_target = val.add_mutually_exclusive_group()
+    val_target.add_argument("--run-id", help="the run to validate (default: the live snapshot)")
+    val_target.add_argument("--manifest-ref", help="the manifest URI to validate")
+    val.add_argument("--min-rows", type=int, help="fail below this many rows")
+    val.add_argument("--max-row-change-ratio", type=float,
+                     help="fail when |rows - baseline| / baseline is larger (baseline: the live snapshot, or the newest "
+                          "older succeeded run when validating the live one)")
+    val.add_argument("--max-empty-shards", type=int, help="fail when more shards are empty")
+    val.add_argument("--max-shard-skew", type=float, help="fail when largest shard rows / mean rows is larger")
+    val.add_argument("--sample-lookups", type=int, default=0, help="read N keys from the shards' min/max keys")
+    val.add_argument("--expected-key", dest="expected_keys", action="append", metavar="KEY",
+                     help="a key that must be present (repeat; text converted to the snapshot's key type)")
+    val.add_argument("--verify-checksums", action="store_true", help="download every file and check its checksum")
+    val.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
     get = subs.add_parser(
         "get", parents=[common], help="look keys up in the live snapshot",
         description="Values print as JSON objects (value_format json), UTF-8 text when the bytes decode, "
@@ -129,6 +148,18 @@ def _cmd_publish(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     return result.to_dict()
 
 
+def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.validation import validate_snapshot
+
+    report = validate_snapshot(
+        snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, min_rows=args.min_rows,
+        max_row_change_ratio=args.max_row_change_ratio, max_empty_shards=args.max_empty_shards,
+        max_shard_skew=args.max_shard_skew, sample_lookups=args.sample_lookups, expected_keys=args.expected_keys,
+        verify_checksums=args.verify_checksums, cache_dir=args.cache_dir, storage_options=_storage_options(args),
+    )
+    return report.to_dict()
+
+
 def _parse_key(text: str, key_type: str, key_encoding: str) -> Any:
     if key_type == "int" or (key_type == "auto" and key_encoding in ("u64be", "u32be")):
         try:
@@ -190,7 +221,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         return {"run_id": reader.run_id, "results": out}
 
 
-_COMMANDS = {"publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
+_COMMANDS = {"validate": _cmd_validate, "publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
 
 
 def main(argv: list[str] | None = None) -> int:
