@@ -1,0 +1,208 @@
+"""Deferred cleanup end to end on both stores (SPEC §8): real runs published through ``core.publish``,
+real shard objects under their attempt folders, then plan + execute, proven by listing the root.
+
+Run records are written with a clock in the past (the lifecycle's ``clock``) and the plan is made
+at ``NOW`` = a few hours after the objects were written, so the grace period can be exercised
+without waiting: objects are ``OFFSET`` old at plan time, records as old as their clock says.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.checksum import bytes_checksum
+from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.errors import ShardWriteError
+from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.publish import publish
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunRecordLifecycle
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_helpers import write_run_record
+
+OFFSET = timedelta(hours=3)
+GRACE = timedelta(hours=1)
+NO_SLEEP = {"sleep": lambda s: None}
+
+
+@pytest.fixture
+def store(any_root):
+    root, options = any_root
+    return open_store(root, options)
+
+
+def write_attempt(store, run_id: str, db_id: int, attempt: int, task: int, seed: int) -> tuple[str, tuple[ShardFile, ...]]:
+    """A shard attempt folder with small files of distinct sizes (enough to prove exact deletion)."""
+    prefix = layout.attempt_key(run_id, db_id, attempt, task)
+    files = []
+    for name, size in (("000001.sst", 100 + seed), ("CURRENT", 16), ("MANIFEST-000001", 30 + seed % 7)):
+        data = bytes([seed % 251]) * size
+        store.put(f"{prefix}/{name}", data, content_type="application/octet-stream")
+        files.append(ShardFile(name, size, bytes_checksum(data)))
+    return prefix, tuple(files)
+
+
+def succeeded_run(store, run_id: str, started, *, live: bool = True, losing: bool = False,
+                  allow_rollback: bool = False) -> dict:
+    """Two shards (plus a losing attempt of db 0 if asked), manifest, record succeeded, _CURRENT (if live)."""
+    lc = RunRecordLifecycle(store, run_id, heartbeat_seconds=3600, clock=lambda: started).start()
+    seed = sum(map(ord, run_id))
+    shards, losers = [], []
+    for db_id in (0, 1):
+        prefix, files = write_attempt(store, run_id, db_id, 1, 10 + db_id, seed + db_id)
+        shards.append(ShardEntry(db_id=db_id, db_url=store.uri(prefix), attempt=1, task_attempt_id=10 + db_id,
+                                 row_count=5, byte_size=sum(f.size for f in files), min_key="00", max_key="ff",
+                                 files=files))
+    if losing:
+        losers.append(write_attempt(store, run_id, 0, 0, 3, seed + 9)[0])
+    manifest = Manifest(
+        run_id=run_id, created_at=started, output_uri=store.root, num_dbs=2,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        shards=tuple(shards), stats={"rows": 10}, run_started_at=started,
+    ).validate()
+    publish(store, manifest, lc, live=live, allow_rollback=allow_rollback, **NO_SLEEP)
+    return {"losers": losers}
+
+
+def objects(store) -> dict[str, int]:
+    return {o.key: o.size for o in store.list("")}
+
+
+def of_run(listing: dict[str, int], run_id: str) -> set[str]:
+    """The run's data: shards and manifests (its record under runs/ is never deleted)."""
+    return {k for k in listing if f"run_id={run_id}/" in k and not k.startswith(layout.RUNS_DIR + "/")}
+
+
+def build_root(store):
+    """Every kind of run SPEC §8 names, under one root."""
+    t = layout.utc_now()
+    day = timedelta(days=1)
+    succeeded_run(store, "s-oldest", t - 6 * day)
+    succeeded_run(store, "pinned", t - 5 * day)
+    succeeded_run(store, "s-old", t - 4 * day)
+    lose = succeeded_run(store, "s-losing", t - 2 * day, losing=True)
+    succeeded_run(store, "live", t - day)
+    # Staged, and started 30 minutes before the plan is made: younger than the grace period.
+    succeeded_run(store, "young", t + OFFSET - timedelta(minutes=30), live=False)
+
+    failed = RunRecordLifecycle(store, "failed", heartbeat_seconds=3600, clock=lambda: t - 3 * day).start()
+    write_attempt(store, "failed", 0, 0, 1, 1)
+    write_attempt(store, "failed", 1, 0, 2, 2)
+    failed.fail(ShardWriteError("disk full"))
+
+    # The driver died two days ago: its lease (10 min) expired long before the grace period.
+    write_run_record(store, "abandoned", RUNNING, lease_seconds=600, now=t - 2 * day)
+    write_attempt(store, "abandoned", 0, 0, 5, 3)
+    # Died recently: its lease expired 20 minutes before the plan, so it is waited for.
+    write_run_record(store, "lost-recently", RUNNING, lease_seconds=600, now=t + OFFSET - timedelta(minutes=30))
+    write_attempt(store, "lost-recently", 0, 0, 5, 4)
+    # A writer alive right now (its lease runs past the plan time).
+    write_run_record(store, "busy", RUNNING, lease_seconds=OFFSET.total_seconds() + 600, now=t)
+    write_attempt(store, "busy", 0, 0, 5, 5)
+
+    write_attempt(store, "ghost", 0, 0, 7, 6)  # a shard folder without any run record
+    write_attempt(store, "ghost", 3, 2, 8, 7)
+    return lose["losers"][0]
+
+
+def test_cleanup_deletes_exactly_what_the_rules_say(store):
+    losing_prefix = build_root(store)
+    snapshots = SnapshotRoot(store)
+    before = objects(store)
+    bytes_before = {k: store.get(k).data for k in before}
+    now = layout.utc_now() + OFFSET
+
+    plan = make_plan(snapshots, now=now, keep_runs=3, grace_period=GRACE, keep_run_ids=["pinned"])
+    dry = execute_cleanup(snapshots, plan, dry_run=True)
+    assert objects(store) == before and dry.to_dict()["deleted_objects"] == 0
+    assert dry.plan is plan
+    assert snapshots.read_run("abandoned").status == RUNNING  # a dry run writes nothing either
+
+    report = execute_cleanup(snapshots, plan)
+    after = objects(store)
+    gone = set(before) - set(after)
+
+    expected = (
+        of_run(before, "s-oldest") | of_run(before, "s-old") | of_run(before, "failed")
+        | of_run(before, "abandoned") | of_run(before, "ghost")
+        | {k for k in before if k.startswith(losing_prefix + "/")}
+    )
+    assert gone == expected
+    assert not set(after) - set(before)
+    # Kept untouched, byte for byte: live, pinned, the kept run's winners and manifest, young, busy, lost-recently.
+    for key in after:
+        if not key.startswith(layout.RUNS_DIR + "/"):
+            assert store.get(key).data == bytes_before[key]
+    for run_id in ("live", "pinned", "young", "busy", "lost-recently"):
+        assert of_run(after, run_id) == of_run(before, run_id)
+    assert len(of_run(after, "s-losing")) == len(of_run(before, "s-losing")) - 3
+    assert snapshots.current().run_id == "live"
+
+    out = report.to_dict()
+    assert not out["abandoned"] and out["errors"] == []
+    assert out["deleted_bytes"] == sum(before[k] for k in gone)
+    assert out["deleted_objects"] == len(gone)
+    per_run = {"losing_attempts": {losing_prefix}, "failed_runs": of_run(before, "failed"),
+               "abandoned_runs": of_run(before, "abandoned"), "orphans": of_run(before, "ghost"),
+               "expired_snapshots": of_run(before, "s-oldest") | of_run(before, "s-old")}
+    for category, keys in per_run.items():
+        keys = {k for k in gone if any(k == p or k.startswith(p + "/") for p in keys)}
+        assert out["deleted"][category] == {"objects": len(keys), "bytes": sum(before[k] for k in keys)}, category
+    assert out["plan"]["totals"] == {c: {"runs": out["plan"]["totals"][c]["runs"], **d} for c, d in out["deleted"].items()}
+
+    # Records stay: marked, never deleted; the abandoned one failed first with the reason.
+    assert set(snapshots.list_run_ids()) == {"s-oldest", "pinned", "s-old", "s-losing", "live", "young", "failed",
+                                             "abandoned", "lost-recently", "busy"}
+    abandoned = snapshots.read_run("abandoned")
+    assert abandoned.status == FAILED and abandoned.error.type == "RunAbandoned"
+    assert abandoned.error.message.startswith("abandoned:")
+    assert report.marked_failed == ("abandoned",)
+    assert set(report.marked_deleted) == {"s-oldest", "s-old", "failed", "abandoned"}
+    for run_id in ("s-oldest", "s-old"):
+        rec = snapshots.read_run(run_id)
+        assert rec.status == SUCCEEDED and rec.deleted_at is not None
+    for run_id in ("live", "pinned", "s-losing", "young", "busy"):
+        assert snapshots.read_run(run_id).deleted_at is None
+    assert snapshots.read_run("busy").status == RUNNING and snapshots.read_run("lost-recently").status == RUNNING
+
+    # Nothing left to do: a second cleanup at the same time plans nothing (no double marking either).
+    again = make_plan(snapshots, now=now, keep_runs=3, grace_period=GRACE, keep_run_ids=["pinned"])
+    assert [i.run_id for i in again.items] == []
+
+
+def test_a_cleanup_racing_a_publish_deletes_nothing(store):
+    t = layout.utc_now()
+    for n in range(4):
+        succeeded_run(store, f"run-{n}", t - timedelta(days=5 - n))
+    snapshots = SnapshotRoot(store)
+    plan = make_plan(snapshots, now=t + OFFSET, keep_runs=1, grace_period=GRACE)
+    assert {i.run_id for i in plan.items} == {"run-0", "run-1", "run-2"}
+    before = objects(store)
+    # A rollback to a run the plan would delete, between planning and executing.
+    from airflow_provider_shardyfusion.core.publish import publish_run
+
+    publish_run(snapshots, run_id="run-1", allow_older=True, **NO_SLEEP)
+    report = execute_cleanup(snapshots, plan)
+    assert report.abandoned and "_CURRENT moved" in report.abandon_reason
+    assert report.to_dict()["deleted_objects"] == 0
+    assert set(objects(store)) == set(before)
+    assert snapshots.current().run_id == "run-1"
+    assert all(snapshots.read_run(f"run-{n}").deleted_at is None for n in range(4))
+
+
+def test_an_abandoned_run_whose_writer_came_back_is_kept(store):
+    t = layout.utc_now()
+    write_run_record(store, "zombie", RUNNING, lease_seconds=600, now=t - timedelta(days=1))
+    write_attempt(store, "zombie", 0, 0, 1, 1)
+    snapshots = SnapshotRoot(store)
+    plan = make_plan(snapshots, now=t + OFFSET, grace_period=GRACE)
+    assert plan.abandoned_run_ids == ("zombie",)
+    # A heartbeat lands after planning: the record changed, so the run is neither failed nor deleted.
+    write_run_record(store, "zombie", RUNNING, lease_seconds=600, now=t)
+    before = objects(store)
+    report = execute_cleanup(snapshots, plan)
+    assert report.marked_failed == () and report.skipped_runs[0].run_id == "zombie"
+    assert objects(store) == before and snapshots.read_run("zombie").status == RUNNING
