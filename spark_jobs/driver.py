@@ -131,6 +131,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                                  shard_sort="spark" if write_plan.presorted else "writer")
             stats = dict(manifest.stats, durations_s=dict(durations))
+            fault_injection.before_publish(faults, run_id)
             with _Step(run_id, durations, "publish"):
                 record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish)
         except BaseException as exc:

@@ -7,6 +7,7 @@ Python workers were started before the variable was set. Keys:
   slow_shard_attempt: {"db_id": int, "attempt": int, "seconds": float}
   wrong_router: true                                      route to (id + 1) % num_dbs
   single_db_fail_attempts: int                            fail the first N single-db attempts
+  hold_before_publish: {"seconds": float, "marker": path}  the driver writes its pid to marker, then waits
 """
 
 from __future__ import annotations
@@ -41,3 +42,11 @@ def after_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None:
     fail = faults.get("fail_after_upload")
     if fail and fail.get("db_id") == db_id and fail.get("attempt", 0) == attempt:
         raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt} after upload")
+
+
+def before_publish(faults: dict[str, Any], run_id: str) -> None:
+    hold = faults.get("hold_before_publish")
+    if hold:
+        with open(hold["marker"], "w") as fh:
+            fh.write(str(os.getpid()))
+        time.sleep(float(hold.get("seconds", 30)))

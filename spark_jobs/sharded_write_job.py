@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from spark_jobs.driver import run_write
+    from spark_jobs.orphan_guard import exit_when_orphaned
+
+    exit_when_orphaned()
 
     builder = SparkSession.builder.appName(f"shardyfusion-{config.run_id}")
     for name in _FORWARDED_ENV:
