@@ -206,3 +206,42 @@ def test_an_abandoned_run_whose_writer_came_back_is_kept(store):
     report = execute_cleanup(snapshots, plan)
     assert report.marked_failed == () and report.skipped_runs[0].run_id == "zombie"
     assert objects(store) == before and snapshots.read_run("zombie").status == RUNNING
+
+
+# ---- the operator (file://, no connection needed) --------------------------------------------
+
+
+def test_operator_dry_run_then_real_run_on_a_local_root(file_root):
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+    from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
+
+    store = open_store(file_root)
+    t = layout.utc_now()
+    for n, run_id in enumerate(("old-a", "old-b", "live")):
+        succeeded_run(store, run_id, t - timedelta(days=3 - n))
+    failed = RunRecordLifecycle(store, "failed", heartbeat_seconds=3600, clock=lambda: t - timedelta(days=2)).start()
+    write_attempt(store, "failed", 0, 0, 1, 1)
+    failed.fail(ShardWriteError("disk full"))
+    before = objects(store)
+
+    def op(**kw):
+        # grace_period as seconds: what a templated value rendered natively looks like
+        return DeferredCleanupOperator(task_id="cleanup", output_uri=file_root, keep_runs=1, grace_period=0, **kw)
+
+    dry = op(dry_run=True).execute({})
+    assert objects(store) == before
+    assert dry["dry_run"] and dry["deleted_objects"] == 0
+    planned = {k for item in dry["plan"]["items"] for k in item["keys"]}
+    expected = of_run(before, "old-a") | of_run(before, "old-b") | of_run(before, "failed")
+    assert planned == expected
+    assert dry["plan"]["bytes"] == sum(before[k] for k in expected)
+
+    real = op().execute({})
+    assert set(before) - set(objects(store)) == expected
+    assert real["deleted_bytes"] == dry["plan"]["bytes"] and real["errors"] == [] and not real["abandoned"]
+    assert {k for item in real["plan"]["items"] for k in item["keys"]} == planned  # the plan the dry run showed
+    assert SnapshotRoot(store).read_run("old-a").deleted_at is not None
+
+    bad = DeferredCleanupOperator(task_id="c", output_uri=file_root, keep_runs=-1)  # checked at execute, not parse
+    with pytest.raises(ConfigError, match="DeferredCleanupOperator 'c': keep_runs -1"):
+        bad.execute({})

@@ -1,0 +1,86 @@
+"""``DeferredCleanupOperator``: remove what no reader can need any more under an output root (SPEC §8)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class DeferredCleanupOperator(BaseOperator):
+    """Delete failed, abandoned, orphaned and expired snapshot data under ``output_uri``.
+
+    The plan is a pure function in ``core.cleanup`` of the listing, the run records, ``_CURRENT``
+    and the time; this operator reads, plans and executes it. Never touched: the run ``_CURRENT``
+    names (re-read before deleting; if it moved, the cleanup stops and deletes nothing more), runs
+    in ``keep_run_ids``, anything younger than ``grace_period``, and a ``running`` run whose lease
+    is valid. Deleted: losing attempts of kept runs; all data of ``failed`` runs, of ``running``
+    runs whose lease expired more than ``grace_period`` ago (marked failed, "abandoned", first)
+    and of shard folders without a run record; data and manifests of succeeded (or staged) runs
+    beyond the newest ``keep_runs``. Run records stay, with ``deleted_at`` set.
+
+    :param output_uri: the snapshot root (``s3://bucket/prefix`` or ``file:///abs/dir``).
+    :param keep_runs: how many of the newest succeeded runs (by start) keep their data; the live
+        run and pinned runs are kept in addition.
+    :param grace_period: a ``timedelta`` (or seconds): nothing younger is touched.
+    :param keep_run_ids: runs readers are pinned to.
+    :param dry_run: plan and report only; nothing is written or deleted.
+    :param aws_conn_id: AWS connection for ``s3://`` roots.
+
+    Returns (XCom) the report: objects and bytes deleted per category, errors, whether the
+    cleanup was abandoned, and the plan (the same plan a dry run returns).
+    """
+
+    template_fields: Sequence[str] = ("output_uri", "keep_runs", "grace_period", "keep_run_ids", "dry_run",
+                                      "aws_conn_id")
+    ui_color = "#ffe0b2"
+
+    def __init__(
+        self,
+        *,
+        output_uri: str,
+        keep_runs: int = 3,
+        grace_period: timedelta = timedelta(hours=1),
+        keep_run_ids: Sequence[str] = (),
+        dry_run: bool = False,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.output_uri = output_uri
+        self.keep_runs = keep_runs
+        self.grace_period = grace_period
+        self.keep_run_ids = keep_run_ids
+        self.dry_run = dry_run
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_shardyfusion.core import layout
+        from airflow_provider_shardyfusion.core.cleanup import check_settings, execute_cleanup, make_plan
+        from airflow_provider_shardyfusion.core.errors import ConfigError
+        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+        try:
+            root = layout.normalize_root(self.output_uri)
+            keep_runs, grace, pinned = check_settings(self.keep_runs, self.grace_period, self.keep_run_ids)
+            if not isinstance(self.dry_run, bool):
+                raise ConfigError(f"dry_run {self.dry_run!r} must be True or False")
+        except ConfigError as exc:
+            raise ConfigError(f"DeferredCleanupOperator {self.task_id!r}: {exc}") from None
+        snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
+        plan = make_plan(snapshots, keep_runs=keep_runs, grace_period=grace, keep_run_ids=pinned)
+        report = execute_cleanup(snapshots, plan, dry_run=self.dry_run)
+        out = report.to_dict()
+        self.log.info(
+            "Cleanup of %s%s: %d object(s), %d bytes %s; %d error(s)%s", root, " (dry run)" if self.dry_run else "",
+            out["plan"]["objects"] if self.dry_run else out["deleted_objects"],
+            out["plan"]["bytes"] if self.dry_run else out["deleted_bytes"],
+            "would be deleted" if self.dry_run else "deleted", len(out["errors"]),
+            f"; abandoned: {report.abandon_reason}" if report.abandoned else "",
+        )
+        return out
