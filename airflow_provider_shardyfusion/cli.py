@@ -96,6 +96,17 @@ def _build_parser() -> argparse.ArgumentParser:
     get.add_argument("--routing-context", metavar="JSON",
                      help="JSON object of the other CEL routing columns, for multi-column CEL snapshots")
     get.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
+    clean = subs.add_parser(
+        "cleanup", parents=[common], help="delete failed, abandoned, orphaned and expired snapshot data",
+        description="Plans, then deletes: never the live run, pinned runs, anything younger than the grace period "
+                    "or a running run with a valid lease. Run records stay (deleted_at set). Prints the report.",
+    )
+    clean.add_argument("--dry-run", action="store_true", help="print the plan; write and delete nothing")
+    clean.add_argument("--keep-runs", type=int, default=3, help="newest succeeded runs whose data stays (default 3)")
+    clean.add_argument("--grace-period-seconds", type=float, default=3600.0,
+                       help="nothing younger is touched (default 3600)")
+    clean.add_argument("--keep-run-id", dest="keep_run_ids", action="append", default=[], metavar="ID",
+                       help="a run readers are pinned to (repeat)")
     return parser
 
 
@@ -195,6 +206,14 @@ def _show_key(key: Any) -> Any:
     return key
 
 
+def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.cleanup import execute_cleanup, make_plan
+
+    plan = make_plan(snapshots, keep_runs=args.keep_runs, grace_period=args.grace_period_seconds,
+                     keep_run_ids=args.keep_run_ids)
+    return execute_cleanup(snapshots, plan, dry_run=args.dry_run).to_dict()
+
+
 def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     from .core.reader import ShardedReader
 
@@ -221,7 +240,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         return {"run_id": reader.run_id, "results": out}
 
 
-_COMMANDS = {"validate": _cmd_validate, "publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get}
+_COMMANDS = {"validate": _cmd_validate, "publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get, "cleanup": _cmd_cleanup}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -310,7 +310,7 @@ def read_winners(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], 
 
 
 def make_plan(snapshots: SnapshotRoot, *, now: datetime | None = None, keep_runs: int = 3,
-              grace_period: timedelta = timedelta(hours=1), keep_run_ids: Collection[str] = ()) -> CleanupPlan:
+              grace_period: timedelta | float = timedelta(hours=1), keep_run_ids: Collection[str] = ()) -> CleanupPlan:
     """Read the root (pointer first: anything published later is newer than the plan) and plan."""
     keep_runs, grace_period, pinned = check_settings(keep_runs, grace_period, tuple(keep_run_ids))
     pointer = snapshots.current()

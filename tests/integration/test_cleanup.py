@@ -245,3 +245,37 @@ def test_operator_dry_run_then_real_run_on_a_local_root(file_root):
     bad = DeferredCleanupOperator(task_id="c", output_uri=file_root, keep_runs=-1)  # checked at execute, not parse
     with pytest.raises(ConfigError, match="DeferredCleanupOperator 'c': keep_runs -1"):
         bad.execute({})
+
+
+def test_cli_cleanup_dry_run_then_real_run_on_both_stores(any_root, capsys):
+    import json
+
+    from airflow_provider_shardyfusion.cli import main
+
+    root, options = any_root
+    store = open_store(root, options)
+    t = layout.utc_now()
+    for n, run_id in enumerate(("c-old", "c-pinned", "c-mid", "c-live")):
+        succeeded_run(store, run_id, t - timedelta(days=4 - n))
+    before = objects(store)
+    flags = ["--keep-runs", "1", "--grace-period-seconds", "0", "--keep-run-id", "c-pinned"]
+    if options:
+        flags += ["--endpoint-url", options["endpoint_url"], "--region", options["region_name"], "--path-style"]
+
+    def cli(*extra):
+        code = main(["cleanup", root, *flags, *extra])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        return json.loads(out.out)
+
+    dry = cli("--dry-run")
+    assert objects(store) == before and dry["dry_run"]
+    expected = of_run(before, "c-old") | of_run(before, "c-mid")
+    assert {k for item in dry["plan"]["items"] for k in item["keys"]} == expected
+    real = cli()
+    assert set(before) - set(objects(store)) == expected
+    assert real["deleted_bytes"] == sum(before[k] for k in expected) == dry["plan"]["bytes"]
+    assert sorted(real["marked_deleted"]) == ["c-mid", "c-old"]
+
+    assert main(["cleanup", root, "--keep-runs", "-2"]) == 1
+    assert "keep_runs -2 must be an integer >= 0" in capsys.readouterr().err
