@@ -45,7 +45,7 @@ class RoutingPlan:
 
 def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None) -> np.ndarray:
     from airflow_provider_shardyfusion.core import routing
-    from airflow_provider_shardyfusion.core.arrow_codec import first_null_row
+    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
     from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
     from airflow_provider_shardyfusion.core.fast_hash import route_int64
 
@@ -62,10 +62,13 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
                 )
             ids = route_int64(keys.cast(pa.int64()).to_numpy(zero_copy_only=False), plan.num_dbs)
         else:
+            check_utf8(keys, column=plan.key_column, rule=UTF8_RULE_KEY)
             n = plan.num_dbs
             ids = np.fromiter((routing.route_key(k, n) for k in keys.to_pylist()), dtype=np.int32, count=len(keys))
     else:
         names = [c for c, _ in plan.cel_columns]
+        for name in names:
+            check_utf8(batch.column(name), column=name, rule=UTF8_RULE_KEY if name == plan.key_column else UTF8_RULE_ROUTING)
         rows = batch.select(names).to_pylist()
         ids = np.fromiter((router.route(r) for r in rows), dtype=np.int32, count=len(rows))
     if plan.wrong_router:
@@ -118,10 +121,13 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from airflow_provider_shardyfusion.core.routing import CelRouter
 
+        from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
+
         router = CelRouter(plan.cel_spec())
         names = [c for c, _ in plan.cel_columns]
         seen: set[Any] = set()
         for batch in batches:
+            check_utf8_columns(batch, names, rule=UTF8_RULE_ROUTING)
             for row in batch.select(names).to_pylist():
                 seen.add(router.evaluate(row))
         import json

@@ -54,7 +54,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
                     task_attempt_id: int | None, limiter: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
     from airflow_provider_shardyfusion.core import layout
-    from airflow_provider_shardyfusion.core.arrow_codec import encode_values
+    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values
     from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
     from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
@@ -89,6 +89,8 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
             yield from batches
 
         for batch in all_batches():
+            # The single-db path never ran the routing UDF, which checks string keys elsewhere.
+            check_utf8(batch.column(plan.key_column), column=plan.key_column, rule=UTF8_RULE_KEY)
             if len(sample) < plan.sample_per_shard:
                 take = batch.select(list(plan.sample_columns)).slice(0, plan.sample_per_shard - len(sample))
                 sample.extend({k: sample_value(v) for k, v in row.items()} for row in take.to_pylist())

@@ -8,7 +8,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .encoding import encode_json_value
-from .errors import ConfigError, InputDataError
+from .errors import ConfigError, InputDataError, show_value
+
+# The rule each kind of column breaks when its text is not UTF-8 (named in the error).
+UTF8_RULE_KEY = (
+    "a string key column must hold UTF-8 text; keep arbitrary bytes in a binary column "
+    "(key_encoding 'raw') instead of casting them to string"
+)
+UTF8_RULE_ROUTING = "string columns read by CEL routing must hold UTF-8 text"
+UTF8_RULE_JSON = (
+    "value_format 'json' writes string columns as JSON text, which must be UTF-8; cast a column "
+    "holding arbitrary bytes to binary (stored as base64) or repair the data"
+)
+_HEX_LIMIT = 32
 
 
 def key_kind_of_type(arrow_type: pa.DataType, *, column: str) -> str:
@@ -31,6 +43,46 @@ def check_value_column_type(arrow_type: pa.DataType, *, column: str) -> None:
         )
 
 
+def _holds_text(arrow_type: pa.DataType) -> bool:
+    """Strings, or nested types that may contain strings (validated as a whole)."""
+    return (pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+            or pa.types.is_nested(arrow_type) or pa.types.is_dictionary(arrow_type))
+
+
+def check_utf8(array: pa.Array | pa.ChunkedArray, *, column: str, rule: str) -> None:
+    """One ``InputDataError`` for the first value of ``array`` that is not valid UTF-8.
+
+    Spark keeps a string's bytes as they are (e.g. after casting binary data to string) and Arrow
+    does not check them either, so without this the first Python look at the value fails with a
+    bare ``UnicodeDecodeError`` naming no column.
+    """
+    if not _holds_text(array.type):
+        return
+    try:
+        array.validate(full=True)  # one C++ pass; the slow search below runs only on bad input
+        return
+    except pa.ArrowInvalid:
+        pass
+    for i in range(len(array)):
+        try:
+            array[i].as_py()
+        except UnicodeDecodeError as exc:
+            raise InputDataError(utf8_error_message(column, bytes(exc.object), exc, rule)) from None
+
+
+def utf8_error_message(column: str, raw: bytes, exc: UnicodeDecodeError, rule: str) -> str:
+    shown = raw[:_HEX_LIMIT].hex() + (f"... ({len(raw)} bytes)" if len(raw) > _HEX_LIMIT else "")
+    return (
+        f"column {column!r}: value {show_value(raw)} is not valid UTF-8 text (hex {shown}; {exc.reason} at byte "
+        f"{exc.start}; rule: {rule})"
+    )
+
+
+def check_utf8_columns(batch: pa.RecordBatch, columns: tuple[str, ...] | list[str], *, rule: str) -> None:
+    for name in columns:
+        check_utf8(batch.column(name), column=name, rule=rule)
+
+
 def encode_values(batch: pa.RecordBatch, fmt: str, columns: tuple[str, ...]) -> pa.Array:
     """One binary value per row: the column's bytes ('binary') or a compact sorted JSON object ('json')."""
     if fmt == "binary":
@@ -39,6 +91,7 @@ def encode_values(batch: pa.RecordBatch, fmt: str, columns: tuple[str, ...]) -> 
         # Nulls become empty values: the reader cannot tell them apart, which the README documents.
         return pc.fill_null(col.cast(pa.binary()), b"")
     if fmt == "json":
+        check_utf8_columns(batch, columns, rule=UTF8_RULE_JSON)
         rows: list[dict[str, Any]] = batch.select(list(columns)).to_pylist()
         return pa.array([encode_json_value(r) for r in rows], type=pa.binary())
     raise ConfigError(f"value_format {fmt!r} is not supported")

@@ -82,7 +82,13 @@ def decode_key(data: bytes, encoding: str) -> Any:
             raise KeyEncodingError(f"stored key {bytes(data)!r} is {len(data)} bytes; {encoding} keys are {packer.size}")
         return packer.unpack(data)[0]
     if encoding == "utf8":
-        return data.decode("utf-8")
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise KeyEncodingError(
+                f"stored key {show_value(bytes(data))} (hex {bytes(data)[:32].hex()}) is not valid UTF-8 "
+                f"({exc.reason} at byte {exc.start}; rule: utf8 keys are UTF-8 text)"
+            ) from None
     if encoding == "raw":
         return bytes(data)
     raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
