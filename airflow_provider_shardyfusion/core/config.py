@@ -11,13 +11,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
 from .errors import ConfigError, show_value
 from .storage.base import StorageOptions
+from .write_args import DEFAULTS as _D
 
 CONFIG_FORMAT_VERSION = 1
 _SECRET_OPTION = re.compile(r"(?i)password|secret|token|credential|access[._-]?key")
@@ -265,20 +266,22 @@ class ShardRetry:
 
 @dataclass(frozen=True)
 class WriteOptions:
-    batch_size: int = 50_000
-    verify_routing: bool = True
-    sample_size: int = 20
-    cache_input: bool = False
-    sort_within_partitions: bool = True
-    max_writes_per_second: float | None = None
-    max_write_bytes_per_second: float | None = None
+    """How the job writes (the declared defaults of ``core.write_args``)."""
+
+    batch_size: int = _D.batch_size
+    verify_routing: bool = _D.verify_routing
+    sample_size: int = _D.sample_size
+    cache_input: bool = _D.cache_input
+    sort_within_partitions: bool = _D.sort_within_partitions
+    max_writes_per_second: float | None = _D.max_writes_per_second
+    max_write_bytes_per_second: float | None = _D.max_write_bytes_per_second
     shard_retry: ShardRetry | None = None
-    sort_run_rows: int = 1_000_000
-    allow_duplicate_keys: bool = False
-    lease_seconds: float = 600.0
-    heartbeat_seconds: float = 60.0
+    sort_run_rows: int = _D.sort_run_rows
+    allow_duplicate_keys: bool = _D.allow_duplicate_keys
+    lease_seconds: float = _D.lease_seconds
+    heartbeat_seconds: float = _D.heartbeat_seconds
     # False stages the run (SPEC §8): manifest and a succeeded run record, _CURRENT untouched.
-    publish: bool = True
+    publish: bool = _D.publish
 
     def validate(self) -> None:
         _positive_int("batch_size", self.batch_size)
@@ -410,41 +413,44 @@ class WriteConfig:
 def build_write_config(
     *,
     output_uri: str,
-    key_column: str,
-    input_path: str | None = None,
-    input_format: str = "parquet",
-    input_options: Mapping[str, Any] | None = None,
-    input_table: str | None = None,
-    input_sql: str | None = None,
-    value_column: str | None = None,
-    value_columns: list[str] | tuple[str, ...] | None = None,
-    value_format: str = "binary",
-    num_dbs: int | None = None,
-    max_keys_per_shard: int | None = None,
-    cel_expr: str | None = None,
-    cel_columns: Mapping[str, str] | list[str] | None = None,
-    routing_values: list[Any] | tuple[Any, ...] | None = None,
-    infer_routing_values: bool = False,
-    key_encoding: str | None = None,
-    run_id: str | None = None,
-    batch_size: int = 50_000,
-    verify_routing: bool = True,
-    sample_size: int = 20,
-    cache_input: bool = False,
-    sort_within_partitions: bool = True,
-    max_writes_per_second: float | None = None,
-    max_write_bytes_per_second: float | None = None,
-    shard_retry: Any = None,
-    sort_run_rows: int = 1_000_000,
-    allow_duplicate_keys: bool = False,
-    lease_seconds: float = 600.0,
-    heartbeat_seconds: float = 60.0,
-    publish: bool = True,
-    spark_conf_overrides: Mapping[str, Any] | None = None,
-    storage_options: StorageOptions | Mapping[str, Any] | None = None,
-    airflow_context: Mapping[str, Any] | None = None,
+    input_path: str | None = _D.input_path,
+    input_format: str = _D.input_format,
+    input_options: Mapping[str, Any] | None = _D.input_options,
+    input_table: str | None = _D.input_table,
+    input_sql: str | None = _D.input_sql,
+    key_column: str = _D.key_column,
+    value_column: str | None = _D.value_column,
+    value_columns: Sequence[str] | None = _D.value_columns,
+    value_format: str = _D.value_format,
+    num_dbs: int | None = _D.num_dbs,
+    max_keys_per_shard: int | None = _D.max_keys_per_shard,
+    cel_expr: str | None = _D.cel_expr,
+    cel_columns: Mapping[str, str] | Sequence[str] | None = _D.cel_columns,
+    routing_values: Sequence[Any] | None = _D.routing_values,
+    infer_routing_values: bool = _D.infer_routing_values,
+    key_encoding: str | None = _D.key_encoding,
+    run_id: str | None = _D.run_id,
+    batch_size: int = _D.batch_size,
+    verify_routing: bool = _D.verify_routing,
+    sample_size: int = _D.sample_size,
+    cache_input: bool = _D.cache_input,
+    sort_within_partitions: bool = _D.sort_within_partitions,
+    max_writes_per_second: float | None = _D.max_writes_per_second,
+    max_write_bytes_per_second: float | None = _D.max_write_bytes_per_second,
+    shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
+    allow_duplicate_keys: bool = _D.allow_duplicate_keys,
+    publish: bool = _D.publish,
+    sort_run_rows: int = _D.sort_run_rows,
+    lease_seconds: float = _D.lease_seconds,
+    heartbeat_seconds: float = _D.heartbeat_seconds,
+    spark_conf_overrides: Mapping[str, Any] | None = _D.spark_conf_overrides,
+    storage_options: StorageOptions | Mapping[str, Any] | None = _D.storage_options,
+    airflow_context: Mapping[str, Any] | None = _D.airflow_context,
 ) -> WriteConfig:
-    """Flat operator-style arguments → validated ``WriteConfig`` (generates a run id if none)."""
+    """Flat operator-style arguments → validated ``WriteConfig`` (generates a run id if none).
+
+    The arguments, their defaults and docs are declared once in ``core.write_args.WRITE_ARGS``.
+    """
     if isinstance(storage_options, StorageOptions):
         storage = storage_options
     else:

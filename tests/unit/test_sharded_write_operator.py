@@ -105,6 +105,14 @@ def stub_submit(monkeypatch, behaviour):
     return seen
 
 
+def job_record(config: WriteConfig, status: str, **kw) -> None:
+    """A run record as the Spark job writes it: ``writer.airflow`` names the try that submitted it."""
+    store = open_store(config.output_uri)
+    record = write_run_record(store, config.run_id, status, **kw)
+    record = dataclasses.replace(record, writer={"airflow": config.airflow_context})
+    store.put(layout.run_record_key(config.run_id), record.to_bytes())
+
+
 STATS = {"rows": 1000, "bytes": 4096, "num_dbs": 4, "empty_shards": 1, "shards_written": 3, "attempts_seen": 3}
 
 
@@ -124,7 +132,7 @@ def writer_succeeds(config: WriteConfig):
 def test_every_user_argument_is_templated_and_assigned_verbatim():
     params = [p for p in inspect.signature(ShardedWriteOperator.__init__).parameters.values()
               if p.kind is p.KEYWORD_ONLY]
-    not_templated = {"deferrable", "poll_interval"}
+    not_templated = {"deferrable", "poll_interval", "deferral_timeout"}
     assert {p.name for p in params} - not_templated == set(ShardedWriteOperator.template_fields)
     # Templates render after __init__: any value (even an invalid one) must be kept exactly as given.
     values = {name: object() for name in ShardedWriteOperator.template_fields}
@@ -339,7 +347,7 @@ def test_spark_submit_dying_without_run_record_shows_the_output_tail(monkeypatch
 
 def test_running_record_after_client_mode_exit_is_marked_failed(monkeypatch, tmp_path):
     connections(monkeypatch)
-    stub_submit(monkeypatch, lambda c: write_run_record(open_store(c.output_uri), c.run_id, RUNNING))
+    stub_submit(monkeypatch, lambda c: job_record(c, RUNNING))
     root = f"file://{tmp_path}/snap"
     with pytest.raises(SparkSubmitError, match="still says 'running'"):
         make_op(root, run_id="run-orphan").execute(make_context())

@@ -1,0 +1,220 @@
+"""The spark-submit plan of a sharded write: a pure function of the arguments and the connection.
+
+Deploy-mode policy lives here and nowhere else: which interpreter executors and driver use, what
+may go into the environment (credentials only to a driver that runs next to spark-submit, never
+as arguments), whether the task can defer, and how the job gets its configuration. No Airflow
+import: the plan is unit-tested as data (tests/unit/test_submit_plan.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_shardyfusion.core.errors import ConfigError
+
+DEFAULT_ENV_ALIAS = "shardyfusion_env"
+CONFIG_ARG = "--config-b64"
+
+
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where spark-submit sends the job (from the spark connection)."""
+
+    conn_id: str
+    master: str
+    deploy_mode: str | None = None
+    spark_binary: str = "spark-submit"
+
+    @property
+    def cluster_mode(self) -> bool:
+        return self.deploy_mode == "cluster"
+
+    @property
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+    @property
+    def is_yarn(self) -> bool:
+        return "yarn" in self.master
+
+    @property
+    def is_k8s(self) -> bool:
+        return "k8s" in self.master
+
+    @property
+    def is_standalone(self) -> bool:
+        return self.master.startswith("spark://")
+
+
+@dataclass(frozen=True)
+class Host:
+    """Facts about the worker that submits (kept apart so the plan stays a pure function)."""
+
+    python: str
+    environ: Mapping[str, str]
+    binary_on_path: bool
+    binary_next_to_python: bool
+
+    @classmethod
+    def current(cls, spark_binary: str) -> Host:
+        venv_bin = os.path.dirname(sys.executable)
+        return cls(
+            python=sys.executable, environ=dict(os.environ),
+            binary_on_path=shutil.which(spark_binary) is not None,
+            binary_next_to_python=os.path.exists(os.path.join(venv_bin, spark_binary)),
+        )
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """The operator's Spark arguments (validated by ``SparkSettings.validate``)."""
+
+    conf: Mapping[str, Any] | None = None
+    env_vars: Mapping[str, Any] | None = None
+    python_env_archive: str | None = None
+    driver_memory: str | None = None
+    executor_memory: str | None = None
+    executor_cores: int | None = None
+    num_executors: int | None = None
+    total_executor_cores: int | None = None
+
+    def validate(self) -> SparkSettings:
+        for name, value in (("spark_conf", self.conf), ("spark_env_vars", self.env_vars)):
+            if value is not None and (not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value)):
+                raise ConfigError(f"{name} {value!r} must be a mapping of string keys")
+        archive = self.python_env_archive
+        if archive is not None and (not isinstance(archive, str) or not archive.strip("#")):
+            raise ConfigError(f"python_env_archive {archive!r} must be a path or URI, e.g. 's3://b/env.tar.gz#env'")
+        return self
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Everything spark-submit gets, plus the waiting policy the operator follows."""
+
+    conn_id: str
+    application: str
+    py_files: str
+    name: str
+    application_args: tuple[str, ...]
+    conf: Mapping[str, str]
+    env_vars: Mapping[str, str]
+    archives: str | None
+    resources: Mapping[str, Any]
+    defer: bool  # submit without waiting; the task waits on the run record in the triggerer
+    wait_for_driver: bool  # standalone cluster mode: the worker waits for the driver's final state
+    cluster_mode: bool
+    notes: tuple[str, ...] = ()  # what the operator logs about the policy it applied
+    # Credentials: never printed (repr) and never arguments; only the spark-submit process has them.
+    process_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    redact: tuple[str, ...] = field(default=(), repr=False)
+
+    def hook_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``ShardyfusionSparkSubmitHook``."""
+        return {
+            "conn_id": self.conn_id, "conf": dict(self.conf), "py_files": self.py_files, "archives": self.archives,
+            "env_vars": dict(self.env_vars) or None, "application_args": list(self.application_args),
+            "name": self.name, **dict(self.resources), "process_env": dict(self.process_env),
+            "redact": list(self.redact),
+        }
+
+
+def encode_config(config_json: str) -> str:
+    """The write config as the job's command line carries it (no secrets in it, see WriteConfig)."""
+    return base64.urlsafe_b64encode(config_json.encode()).decode("ascii")
+
+
+def build_submit_plan(
+    *,
+    target: SparkTarget,
+    spark: SparkSettings,
+    host: Host,
+    application: str,
+    py_files: str,
+    config_json: str,
+    name: str,
+    credential_env: Mapping[str, str] | None = None,
+    deferrable: bool = False,
+) -> SubmitPlan:
+    """The spark-submit arguments and the waiting policy for one run."""
+    spark.validate()
+    credential_env = dict(credential_env or {})
+    cluster = target.cluster_mode
+    notes: list[str] = []
+    conf = {k: str(v) for k, v in (spark.conf or {}).items()}
+    env_vars = {k: str(v) for k, v in (spark.env_vars or {}).items()}
+    if target.is_standalone and cluster and env_vars:
+        raise ConfigError(
+            "spark_env_vars cannot be used with a standalone cluster in deploy mode 'cluster' "
+            f"(connection {target.conn_id!r}); set spark.driverEnv.* / spark.executorEnv.* in spark_conf"
+        )
+
+    archives = None
+    if spark.python_env_archive:
+        archive = spark.python_env_archive
+        archives = archive if "#" in archive else f"{archive}#{DEFAULT_ENV_ALIAS}"
+        python = f"./{archives.rsplit('#', 1)[1]}/bin/python"
+        conf.setdefault("spark.pyspark.python", python)
+        conf.setdefault("spark.executorEnv.PYSPARK_PYTHON", python)
+        if target.is_yarn and cluster:
+            conf.setdefault("spark.yarn.appMasterEnv.PYSPARK_PYTHON", python)
+        if not cluster:
+            # The driver runs here, outside the unpacked archive.
+            conf.setdefault("spark.pyspark.driver.python", host.python)
+    elif (target.is_local or (target.is_standalone and not cluster)) \
+            and "PYSPARK_PYTHON" not in env_vars and "PYSPARK_PYTHON" not in host.environ:
+        # Workers started by this driver must import the same interpreter (and packages).
+        env_vars["PYSPARK_PYTHON"] = host.python
+    if target.is_local and "SPARK_LOCAL_IP" not in env_vars and "SPARK_LOCAL_IP" not in host.environ:
+        env_vars["SPARK_LOCAL_IP"] = "127.0.0.1"
+
+    defer = deferrable and cluster
+    if deferrable and not cluster:
+        notes.append(
+            f"deferrable=True needs a cluster deploy mode (the driver of {target.master!r} runs inside "
+            "spark-submit here, so the worker must wait for it); running without deferring"
+        )
+    if defer:
+        if target.is_yarn:
+            conf["spark.yarn.submit.waitAppCompletion"] = "false"
+        elif target.is_k8s:
+            conf["spark.kubernetes.submission.waitAppCompletion"] = "false"
+        elif target.is_standalone:
+            conf["spark.standalone.submit.waitAppCompletion"] = "false"
+
+    process_env: dict[str, str] = {}
+    if credential_env:
+        if cluster:
+            notes.append(
+                "credentials are not forwarded: the driver runs on the cluster (deploy mode 'cluster') and "
+                "passing them would put them on the spark-submit command line; give the cluster its own role"
+            )
+        else:
+            process_env.update(credential_env)
+            if not target.is_local:
+                notes.append(
+                    f"credentials go to the Spark driver's environment; the job hands them to executors on "
+                    f"{target.master} through SparkConf spark.executorEnv.* (never argv; secrets redacted by Spark)"
+                )
+    if not host.binary_on_path and host.binary_next_to_python:
+        # pyspark installs spark-submit next to the interpreter; a worker's PATH may not have it.
+        process_env["PATH"] = os.path.dirname(host.python) + os.pathsep + host.environ.get("PATH", "")
+
+    resources = {
+        "driver_memory": spark.driver_memory, "executor_memory": spark.executor_memory,
+        "executor_cores": spark.executor_cores, "num_executors": spark.num_executors,
+        "total_executor_cores": spark.total_executor_cores,
+    }
+    return SubmitPlan(
+        conn_id=target.conn_id, application=application, py_files=py_files, name=name,
+        application_args=(CONFIG_ARG, encode_config(config_json)), conf=conf, env_vars=env_vars,
+        archives=archives, resources=resources, defer=defer,
+        wait_for_driver=target.is_standalone and cluster and not defer, cluster_mode=cluster,
+        notes=tuple(notes), process_env=process_env, redact=tuple(v for v in credential_env.values() if v),
+    )

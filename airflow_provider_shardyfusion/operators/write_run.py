@@ -1,0 +1,257 @@
+"""Decisions of ``ShardedWriteOperator`` around one run, as pure functions (no Airflow import).
+
+- ``choose_run``: which run id a try writes, or which earlier run it re-attaches to (retries of
+  a fixed ``run_id`` are idempotent, issue 11).
+- ``interpret_outcome``: the run record (and what spark-submit said) → summary or error, and
+  whether this try may mark its run abandoned.
+- ``resolve_deferral_timeout``: how long the task may wait on a run record.
+
+Ownership rule: a run belongs to the Airflow try whose identity (dag, task, DAG run, map index,
+try number) its run record's ``writer.airflow`` names. The operator marks a run failed only when
+that identity is its own: never another task's run that happens to share the run id, and never
+an earlier try's run (that run's own lease decides its fate).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, NoReturn
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError, RunRecordError, ShardyfusionError, SparkSubmitError, error_type_by_name,
+)
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
+
+TASK_INSTANCE_KEYS = ("dag_id", "task_id", "run_id", "map_index")
+DEFAULT_DEFERRAL_TIMEOUT = timedelta(hours=24)
+_JOB_FAILED_RE = re.compile(r"shardyfusion job failed: (?P<type>[A-Za-z_][A-Za-z0-9_]*): (?P<message>.*)")
+_EXIT_CODE_RE = re.compile(r"Error code is: (-?\d+)")
+
+
+# ---- identity ----------------------------------------------------------------------------------
+
+
+def writer_identity(record: RunRecord) -> Mapping[str, Any] | None:
+    """The Airflow try that wrote ``record`` (``writer.airflow``), if it says."""
+    ident = (record.writer or {}).get("airflow")
+    return ident if isinstance(ident, Mapping) else None
+
+
+def same_task_instance(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool:
+    return ident is not None and all(ident.get(k) == me.get(k) for k in TASK_INSTANCE_KEYS)
+
+
+def same_try(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool:
+    return same_task_instance(ident, me) and ident is not None and ident.get("try_number") == me.get("try_number")
+
+
+def describe_writer(record: RunRecord) -> str:
+    ident = writer_identity(record)
+    if ident is None:
+        return "a writer outside Airflow (its run record names no task)"
+    return (f"task {ident.get('dag_id')}.{ident.get('task_id')} of DAG run {ident.get('run_id')!r} "
+            f"(map index {ident.get('map_index')}, try {ident.get('try_number')})")
+
+
+# ---- retries of a fixed run id -----------------------------------------------------------------
+
+
+def retry_run_id(base_run_id: str, try_number: int) -> str:
+    """The run id try ``try_number`` writes when an earlier try's run of ``base_run_id`` ended."""
+    return f"{base_run_id}-try{try_number}"
+
+
+def candidate_run_ids(base_run_id: str, try_number: int) -> tuple[str, ...]:
+    """Run ids tries 1..``try_number`` of a fixed ``run_id`` may have written, oldest first."""
+    return (base_run_id, *(retry_run_id(base_run_id, n) for n in range(2, max(try_number, 1) + 1)))
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    """``start`` a new run with ``run_id``, or ``attach`` to the still-running ``run_id``."""
+
+    action: Literal["start", "attach"]
+    run_id: str
+    reason: str
+
+
+def choose_run(base_run_id: str, records: Mapping[str, RunRecord | None], me: Mapping[str, Any],
+               now: datetime) -> RunChoice:
+    """Decide what try ``me["try_number"]`` of a fixed ``run_id`` does.
+
+    ``records`` holds the run record (or None) of each of ``candidate_run_ids``. A run of another
+    task instance under one of these ids is refused (run ids are unique; it is not ours to touch).
+    Of this task instance's runs, the newest decides: still running with a valid lease → attach
+    (wait for it instead of writing twice); ended (failed, succeeded, or its lease expired) → a
+    fresh run ``<run_id>-try<N>``, so the new try never inherits the old try's record or error.
+    """
+    try_number = int(me.get("try_number") or 1)
+    existing = [(rid, rec) for rid in candidate_run_ids(base_run_id, try_number)
+                if (rec := records.get(rid)) is not None]
+    for rid, rec in existing:
+        if not same_task_instance(writer_identity(rec), me):
+            raise RunRecordError(
+                f"run_id {rid!r} is already used at {layout.join(rec.output_uri, layout.run_record_key(rid))} by "
+                f"{describe_writer(rec)} (status {rec.status!r}); run ids must be unique: pick another run_id "
+                "or leave it unset to generate one"
+            )
+    if not existing:
+        return RunChoice("start", base_run_id, "no earlier run of this task")
+    rid, rec = existing[-1]
+    by = f"try {(writer_identity(rec) or {}).get('try_number')}"
+    if rec.status == RUNNING and not rec.lease_expired(now):
+        return RunChoice("attach", rid, f"run {rid!r} of {by} is still running (lease valid until "
+                                        f"{layout.format_ts(rec.lease_expires_at)})")
+    fresh = retry_run_id(base_run_id, try_number)
+    if records.get(fresh) is not None:
+        raise RunRecordError(
+            f"run {fresh!r} already has a run record (status {rec.status!r}); this try cannot start a fresh run "
+            "under a new id: clear the task again (a new try) or pick another run_id"
+        )
+    state = "its lease expired (abandoned)" if rec.status == RUNNING else f"it {rec.status}"
+    return RunChoice("start", fresh, f"run {rid!r} of {by} ended ({state}); starting a fresh run")
+
+
+# ---- outcome of a run ----------------------------------------------------------------------------
+
+
+def snapshot_summary(record: RunRecord, *, published: bool = True) -> dict[str, Any]:
+    """The small, JSON-able description of a written snapshot (the operator's XCom).
+
+    ``published``: whether the run went live. The run record's ``published_at`` says so when the
+    writer stamped it; otherwise the flag the run was written with (a succeeded run with
+    ``publish=True`` moved ``_CURRENT``).
+    """
+    stats = record.stats or {}
+    return {
+        "published": getattr(record, "published_at", None) is not None or bool(published),
+        "run_id": record.run_id,
+        "output_uri": record.output_uri,
+        "manifest_ref": record.manifest_ref,
+        "run_record_ref": layout.join(record.output_uri, layout.run_record_key(record.run_id)),
+        "num_dbs": record.num_dbs if record.num_dbs is not None else stats.get("num_dbs"),
+        "rows": stats.get("rows"),
+        "bytes": stats.get("bytes"),
+        "empty_shards": stats.get("empty_shards"),
+        "spark_app_id": record.writer.get("spark_app_id"),
+    }
+
+
+def writer_exception(type_name: str, message: str) -> ShardyfusionError:
+    """The writer's error as the same class (by name) and message it had in the Spark job."""
+    cls = error_type_by_name(type_name)
+    if cls is ShardyfusionError and type_name != "ShardyfusionError":
+        message = f"{type_name}: {message}"  # not one of ours (e.g. a Py4J error): keep its name visible
+    return cls(message)
+
+
+def job_failure_line(tail: str) -> tuple[str, str] | None:
+    """The job's one-line verdict (``shardyfusion job failed: Type: message``), newest first."""
+    for line in reversed(tail.splitlines()):
+        m = _JOB_FAILED_RE.search(line)
+        if m:
+            return m["type"], m["message"]
+    return None
+
+
+def short_submit_error(exc: BaseException) -> str:
+    """spark-submit's failure in one line: the spark provider repeats the whole command and its own
+    tail in the message; the exit code is the part worth keeping."""
+    text = str(exc)
+    code = _EXIT_CODE_RE.search(text)
+    if text.startswith("Cannot execute:") and code:
+        return f"exit code {code[1]}"
+    text = text.split("\nLast spark-submit output:", 1)[0]
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What the operator does with a finished submission: return ``summary`` or raise the error.
+
+    ``abandon``: this try's own run is still ``running`` but nobody will finish it (client-mode
+    spark-submit is gone); the operator marks it failed with this reason before raising.
+    """
+
+    summary: dict[str, Any] | None = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback_tail: str | None = None
+    abandon: str | None = None
+    ours: bool = True  # False: the record belongs to another writer (its status is not our outcome)
+
+    def raise_error(self) -> NoReturn:
+        raise writer_exception(self.error_type or "ShardyfusionError", self.message or "the run failed")
+
+
+def interpret_outcome(
+    record: RunRecord | None,
+    *,
+    run_id: str,
+    output_uri: str,
+    me: Mapping[str, Any],
+    published: bool,
+    cluster_mode: bool,
+    submit_error: BaseException | None = None,
+    tail: str = "",
+) -> WriteOutcome:
+    """Run record (+ spark-submit's exit and output tail) → summary or the writer's own error.
+
+    ``record`` was absent before this try submitted, so its status is this try's outcome unless
+    its ``writer.airflow`` names another writer (one that raced us for the run id). A run is only
+    marked abandoned when its record names exactly this try.
+    """
+    ident = writer_identity(record) if record is not None else None
+    if record is not None and ident is not None and not same_try(ident, me):
+        job_line = job_failure_line(tail)
+        if job_line is not None:
+            return WriteOutcome(error_type=job_line[0], message=job_line[1], ours=False)
+        return WriteOutcome(error_type=RunRecordError.__name__, ours=False, message=(
+            f"run {run_id!r} at {output_uri} belongs to {describe_writer(record)}, not to this try; its status "
+            f"{record.status!r} is not this task's outcome (run ids must be unique)"))
+    if record is not None and record.status == SUCCEEDED:
+        return WriteOutcome(summary=snapshot_summary(record, published=published))
+    if record is not None and record.status == FAILED:
+        err = record.error
+        if err is None:
+            return WriteOutcome(error_type=SparkSubmitError.__name__,
+                                message=f"run {run_id} failed without an error in its run record")
+        return WriteOutcome(error_type=err.type, message=err.message, traceback_tail=err.traceback_tail)
+    abandon = None
+    if record is not None and record.status == RUNNING and not cluster_mode and same_try(ident, me):
+        # spark-submit (and with it the client-mode driver) is gone: nobody will finish this run.
+        abandon = f"spark-submit ended ({submit_error or 'exit code 0'}) while the run was still running"
+    job_line = job_failure_line(tail)
+    if job_line is not None and record is None:
+        # The job refused the config before it could start a run record (exit code 2).
+        return WriteOutcome(error_type=job_line[0], message=job_line[1])
+    where = layout.join(output_uri, layout.run_record_key(run_id))
+    state = "no run record" if record is None else f"the run record still says {record.status!r}"
+    cause = f"failed: {short_submit_error(submit_error)}" if submit_error is not None else "ended with exit code 0"
+    message = f"run {run_id}: spark-submit {cause}; {state} at {where}" + (
+        f"\nLast spark-submit output:\n{tail}" if tail else "")
+    return WriteOutcome(error_type=SparkSubmitError.__name__, message=message, abandon=abandon)
+
+
+# ---- waiting ------------------------------------------------------------------------------------------
+
+
+def resolve_deferral_timeout(deferral_timeout: timedelta | float | None,
+                             execution_timeout: timedelta | None) -> timedelta:
+    """How long the task may wait on a run record: the argument, else ``execution_timeout``
+    (Airflow does not apply it to deferred time), else 24 hours."""
+    if deferral_timeout is None:
+        return execution_timeout if execution_timeout is not None else DEFAULT_DEFERRAL_TIMEOUT
+    if isinstance(deferral_timeout, timedelta):
+        value = deferral_timeout
+    elif isinstance(deferral_timeout, (int, float)) and not isinstance(deferral_timeout, bool):
+        value = timedelta(seconds=deferral_timeout)
+    else:
+        raise ConfigError(f"deferral_timeout {deferral_timeout!r} must be seconds or a timedelta")
+    if value <= timedelta(0):
+        raise ConfigError(f"deferral_timeout {deferral_timeout!r} must be > 0")
+    return value

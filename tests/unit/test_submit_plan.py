@@ -1,0 +1,131 @@
+"""The spark-submit plan as data: deploy-mode policy without Airflow, connections or processes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.operators.submit_plan import (
+    CONFIG_ARG, Host, SparkSettings, SparkTarget, build_submit_plan,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "PlanSecretValue/9d2e"
+CREDS = {"AWS_ACCESS_KEY_ID": "AKIAPLAN", "AWS_SECRET_ACCESS_KEY": SECRET}
+HOST = Host(python="/venv/bin/python", environ={"PATH": "/usr/bin"}, binary_on_path=True, binary_next_to_python=True)
+LOCAL = SparkTarget("sf_spark", "local[2]")
+YARN_CLUSTER = SparkTarget("sf_yarn", "yarn", "cluster")
+YARN_CLIENT = SparkTarget("sf_yarn", "yarn", "client")
+K8S_CLUSTER = SparkTarget("sf_k8s", "k8s://https://kube:6443", "cluster")
+STANDALONE_CLUSTER = SparkTarget("sf_sa", "spark://m:7077", "cluster")
+STANDALONE_CLIENT = SparkTarget("sf_sa", "spark://m:7077")
+
+
+def plan(target=LOCAL, spark=SparkSettings(), host=HOST, **kw):
+    args = dict(target=target, spark=spark, host=host, application="/b/sharded_write_job.py", py_files="/b/bundle.zip",
+                config_json='{"run_id":"r1"}', name="shardyfusion-write-r1")
+    args.update(kw)
+    return build_submit_plan(**args)
+
+
+def test_local_client_mode_runs_the_workers_on_this_interpreter_and_waits():
+    p = plan(spark=SparkSettings(env_vars={"MY_FLAG": 1}, executor_memory="2g"))
+    assert p.env_vars == {"MY_FLAG": "1", "PYSPARK_PYTHON": "/venv/bin/python", "SPARK_LOCAL_IP": "127.0.0.1"}
+    assert (p.defer, p.wait_for_driver, p.cluster_mode, p.archives) == (False, False, False, None)
+    assert p.conf == {} and p.resources["executor_memory"] == "2g"
+    assert p.application_args[0] == CONFIG_ARG
+    assert json.loads(base64.urlsafe_b64decode(p.application_args[1])) == {"run_id": "r1"}
+    kwargs = p.hook_kwargs()
+    assert kwargs["py_files"] == "/b/bundle.zip" and kwargs["conn_id"] == "sf_spark"
+    assert kwargs["env_vars"]["MY_FLAG"] == "1" and kwargs["executor_memory"] == "2g"
+
+
+def test_the_workers_own_interpreter_setting_wins():
+    host = Host("/venv/bin/python", {"PYSPARK_PYTHON": "/opt/py", "SPARK_LOCAL_IP": "10.0.0.1"}, True, False)
+    assert plan(host=host).env_vars == {}
+    assert plan(spark=SparkSettings(env_vars={"PYSPARK_PYTHON": "/x"})).env_vars["PYSPARK_PYTHON"] == "/x"
+
+
+@pytest.mark.parametrize(("target", "conf_key"), [
+    (YARN_CLUSTER, "spark.yarn.submit.waitAppCompletion"),
+    (K8S_CLUSTER, "spark.kubernetes.submission.waitAppCompletion"),
+    (STANDALONE_CLUSTER, "spark.standalone.submit.waitAppCompletion"),
+])
+def test_deferrable_cluster_mode_submits_without_waiting(target, conf_key):
+    p = plan(target=target, deferrable=True)
+    assert p.defer and p.conf[conf_key] == "false" and not p.wait_for_driver and not p.notes
+    waiting = plan(target=target, deferrable=False)
+    assert not waiting.defer and conf_key not in waiting.conf
+    assert waiting.wait_for_driver is (target is STANDALONE_CLUSTER)  # the master runs the driver
+
+
+@pytest.mark.parametrize("target", [LOCAL, YARN_CLIENT, STANDALONE_CLIENT])
+def test_deferrable_in_client_mode_waits_in_the_worker_and_says_why(target):
+    p = plan(target=target, deferrable=True)
+    assert not p.defer and any("needs a cluster deploy mode" in n for n in p.notes)
+
+
+def test_python_env_archive_is_the_executors_interpreter():
+    p = plan(target=YARN_CLUSTER, spark=SparkSettings(python_env_archive="hdfs:///envs/sf.tar.gz#pyenv"))
+    assert p.archives == "hdfs:///envs/sf.tar.gz#pyenv"
+    assert p.conf["spark.pyspark.python"] == p.conf["spark.executorEnv.PYSPARK_PYTHON"] == "./pyenv/bin/python"
+    assert p.conf["spark.yarn.appMasterEnv.PYSPARK_PYTHON"] == "./pyenv/bin/python"
+    assert "spark.pyspark.driver.python" not in p.conf and "PYSPARK_PYTHON" not in p.env_vars
+    client = plan(target=YARN_CLIENT, spark=SparkSettings(python_env_archive="s3://b/env.tar.gz"))
+    assert client.archives == "s3://b/env.tar.gz#shardyfusion_env"
+    assert client.conf["spark.pyspark.driver.python"] == "/venv/bin/python"  # the driver runs here
+    assert "spark.yarn.appMasterEnv.PYSPARK_PYTHON" not in client.conf
+
+
+def test_credentials_reach_only_the_spark_submit_process_in_client_mode():
+    for target in (LOCAL, YARN_CLIENT, STANDALONE_CLIENT):
+        p = plan(target=target, credential_env=CREDS)
+        assert p.process_env["AWS_SECRET_ACCESS_KEY"] == SECRET and p.redact == ("AKIAPLAN", SECRET)
+        public = json.dumps({k: v for k, v in p.hook_kwargs().items() if k not in ("process_env", "redact")})
+        assert SECRET not in public and SECRET not in repr(p)
+
+
+def test_credentials_are_not_forwarded_to_a_driver_on_the_cluster():
+    p = plan(target=YARN_CLUSTER, credential_env=CREDS)
+    public = {k: v for k, v in p.hook_kwargs().items() if k != "redact"}  # redact: masks the tail only
+    assert p.process_env == {} and SECRET not in json.dumps(public)
+    assert any("credentials are not forwarded" in n for n in p.notes)
+
+
+def test_spark_submit_next_to_the_interpreter_is_put_on_path():
+    host = Host("/venv/bin/python", {"PATH": "/usr/bin"}, binary_on_path=False, binary_next_to_python=True)
+    assert plan(host=host).process_env["PATH"].split(":") == ["/venv/bin", "/usr/bin"]
+    assert "PATH" not in plan().process_env
+
+
+@pytest.mark.parametrize(("spark", "target", "named"), [
+    (SparkSettings(conf=["a"]), LOCAL, "spark_conf"),
+    (SparkSettings(env_vars={1: "x"}), LOCAL, "spark_env_vars"),
+    (SparkSettings(python_env_archive="#"), LOCAL, "python_env_archive"),
+    (SparkSettings(env_vars={"A": "1"}), STANDALONE_CLUSTER, "spark_env_vars cannot be used"),
+])
+def test_bad_spark_arguments_name_themselves(spark, target, named):
+    with pytest.raises(ConfigError, match=named):
+        plan(target=target, spark=spark)
+
+
+def test_the_plan_modules_import_no_airflow():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('airflow', 'pyspark', 'boto3'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import airflow_provider_shardyfusion.operators.submit_plan\n"
+        "import airflow_provider_shardyfusion.operators.write_run\n"
+        "import airflow_provider_shardyfusion.core.write_args\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
