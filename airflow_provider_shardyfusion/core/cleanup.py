@@ -247,6 +247,10 @@ def plan_cleanup(
         if run_id in pinned:
             skipped.append(Skipped(run_id, "pinned (keep_run_ids)"))
             continue
+        if pointer is not None and run_id == pointer.previous_run_id and pointer.updated_at > cutoff:
+            # Live until the last move: readers that have not refreshed yet still read it.
+            skipped.append(Skipped(run_id, "named by _CURRENT less than the grace period ago"))
+            continue
         if run_id not in runs:
             # A manifest without a record is left alone: only shard folders are orphans. The whole
             # folder waits until its newest object is past the grace period.

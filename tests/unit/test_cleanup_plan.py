@@ -120,6 +120,18 @@ def test_a_live_failed_run_is_still_untouched():
     assert keys(objs)
 
 
+def test_the_run_current_named_until_less_than_the_grace_period_ago_is_kept():
+    root = Root()
+    for n in range(3):
+        root.run(record(f"r{n}", started=(5 - n) * DAY))
+    ref = next(m for m in root.manifests if m.run_id == "r2")
+    root.pointer = CurrentPointer(manifest_ref=ref.uri, run_id="r2", updated_at=NOW - timedelta(minutes=10),
+                                  previous_run_id="r1")
+    assert [i.run_id for i in root.plan(keep_runs=0).items] == ["r0"]
+    # Once the move is older than the grace period, readers had time to refresh: it goes.
+    assert [i.run_id for i in root.plan(keep_runs=0, now=NOW + GRACE).items] == ["r0", "r1"]
+
+
 def test_pinned_runs_are_never_touched():
     root = Root()
     pinned_old = root.run(record("pinned-old", started=9 * DAY))
