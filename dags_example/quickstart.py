@@ -2,10 +2,11 @@
 
 Runs on the embedded default: Spark in local mode and a ``file://`` output root, no services.
 
-- ``generate_input`` writes ``params.rows`` rows (``id`` int64, ``payload`` string) as Parquet
-  into ``<demo dir>/input`` (``params.duplicate_keys`` repeats one key, to see the writer refuse it);
+- ``generate`` writes ``params.rows`` rows (``id`` int64, ``payload`` string) as Parquet into
+  ``<demo dir>/shardyfusion_quickstart/input/<run id>`` (one folder per run, so concurrent runs do
+  not meet; ``params.duplicate_keys`` repeats one key, to see the writer refuse it);
 - ``write_snapshot`` (``ShardedWriteOperator``) shards them into 16 RocksDB databases under
-  ``<demo dir>/snapshot`` and publishes the snapshot (XCom: the summary; an asset event);
+  ``<demo dir>/shardyfusion_quickstart/snapshot`` and publishes the snapshot (XCom: the summary; an asset event);
 - ``read_back`` looks a few keys up through ``ShardedReader`` and returns them.
 
 The demo dir is ``$SHARDYFUSION_DEMO_DIR`` or ``<tmp>/shardyfusion-demo``. Spark comes from the
@@ -18,111 +19,22 @@ the spark provider then falls back to YARN). ``make demo`` sets all of this up
 from __future__ import annotations
 
 import os
-import tempfile
-from datetime import datetime
-from typing import Any
+import sys
 
-from airflow.sdk import DAG, Param, task
+# Airflow's DAG processor puts the DAGs folder on sys.path; a bare ``python quickstart.py`` does too,
+# an import by file path (tests) does not.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.append(_HERE)
 
-from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+from _shardyfusion_examples import (  # noqa: E402,F401  (key_of & co. re-exported for tests and the demo)
+    DEFAULT_ROWS, DEMO_DIR, NUM_DBS, build_quickstart_dag, generate_input, input_dir, key_of, payload_of,
+    sample_keys, snapshot_uri,
+)
 
-DEMO_DIR = os.path.abspath(os.environ.get("SHARDYFUSION_DEMO_DIR") or os.path.join(tempfile.gettempdir(), "shardyfusion-demo"))
-DEFAULT_ROWS = 100_000
-NUM_DBS = 16
-SAMPLE_KEYS_PER_RUN = 5
+DAG_ID = "shardyfusion_quickstart"
 
-
-def key_of(i: int) -> int:
-    """Row ``i``'s key: spread out (not 0..n-1), non-negative as the default ``u64be`` encoding needs."""
-    return i * 7919 + 13
-
-
-def payload_of(key: int) -> str:
-    return f"payload-{key}"
-
-
-def generate_input(path: str, rows: int = DEFAULT_ROWS, *, duplicate_keys: bool = False, files: int = 4) -> str:
-    """Write ``rows`` rows as ``files`` Parquet files into ``path`` (replaced); return ``path``."""
-    import shutil
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    keys = [key_of(i) for i in range(rows)]
-    if duplicate_keys and keys:
-        keys.append(keys[len(keys) // 2])
-    per_file = -(-len(keys) // files) if keys else 0
-    for n in range(files):
-        chunk = keys[n * per_file : (n + 1) * per_file]
-        table = pa.table({"id": pa.array(chunk, pa.int64()), "payload": pa.array([payload_of(k) for k in chunk], pa.string())})
-        pq.write_table(table, os.path.join(path, f"part-{n:05d}.parquet"))
-    return path
-
-
-def sample_keys(rows: int) -> list[int]:
-    picks = sorted({0, 1, rows // 2, rows - 1}) if rows else []
-    return [key_of(i) for i in picks if 0 <= i < rows] + [7]  # 7 is never written: a miss
-
-
-def build_quickstart_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None = "aws_default",
-                         description: str = "") -> DAG:
-    with DAG(
-        dag_id=dag_id,
-        description=description or "Generate a table, publish a 16-shard RocksDB snapshot, read keys back",
-        schedule=None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        tags=["shardyfusion", "example"],
-        params={
-            "rows": Param(DEFAULT_ROWS, type="integer", minimum=0, description="rows to generate"),
-            "duplicate_keys": Param(False, type="boolean", description="repeat one key (the write must fail)"),
-        },
-    ) as dag:
-
-        @task
-        def generate(params: dict[str, Any] | None = None) -> str:
-            params = params or {}
-            return generate_input(os.path.join(DEMO_DIR, dag_id, "input"), int(params.get("rows", DEFAULT_ROWS)),
-                                  duplicate_keys=bool(params.get("duplicate_keys")))
-
-        input_path = generate()
-
-        write = ShardedWriteOperator(
-            task_id="write_snapshot",
-            output_uri=output_uri,
-            input_path=input_path,
-            input_format="parquet",
-            key_column="id",
-            value_column="payload",
-            num_dbs=NUM_DBS,
-            spark_conn_id="spark_default",
-            spark_conf={"spark.sql.shuffle.partitions": "16", "spark.ui.enabled": "false"},
-            aws_conn_id=aws_conn_id,
-        )
-
-        @task
-        def read_back(summary: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-            import logging
-
-            from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
-            log = logging.getLogger(__name__)
-            keys = sample_keys(int((params or {}).get("rows", DEFAULT_ROWS)))
-            with ShardyfusionHook(aws_conn_id=aws_conn_id).get_reader(summary["output_uri"]) as reader:
-                values = reader.multi_get(keys)
-                run_id = reader.run_id
-            found = {str(k): (v.decode() if isinstance(v, bytes) else v) for k, v in zip(keys, values)}
-            for k, v in found.items():
-                log.info("get(%s) -> %r", k, v)
-            return {"run_id": run_id, "lookups": found}
-
-        read_back(write.output)
-    return dag
-
-
-dag = build_quickstart_dag("shardyfusion_quickstart", f"file://{DEMO_DIR}/shardyfusion_quickstart/snapshot")
+dag = build_quickstart_dag(DAG_ID, snapshot_uri(DAG_ID))
 
 
 if __name__ == "__main__":

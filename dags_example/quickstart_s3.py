@@ -1,4 +1,4 @@
-"""Quickstart on S3: the same DAG as ``quickstart.py``, publishing to an ``s3://`` root.
+"""Quickstart on S3: the quickstart DAG (built by ``_shardyfusion_examples.py``) publishing to ``s3://``.
 
 Output root: ``$SHARDYFUSION_DEMO_S3_URI`` (default ``s3://shardyfusion-demo/quickstart``; the
 bucket must exist). Storage is reached through the ``aws_default`` connection, e.g. for an
@@ -22,7 +22,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 
-from quickstart import build_quickstart_dag  # noqa: E402
+from _shardyfusion_examples import build_quickstart_dag  # noqa: E402
 
 S3_URI = os.environ.get("SHARDYFUSION_DEMO_S3_URI") or "s3://shardyfusion-demo/quickstart"
 

@@ -83,7 +83,7 @@ def main() -> int:
     from airflow_provider_shardyfusion import ShardedReader
 
     sys.path.insert(0, str(REPO / "dags_example"))
-    from quickstart import key_of
+    from _shardyfusion_examples import key_of
 
     key = key_of(args.rows // 3) if args.rows else 0
     with ShardedReader(summary["output_uri"]) as reader:

@@ -5,22 +5,31 @@
 and fails with the writer's own error if that run failed or its writer died.
 
 The output root comes from the DAG param ``output_uri``, defaulting to the environment variable
-``SHARDYFUSION_EXAMPLE_OUTPUT_URI`` or ``file:///tmp/shardyfusion-example/snap``. Run it with
-``python dags_example/sensors_example.py`` (``dag.test()``; triggers run in-line) once something
-has published there, e.g. the quickstart DAG.
+``SHARDYFUSION_EXAMPLE_OUTPUT_URI`` or else the quickstart DAG's output (``<demo dir>/
+shardyfusion_quickstart/snapshot``, demo dir as in ``quickstart.py``): after one quickstart run it
+succeeds at once; triggered first, it defers until the quickstart publishes. Run it with
+``python dags_example/sensors_example.py`` (``dag.test()``; triggers run in-line).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
-from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # the DAG processor has the DAGs folder on sys.path; file-path imports do not
+    sys.path.append(_HERE)
 
-DEFAULT_OUTPUT_URI = os.environ.get("SHARDYFUSION_EXAMPLE_OUTPUT_URI", "file:///tmp/shardyfusion-example/snap")
+from _shardyfusion_examples import snapshot_uri  # noqa: E402
+
+from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor  # noqa: E402
+from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor  # noqa: E402
+
+# The quickstart's DAG id names its output folder (it is defined in quickstart.py only).
+DEFAULT_OUTPUT_URI = os.environ.get("SHARDYFUSION_EXAMPLE_OUTPUT_URI") or snapshot_uri("shardyfusion_quickstart")
 
 with DAG(
     dag_id="shardyfusion_sensors_example",

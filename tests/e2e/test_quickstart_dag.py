@@ -30,6 +30,7 @@ FAKE_KEY_ID = "AKIASHARDYFUSIONTEST"
 
 def _load_quickstart():
     spec = importlib.util.spec_from_file_location("quickstart_example", REPO / "dags_example" / "quickstart.py")
+    # The DAG file imports its helper module from the DAGs folder (on sys.path under Airflow).
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -65,6 +66,11 @@ def test_quickstart_publishes_a_snapshot_that_reads_back_exactly(run_dag, tmp_pa
     assert record.status == SUCCEEDED and record.manifest_ref == summary["manifest_ref"]
     assert record.writer["airflow"]["dag_id"] == "shardyfusion_quickstart"
     assert record.writer["airflow"]["task_id"] == "write_snapshot"
+
+    # The input lives in a folder of this DAG run only (concurrent runs never share one).
+    assert result.xcoms["generate"] == quickstart.input_dir("shardyfusion_quickstart", result.run_id).replace(
+        quickstart.DEMO_DIR, str(tmp_path))
+    assert result.run_id.replace(":", "_").replace("+", "_") in result.xcoms["generate"]
 
     lookups = result.xcoms["read_back"]
     assert lookups["run_id"] == summary["run_id"]

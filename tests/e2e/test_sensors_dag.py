@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from snapshot_helpers import publish_snapshot, store_for, write_run_record
@@ -54,3 +55,36 @@ def test_sensors_example_defers_and_resumes_when_snapshot_is_published_later(run
     assert result.xcoms["wait_for_current"]["run_id"] == run_id
     assert result.xcoms["wait_for_run_record"]["run_id"] == run_id
     assert "Trigger completed" in result.output
+
+
+def test_sensors_example_defaults_to_the_quickstart_output(run_dag, tmp_path):
+    """Without an ``output_uri`` param the sensors wait where the quickstart publishes (same demo dir),
+    so run after the quickstart they succeed at once instead of waiting 30 minutes."""
+    quickstart_root = f"file://{tmp_path}/shardyfusion_quickstart/snapshot"
+    pointer = publish_snapshot(store_for(quickstart_root))
+
+    result = run_dag(DAG_ID, extra_env={"SHARDYFUSION_DEMO_DIR": str(tmp_path)}, timeout=300)
+
+    assert result.tasks == {"wait_for_current": "success", "wait_for_run_record": "success"}
+    assert result.xcoms["wait_for_current"]["run_id"] == pointer.run_id
+    assert result.xcoms["wait_for_run_record"]["manifest_ref"] == pointer.manifest_ref
+    assert "running trigger in line" not in result.output  # found at the first poke: no deferral
+
+
+def test_example_helper_is_not_a_dag_file():
+    import ast
+
+    dags = Path(__file__).resolve().parents[2] / "dags_example"
+    ignored = [line.strip() for line in (dags / ".airflowignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert ignored == ["_shardyfusion_examples.py"]
+    for name in ("quickstart.py", "quickstart_s3.py", "sensors_example.py", "run_demo.py"):
+        tree = ast.parse((dags / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+                   {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "quickstart" not in imported and "quickstart_s3" not in imported, name
+    # The helper builds DAGs only inside functions: nothing at module level creates one.
+    helper = ast.parse((dags / "_shardyfusion_examples.py").read_text())
+    top_level_calls = [n for stmt in helper.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
+                       for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    assert not any(getattr(c.func, "id", "") in ("DAG", "build_quickstart_dag") for c in top_level_calls)

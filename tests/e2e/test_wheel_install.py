@@ -119,7 +119,8 @@ def _provider_modules() -> list[str]:
 
 def test_quickstart_dag_runs_from_the_installed_wheel(wheel_venv):
     python, env, scratch, work, dags = wheel_venv
-    shutil.copy(REPO / "dags_example" / "quickstart.py", dags / "quickstart.py")
+    for name in ("quickstart.py", "_shardyfusion_examples.py", ".airflowignore"):  # the DAG file and its helper
+        shutil.copy(REPO / "dags_example" / name, dags / name)
     runner = work / "run_dag.py"
     shutil.copy(REPO / "tests" / "e2e" / "run_dag.py", runner)
     demo = scratch / "demo"
