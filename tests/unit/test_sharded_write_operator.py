@@ -18,6 +18,7 @@ import sys
 import os
 import zipfile
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,8 +26,8 @@ import pytest
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.config import WriteConfig
-from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, ShardyfusionError
+from airflow_provider_shardyfusion.core.config import WriteConfig, build_write_config
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, RunRecordError, ShardyfusionError
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import bundle as bundle_mod
@@ -553,3 +554,139 @@ def test_importing_the_operator_does_not_import_spark_rocksdb_or_boto3():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- deferral timeout (issue 13) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kw", "expected"), [
+    ({"deferral_timeout": 300}, timedelta(minutes=5)),
+    ({"deferral_timeout": timedelta(hours=3), "execution_timeout": timedelta(hours=1)}, timedelta(hours=3)),
+    ({"execution_timeout": timedelta(hours=2)}, timedelta(hours=2)),  # Airflow does not time deferred waits
+    ({}, timedelta(hours=24)),
+])
+def test_the_deferred_wait_has_a_timeout(monkeypatch, tmp_path, kw, expected):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    connections(monkeypatch, spark=YARN_CLUSTER)
+    stub_submit(monkeypatch, lambda c: None)
+    op = make_op(f"file://{tmp_path}/snap", deferrable=True, **kw)
+    with pytest.raises(TaskDeferred) as info:
+        op.execute(make_context())
+    assert info.value.timeout == expected
+
+
+def test_a_bad_deferral_timeout_fails_before_any_submit(monkeypatch, tmp_path):
+    connections(monkeypatch, spark=YARN_CLUSTER)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    with pytest.raises(ConfigError, match="deferral_timeout"):
+        make_op(f"file://{tmp_path}/snap", deferrable=True, deferral_timeout=-5).execute(make_context())
+    assert seen.calls == []
+
+
+# ---- retries of a fixed run id and ownership (issue 11) ------------------------------------------
+
+
+def try_identity(try_number: int, **over) -> dict:
+    ti = FakeTI
+    return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index,
+            "try_number": try_number, **over}
+
+
+def earlier_record(root: str, run_id: str, status: str, by: dict, **kw):
+    store = open_store(root)
+    record = write_run_record(store, run_id, status, **kw)
+    store.put(layout.run_record_key(run_id), dataclasses.replace(record, writer={"airflow": by}).to_bytes())
+
+
+def test_a_retry_after_a_failed_try_writes_a_fresh_run_and_never_reports_the_old_error(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    earlier_record(root, "daily", FAILED, try_identity(1), error=RunError("InputDataError", "bad row in try 1"))
+    summary = make_op(root, run_id="daily").execute(make_context())  # FakeTI is try 2
+    assert [c["config"].run_id for c in seen.calls] == ["daily-try2"]
+    assert summary["run_id"] == "daily-try2" and summary["published"] is True
+    assert read_run_record(open_store(root), "daily").error.message == "bad row in try 1"  # untouched
+
+
+def test_a_retry_reattaches_to_the_earlier_tries_running_run_in_the_worker(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    earlier_record(root, "daily", RUNNING, try_identity(1))
+    waits = []
+
+    def earlier_try_finishes(seconds):  # the earlier try's writer completes while this try waits
+        waits.append(seconds)
+        writer_succeeds(build_write_config(output_uri=root, run_id="daily", input_path="/in", value_column="v",
+                                           num_dbs=4))
+
+    monkeypatch.setattr(sw.time, "sleep", earlier_try_finishes)
+    ctx = make_context()
+    summary = make_op(root, run_id="daily", poll_interval=0.5).execute(ctx)
+    assert seen.calls == [] and waits == [0.5]  # nothing submitted twice
+    assert summary["run_id"] == "daily" and summary["manifest_ref"] and ctx["ti"].xcoms["run_id"] == "daily"
+    assert ctx["outlet_events"][Asset(root)].extra == summary
+
+
+def test_a_deferrable_retry_reattaches_through_the_trigger_without_owning_the_run(monkeypatch, tmp_path):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    earlier_record(root, "daily", RUNNING, try_identity(1))
+    op = make_op(root, run_id="daily", deferrable=True, deferral_timeout=600)
+    with pytest.raises(TaskDeferred) as info:
+        op.execute(make_context())
+    assert seen.calls == [] and info.value.trigger.run_id == "daily"
+    assert info.value.trigger.fail_run_on_kill is False and info.value.timeout == timedelta(minutes=10)
+    op.on_kill()  # a kill of this try does not fail the earlier try's run
+    assert read_run_record(open_store(root), "daily").status == RUNNING
+
+
+def test_a_run_id_used_by_another_task_is_refused_before_submitting_and_left_alone(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    earlier_record(root, "shared", RUNNING, try_identity(1, dag_id="another_dag"))
+    with pytest.raises(RunRecordError, match=r"already used .* by task another_dag\.write"):
+        make_op(root, run_id="shared").execute(make_context())
+    assert seen.calls == []
+    assert read_run_record(open_store(root), "shared").status == RUNNING
+
+
+def test_a_writer_racing_for_the_run_id_is_never_marked_by_this_try(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    other = try_identity(1, dag_id="racer")
+
+    def racer_wins(config):  # another writer creates the record first; our job then refuses the id
+        earlier_record(config.output_uri, config.run_id, RUNNING, other)
+        return [f"shardyfusion job failed: RunRecordError: a run record for run_id {config.run_id!r} already "
+                "exists; run ids must be unique"]
+
+    stub_submit(monkeypatch, racer_wins)
+    root = f"file://{tmp_path}/snap"
+    op = make_op(root, run_id="raced")
+    with pytest.raises(RunRecordError, match="already exists; run ids must be unique"):
+        op.execute(make_context())
+    assert read_run_record(open_store(root), "raced").status == RUNNING  # not marked RunAbandoned
+    op.on_kill()
+    assert read_run_record(open_store(root), "raced").status == RUNNING  # nor RunKilled
+
+
+def test_a_reattached_run_whose_writer_dies_fails_this_try_without_marking_the_run(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    seen = stub_submit(monkeypatch, writer_succeeds)
+    root = f"file://{tmp_path}/snap"
+    earlier_record(root, "daily", RUNNING, try_identity(1))
+
+    def lease_runs_out(seconds):  # the earlier try's driver stops renewing: its lease is in the past
+        earlier_record(root, "daily", RUNNING, try_identity(1), now=layout.utc_now() - timedelta(hours=1),
+                       lease_seconds=60)
+
+    monkeypatch.setattr(sw.time, "sleep", lease_runs_out)
+    with pytest.raises(RunRecordError, match="writer lost"):
+        make_op(root, run_id="daily", poll_interval=1).execute(make_context())
+    assert seen.calls == [] and read_run_record(open_store(root), "daily").status == RUNNING
