@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from pathlib import Path
 
 import pytest
 
@@ -74,4 +73,3 @@ def test_without_process_env_the_provider_behaviour_is_unchanged(monkeypatch, fa
     hook.submit(application="/app/job.py")
     tail = hook.tail_text().splitlines()
     assert "flag: x" in tail and "secret-in-env: " in tail
-    assert Path(fake_spark_submit).is_file()
