@@ -240,7 +240,7 @@ def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, fault
         allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
         max_write_bytes_per_second=opts.max_write_bytes_per_second,
         sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,
-        sample_columns=sample_cols, faults=faults,
+        sample_columns=sample_cols, faults=faults, num_dbs=plan.num_dbs,
         # Spark's order on non-negative ints, strings and binary equals the encoded-key byte order.
         presorted=spark_sorts or plan.num_dbs == 1,
     )
@@ -250,9 +250,36 @@ def _routed(df, plan: RoutingPlan):
     return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
 
 
+# Beyond this many tasks per core, one task writes several shards (SPEC §10): each task costs a
+# launch, a Python round trip and a result, ~40 ms that 1000s of small shards paid one by one.
+TASKS_PER_CORE = 8
+
+
+def _num_tasks(spark, num_dbs: int) -> int:
+    """One task per shard while num_dbs fits TASKS_PER_CORE waves of the cluster's cores."""
+    return min(num_dbs, max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE)
+
+
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
+    from pyspark.sql import functions as F
+
+    num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
+    routed = _routed(df, plan)
+    if num_tasks < plan.num_dbs:
+        # Partition t holds the contiguous ids shards_of_task(t); sorted by id the shards of a
+        # partition arrive one after another (and in key order when Spark sorts the shards).
+        write_plan = replace(write_plan, num_tasks=num_tasks, shard_id_column=SHARD_ID_COL)
+        part_col = "__shardyfusion_task"
+        sort_cols = [SHARD_ID_COL] + ([write_plan.key_column] if write_plan.presorted else [])
+        partitioned = (routed.withColumn(part_col, F.expr(
+            f"CAST((CAST(`{SHARD_ID_COL}` AS BIGINT) * {num_tasks}) DIV {plan.num_dbs} AS INT)"))
+            .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
+        log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
+                 df.sparkSession.sparkContext.defaultParallelism, TASKS_PER_CORE)
+        rows = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
+        return [json.loads(r.result) for r in rows]
     # Partition index == shard id: one task per shard, never a hash partitioner on the id.
-    partitioned = _routed(df, plan).repartitionById(plan.num_dbs, SHARD_ID_COL)
+    partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
     if write_plan.presorted:
         # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
         partitioned = partitioned.sortWithinPartitions(write_plan.key_column)

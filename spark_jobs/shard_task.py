@@ -1,8 +1,16 @@
-"""Step 8: one Spark task writes one shard (partition index == db_id) and reports a small result."""
+"""Step 8: a Spark task writes its shard(s) and reports one small result per shard.
+
+One task per shard (partition index == db_id) while ``num_dbs`` fits the cluster's parallelism.
+Beyond it, partition ``t`` of ``num_tasks`` holds the contiguous shard ids ``shards_of_task(t)``;
+Spark sorts the partition by shard id (and key), and the task writes its shards one after another.
+Each shard keeps its own attempt folder, result and winner selection, exactly as with one shard per
+task, so task retries and speculation stay safe per shard.
+"""
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import os
@@ -12,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
@@ -40,6 +49,26 @@ class WritePlan:
     faults: dict[str, Any]
     presorted: bool = False
     local_dir: str | None = None
+    num_dbs: int = 0
+    # Several shards per task when num_tasks < num_dbs; rows then carry their id in this column.
+    num_tasks: int = 0
+    shard_id_column: str | None = None
+    # Shards that fit one sort run and this many bytes are built in a memory-backed folder.
+    memory_build_max_bytes: int = 64 << 20
+
+    @property
+    def several_shards_per_task(self) -> bool:
+        return self.shard_id_column is not None and 0 < self.num_tasks < self.num_dbs
+
+
+def task_of_shard(db_id: int, num_dbs: int, num_tasks: int) -> int:
+    """The partition writing ``db_id``: contiguous, balanced ranges of shard ids per partition."""
+    return db_id * num_tasks // num_dbs
+
+
+def shards_of_task(task: int, num_dbs: int, num_tasks: int) -> range:
+    """Inverse of ``task_of_shard``: every d with d * num_tasks // num_dbs == task."""
+    return range(-(-task * num_dbs // num_tasks), -(-(task + 1) * num_dbs // num_tasks))
 
 
 def sample_value(v: Any) -> Any:
@@ -48,6 +77,12 @@ def sample_value(v: Any) -> Any:
 
 def unsample_value(v: Any) -> Any:
     return base64.b64decode(v["b64"]) if isinstance(v, dict) and "b64" in v else v
+
+
+def _memory_dir() -> str | None:
+    """A memory-backed (tmpfs) folder on this executor, if it has one."""
+    path = "/dev/shm"
+    return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else None
 
 
 def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
@@ -80,7 +115,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         tempfile.mkdtemp(prefix=f"shardyfusion-db{db_id:05d}-a{attempt:02d}-", dir=plan.local_dir),
         plan.key_encoding, key_column=plan.key_column, sort_run_rows=plan.sort_run_rows,
         batch_size=plan.batch_size, allow_duplicate_keys=plan.allow_duplicate_keys, limiter=limiter,
-        presorted=plan.presorted,
+        presorted=plan.presorted, memory_dir=_memory_dir(), memory_max_bytes=plan.memory_build_max_bytes,
     )
     sample: list[dict[str, Any]] = []
     try:
@@ -120,6 +155,50 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         builder.close()
 
 
+def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+    """``(db_id, batches)`` for each run of equal shard ids, read lazily from one sorted stream."""
+
+    def slices() -> Iterator[tuple[int, pa.RecordBatch]]:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            ids = batch.column(id_column).to_numpy(zero_copy_only=False)
+            cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
+            for start, stop in zip([0, *cuts], [*cuts, len(ids)]):
+                yield int(ids[start]), batch.slice(start, stop - start)
+
+    for db_id, group in itertools.groupby(slices(), key=lambda item: item[0]):
+        yield db_id, (b for _, b in group)
+
+
+def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
+                      task_attempt_id: int | None) -> Iterator[dict[str, Any]]:
+    """Write the shards of one partition, in id order, one after another; one result each."""
+    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
+    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+
+    from . import faults
+
+    assert plan.shard_id_column is not None
+    expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
+    # One bucket per task, as with one shard per task: its shards are written one at a time.
+    limiter = WriteLimiter(plan.max_writes_per_second, plan.max_write_bytes_per_second)
+    previous = -1
+    for db_id, group in shard_runs(batches, plan.shard_id_column):
+        if db_id not in expected or db_id <= previous:
+            # Spark's sort by shard id makes each id one run; anything else means partitioning broke.
+            raise ShardAssignmentError(
+                f"partition {task} received a row of shard {db_id} after shard {previous}; it writes shards "
+                f"{expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
+            )
+        previous = db_id
+        faults.before_shard_write(plan.faults, db_id, attempt)
+        out = write_one_shard(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id,
+                              limiter=limiter)
+        faults.after_shard_write(plan.faults, db_id, attempt)
+        yield out
+
+
 def make_write_fn(plan: WritePlan):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -127,10 +206,15 @@ def make_write_fn(plan: WritePlan):
         from . import faults
 
         tc = TaskContext.get()
-        db_id, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
-        faults.before_shard_write(plan.faults, db_id, attempt)
-        out = write_one_shard(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tid)
-        faults.after_shard_write(plan.faults, db_id, attempt)
+        part, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
+        if plan.several_shards_per_task:
+            outs = [json.dumps(out) for out in write_task_shards(plan, batches, task=part, attempt=attempt,
+                                                                  task_attempt_id=tid)]
+            yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
+            return
+        faults.before_shard_write(plan.faults, part, attempt)
+        out = write_one_shard(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tid)
+        faults.after_shard_write(plan.faults, part, attempt)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition

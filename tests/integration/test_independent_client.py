@@ -73,14 +73,14 @@ def _parse_hex_pairs(lines: list[str], sep: str) -> list[tuple[bytes, bytes]]:
 
 
 def _ldb_scan(folder: str) -> list[tuple[bytes, bytes]]:
-    proc = subprocess.run([_tool("ldb"), f"--db={folder}", "scan", "--hex"], capture_output=True, text=True)
+    proc = subprocess.run([_tool("ldb"), f"--db={folder}", "scan", "--hex"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and not proc.stdout.startswith("Failed"), f"ldb refused {folder}: {proc.stdout}{proc.stderr}"
     return _parse_hex_pairs([ln for ln in proc.stdout.splitlines() if ln.strip()], " : ")
 
 
 def _sst_dump_scan(sst: str) -> list[tuple[bytes, bytes]]:
     proc = subprocess.run([_tool("sst_dump"), f"--file={sst}", "--command=scan", "--output_hex"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "not a valid SST file" not in proc.stdout + proc.stderr, \
         f"sst_dump refused {sst}: {proc.stdout}{proc.stderr}"
     # Data lines look like: '00AB...' seq:0, type:1 => 76...
@@ -137,10 +137,10 @@ def _write(spark, tmp_path: Path, table: pa.Table, **kwargs) -> str:
 CASES = {
     # Several Spark-sorted runs per shard → several SSTs ingested into each database.
     # Small Arrow batches let the writer flush a run every ~500 rows.
-    "int-keys-several-ssts": dict(rows=6_000, num_dbs=5, sort_run_rows=500, batch_size=200,
-                                  spark_conf_overrides={"spark.sql.execution.arrow.maxRecordsPerBatch": "250"}),
+    "int-keys-several-ssts": {"rows": 6_000, "num_dbs": 5, "sort_run_rows": 500, "batch_size": 200,
+                              "spark_conf_overrides": {"spark.sql.execution.arrow.maxRecordsPerBatch": "250"}},
     # One in-memory sort run per shard, string keys, JSON values.
-    "string-keys-json": dict(rows=3_000, num_dbs=3, sort_run_rows=1_000_000, batch_size=50_000),
+    "string-keys-json": {"rows": 3_000, "num_dbs": 3, "sort_run_rows": 1_000_000, "batch_size": 50_000},
 }
 
 
@@ -152,13 +152,13 @@ def test_every_shard_reads_back_exactly_with_rocksdb_7_tools_and_java(spark, tmp
         ids = list(range(0, n * 7, 7))
         table = pa.table({"id": pa.array(ids, pa.int64()),
                           "payload": pa.array([b"v%d-" % i + bytes([i % 256]) * (i % 40) for i in ids], pa.binary())})
-        kwargs = dict(key_column="id", value_column="payload")
+        kwargs = {"key_column": "id", "value_column": "payload"}
         key_encoding = "u64be"
         expected = {encoding.encode_key(i, key_encoding): b"v%d-" % i + bytes([i % 256]) * (i % 40) for i in ids}
     else:
         names = [f"user-{i:05d}-é" for i in range(n)]
         table = pa.table({"name": names, "age": list(range(n)), "city": [f"c{i % 13}" for i in range(n)]})
-        kwargs = dict(key_column="name", value_columns=["age", "city"], value_format="json")
+        kwargs = {"key_column": "name", "value_columns": ["age", "city"], "value_format": "json"}
         key_encoding = "utf8"
         expected = {encoding.encode_key(s, key_encoding): i for i, s in enumerate(names)}
     root = _write(spark, tmp_path, table, num_dbs=c["num_dbs"], sort_run_rows=c["sort_run_rows"],
@@ -193,7 +193,7 @@ def test_every_shard_reads_back_exactly_with_rocksdb_7_tools_and_java(spark, tmp
 
 def test_rocksdb_7_tools_are_the_old_release():
     """The guard above means something only if the tools predate format_version 6 (RocksDB 8.6)."""
-    proc = subprocess.run([_tool("ldb"), "--version"], capture_output=True, text=True)
+    proc = subprocess.run([_tool("ldb"), "--version"], capture_output=True, text=True, check=False)
     out = proc.stdout + proc.stderr
     version = next((w for w in out.replace(",", " ").split() if w[:1].isdigit() and w.count(".") >= 1), None)
     assert version is not None, f"cannot read ldb's version from {out!r}"
