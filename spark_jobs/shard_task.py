@@ -86,7 +86,7 @@ def _memory_dir() -> str | None:
 
 
 def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
-                    task_attempt_id: int | None, limiter: Any = None) -> dict[str, Any]:
+                    task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
     from airflow_provider_shardyfusion.core import layout
     from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values
@@ -106,7 +106,8 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         result = ShardResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None, row_count=0)
         return {"result": result.to_dict(), "sample": []}
 
-    store = open_store(plan.output_uri, plan.storage_options)
+    if store is None:
+        store = open_store(plan.output_uri, plan.storage_options)
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
     if limiter is None:
@@ -176,6 +177,7 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
     """Write the shards of one partition, in id order, one after another; one result each."""
     from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+    from airflow_provider_shardyfusion.core.storage import open_store
 
     from . import faults
 
@@ -184,6 +186,7 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
     # One bucket per task, as with one shard per task: its shards are written one at a time.
     limiter = WriteLimiter(plan.max_writes_per_second, plan.max_write_bytes_per_second)
     previous = -1
+    store = None
     for db_id, group in shard_runs(batches, plan.shard_id_column):
         if db_id not in expected or db_id <= previous:
             # Spark's sort by shard id makes each id one run; anything else means partitioning broke.
@@ -192,9 +195,11 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
                 f"{expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
             )
         previous = db_id
+        if store is None:  # one client per task (an S3 client costs far more than a small shard)
+            store = open_store(plan.output_uri, plan.storage_options)
         faults.before_shard_write(plan.faults, db_id, attempt)
         out = write_one_shard(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id,
-                              limiter=limiter)
+                              limiter=limiter, store=store)
         faults.after_shard_write(plan.faults, db_id, attempt)
         yield out
 

@@ -50,6 +50,10 @@ def _rocksdb_options() -> Any:
 
     # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
     opts = Options(raw_mode=True)
+    # A fresh database per shard: RocksDB's 16 file-opening threads and its stats pass on open are
+    # pure fixed cost here (measured ~1 ms of each ~2 ms open on tmpfs).
+    opts.set_max_file_opening_threads(1)
+    opts.set_skip_stats_update_on_db_open(True)
     table = BlockBasedOptions()
     table.set_format_version(SST_FORMAT_VERSION)
     opts.set_block_based_table_factory(table)

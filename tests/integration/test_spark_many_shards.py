@@ -66,9 +66,10 @@ def test_several_shards_per_task_round_trip_exactly(spark, tmp_path, sort_run_ro
         assert len(ids) == 1, f"shards of task {task} come from several task attempts: {ids}"
 
 
-def test_a_failed_task_is_retried_and_its_earlier_shards_replaced(spark, tmp_path):
+@pytest.mark.s3
+def test_a_failed_task_is_retried_and_its_earlier_shards_replaced(spark, tmp_path, any_root):
     table, expected = int_table(6_000, seed=9)
-    root = f"file://{tmp_path}/retry"
+    root, opts = any_root
     num_dbs = 40
     # A shard that is not the first of its task's range fails in attempt 0, after the task uploaded
     # the shards before it.
@@ -77,13 +78,14 @@ def test_a_failed_task_is_retried_and_its_earlier_shards_replaced(spark, tmp_pat
     task = task_of_shard(failing, num_dbs, NUM_TASKS)
     same_task = shards_of_task(task, num_dbs, NUM_TASKS)
     assert same_task.start < failing
-    run(spark, faults={"fail_after_upload": {"db_id": failing, "attempt": 0}}, output_uri=root, key_column="id",
-        input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=num_dbs)
-    manifest, shards = read_snapshot(root)
+    run(spark, faults={"fail_after_upload": {"db_id": failing, "attempt": 0}}, output_uri=root, storage_options=opts,
+        key_column="id", input_path=write_parquet(tmp_path, table), value_column="payload", num_dbs=num_dbs)
+    manifest, shards = read_snapshot(root, opts)
     assert_exact(manifest, shards, expected, "u64be")
     for d in range(num_dbs):
         assert manifest.shard(d).attempt == (1 if d in same_task else 0), d
-    store = open_store(root)
+    assert_reader_agrees(root, expected, opts)
+    store = open_store(root, opts)
     # The failed attempt's shards (uploaded before the failure, and the failing one) are deleted.
     for d in same_task:
         keys = [o.key for o in store.list(layout.shard_db_prefix(manifest.run_id, d))]
