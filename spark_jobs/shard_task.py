@@ -89,8 +89,15 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
                     task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
     from airflow_provider_shardyfusion.core import layout
-    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values
-    from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
+    from airflow_provider_shardyfusion.core.arrow_codec import (
+        UTF8_RULE_KEY,
+        check_utf8,
+        encode_values,
+    )
+    from airflow_provider_shardyfusion.core.errors import (
+        ShardWriteError,
+        ShardyfusionError,
+    )
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
     from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
     from airflow_provider_shardyfusion.core.storage import open_store
