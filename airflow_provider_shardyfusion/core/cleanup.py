@@ -32,6 +32,8 @@ CATEGORIES: tuple[str, ...] = get_args(Category)
 _DELETE_BATCH = 1000  # one progress line per batch keeps a long cleanup visible
 
 
+MAX_KEYS_LISTED = 500  # per plan item, in to_dict
+
 @dataclass(frozen=True)
 class PlannedObject:
     key: str
@@ -62,7 +64,9 @@ class PlanItem:
             "category": self.category, "run_id": self.run_id, "objects": len(self.objects), "bytes": self.bytes,
             "mark_deleted": self.mark_deleted,
             "expect_updated_at": layout.format_ts(self.expect_updated_at) if self.expect_updated_at else None,
-            "keys": [o.key for o in self.objects],
+            # Capped: the plan travels as XCom, and a run of 4000 shards has tens of thousands of keys.
+            "keys": [o.key for o in self.objects[:MAX_KEYS_LISTED]],
+            "keys_truncated": len(self.objects) > MAX_KEYS_LISTED,
         }
 
 
