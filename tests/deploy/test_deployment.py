@@ -65,6 +65,8 @@ WRITE_RUNS = (
     WriteRun("shardyfusion_quickstart", 3_000, "file"),
     WriteRun("shardyfusion_quickstart", 5_000, "file"),
     WriteRun("shardyfusion_quickstart_s3", 4_000, "s3"),
+    # Staged write → validate → publish (the asset event comes from publish_snapshot) → consumer → cleanup.
+    WriteRun("shardyfusion_snapshot_lifecycle", 2_000, "file"),
 )
 # Triggered before the writes, so they find nothing, defer, and are completed by the triggerer.
 SENSOR_DAGS = ("shardyfusion_sensors_example",)
@@ -397,6 +399,11 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
             assert lookups["run_id"] in same_root and lookups["lookups"]["7"] is None
             assert lookups["lookups"][str(13)] == "payload-13"
             inputs.add(xcom(d, spec.dag_id, run_id, "generate"))
+        if spec.dag_id == "shardyfusion_snapshot_lifecycle":
+            assert summary["published"] is False  # staged, then published by the gate's last step
+            assert xcom(d, spec.dag_id, run_id, "validate_snapshot")["ok"] is True
+            assert xcom(d, spec.dag_id, run_id, "publish_snapshot")["pointer"]["run_id"] == summary["run_id"]
+            assert xcom(d, spec.dag_id, run_id, "consumer_waits")["run_id"] == summary["run_id"]
         links = d.request("GET", f"/api/v2/dags/{spec.dag_id}/dagRuns/{run_id}/taskInstances/{spec.write_task}/links")
         # Registered and served (its URL is empty here: local mode with the Spark UI off).
         assert "Spark application" in links["extra_links"], links
