@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Iterator
@@ -120,7 +121,9 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
     if limiter is None:
         limiter = WriteLimiter(plan.max_writes_per_second, plan.max_write_bytes_per_second)
     builder = ShardBuilder(
-        tempfile.mkdtemp(prefix=f"shardyfusion-db{db_id:05d}-a{attempt:02d}-", dir=plan.local_dir),
+        # A unique path, created only if the shard is built on disk (small shards go to memory).
+        os.path.join(plan.local_dir or tempfile.gettempdir(),
+                     f"shardyfusion-db{db_id:05d}-a{attempt:02d}-{os.getpid()}-{secrets.token_hex(6)}"),
         plan.key_encoding, key_column=plan.key_column, sort_run_rows=plan.sort_run_rows,
         batch_size=plan.batch_size, allow_duplicate_keys=plan.allow_duplicate_keys, limiter=limiter,
         presorted=plan.presorted, memory_dir=_memory_dir(), memory_max_bytes=plan.memory_build_max_bytes,

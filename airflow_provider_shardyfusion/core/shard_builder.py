@@ -124,7 +124,7 @@ class ShardBuilder:
         self._min: bytes | None = None
         self._max: bytes | None = None
         self.timings: dict[str, float] = {"sort_s": 0.0, "sst_write_s": 0.0, "ingest_s": 0.0, "rate_limit_wait_s": 0.0}
-        os.makedirs(workdir, exist_ok=True)
+        # workdir is created on first use: a shard built in memory_dir never touches it.
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class ShardBuilder:
 
         opts = _rocksdb_options()
         if self._db is None:
-            os.makedirs(self.db_dir, exist_ok=True)
+            os.makedirs(self.db_dir, exist_ok=True)  # creates the build folder too
             self._db = Rdict(self.db_dir, options=opts)
         check_existing = self._runs > 0 and (
             not self.allow_duplicate_keys and self._max is not None and run.keys[0] <= self._max
