@@ -283,3 +283,43 @@ def test_reader_returns_exact_values_through_transient_faults(proxy, s3_root, s3
         checked += 12
     faulted = sum(r.hits for r in rules + more) + outage.hits
     figure(requests_faulted=faulted, outage_requests_refused=outage.hits, rows_checked=checked)
+
+
+def test_async_reader_of_the_triggers_turns_connection_errors_into_storage_errors(proxy, s3_root, s3_options, figure):
+    """The deferrable sensors' reader: a lost connection is a StorageError the trigger can retry."""
+    import asyncio
+
+    from aiobotocore.session import get_session
+    from botocore.config import Config
+
+    from airflow_provider_shardyfusion.hooks.shardyfusion import _AsyncS3Reader
+
+    direct(s3_root, s3_options).put("_CURRENT", b'{"x":1}')
+
+    faulted: list[int] = []
+
+    async def scenario() -> list[object]:
+        ctx = get_session().create_client(
+            "s3", endpoint_url=proxy.url, region_name="us-east-1",
+            config=Config(retries={"mode": "standard", "max_attempts": 1}, s3={"addressing_style": "path"}),
+        )
+        reader = _AsyncS3Reader(s3_root, await ctx.__aenter__(), ctx)
+        try:
+            outcomes: list[object] = [await reader.read("_CURRENT"), await reader.read("absent.json")]
+            for action in ("close", "drop"):
+                # Until removed: aiohttp itself repeats a request once on a reused connection.
+                rule = proxy.add(Rule(action, "GET", r"/_CURRENT$", count=None))
+                with pytest.raises(StorageError, match=re.escape(f"S3 get of {s3_root}/_CURRENT failed")) as info:
+                    await reader.read("_CURRENT")
+                proxy.remove(rule)
+                assert rule.hits >= 1 and "Error" in type(info.value.__cause__).__name__
+                faulted.append(rule.hits)
+                outcomes.append(type(info.value.__cause__).__name__)
+            outcomes.append(await reader.read("_CURRENT"))  # the next poll succeeds
+            return outcomes
+        finally:
+            await reader.aclose()
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes[0] == b'{"x":1}' and outcomes[1] is None and outcomes[-1] == b'{"x":1}'
+    figure(requests_faulted=sum(faulted), storage_errors=2, values_checked=3, causes="/".join(map(str, outcomes[2:4])))
