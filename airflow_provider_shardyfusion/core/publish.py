@@ -21,7 +21,8 @@ from .errors import PublishManifestError, RunRecordError, StorageError
 from .manifest import Manifest
 from .pointer import CurrentPointer
 from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
-from .snapshot import POINTER_RETRY_BACKOFF_S, ManifestRef, SnapshotRoot
+from .retry import call_with_retry
+from .snapshot import POINTER_RETRY, ManifestRef, SnapshotRoot
 from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict
 
     A record someone else changed (killed, reaped) is never overwritten: the run cannot publish.
     """
-    for backoff in (*POINTER_RETRY_BACKOFF_S, None):
+    def attempt() -> RunRecord:
         try:
             return lifecycle.succeed(manifest_ref, stats)
         except RunRecordError as exc:
@@ -74,16 +75,16 @@ def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict
                 f"run record of {lifecycle.record.run_id!r} is no longer 'running' (killed, or reaped as "
                 f"abandoned?); _CURRENT left unchanged: {exc}"
             ) from exc
-        except StorageError as exc:
-            if backoff is None:
-                raise PublishManifestError(
-                    f"the run record of {lifecycle.record.run_id!r} could not be marked succeeded, so the run was "
-                    f"not published (_CURRENT unchanged; manifest {manifest_ref}): {exc}"
-                ) from exc
-            log.warning("run %s: marking the run record succeeded failed (%s); retrying in %.0fs",
-                        lifecycle.record.run_id, exc, backoff)
-            sleep(backoff)
-    raise AssertionError("unreachable")
+
+    def give_up(exc: BaseException, attempts: int, _: float) -> PublishManifestError:
+        return PublishManifestError(
+            f"the run record of {lifecycle.record.run_id!r} could not be marked succeeded, so the run was "
+            f"not published (_CURRENT unchanged; manifest {manifest_ref}): {exc}"
+        )
+
+    return call_with_retry(attempt, policy=POINTER_RETRY, retryable=lambda e: isinstance(e, StorageError),
+                           describe=f"run {lifecycle.record.run_id}: marking the run record succeeded",
+                           give_up=give_up, sleep=sleep)
 
 
 def _stamp_published(snapshots: SnapshotRoot, run_id: str) -> RunRecord | None:

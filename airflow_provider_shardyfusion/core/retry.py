@@ -33,6 +33,7 @@ class RetryPolicy:
     base_delay_s: float = 0.5
     max_delay_s: float = 8.0
     deadline_s: float | None = 60.0
+    jitter: bool = True  # off where the schedule is a contract (SPEC §6: _CURRENT after 1 s, 2 s, 4 s)
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
@@ -44,7 +45,7 @@ class RetryPolicy:
 
     def delay(self, retry_number: int, rand: Callable[[], float] = random.random) -> float:
         capped = min(self.max_delay_s, self.base_delay_s * (2 ** (retry_number - 1)))
-        return capped * (0.5 + 0.5 * rand())
+        return capped * (0.5 + 0.5 * rand()) if self.jitter else capped
 
 
 NO_RETRY = RetryPolicy(attempts=1, deadline_s=None)

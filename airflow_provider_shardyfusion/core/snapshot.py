@@ -20,12 +20,18 @@ from .checksum import bytes_checksum
 from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError, RunRecordError, StorageError
 from .manifest import Manifest
 from .pointer import CurrentPointer, parse_pointer
+from .retry import RetryPolicy, call_with_retry
 from .run_record import RunRecord, read_run_record
 from .storage.base import ObjectStore, StorageOptions
 
 log = logging.getLogger(__name__)
 
-POINTER_RETRY_BACKOFF_S = (1.0, 2.0, 4.0)
+# SPEC §6: the pointer write is retried 3 times, after 1 s, 2 s and 4 s.
+POINTER_RETRY = RetryPolicy(attempts=4, base_delay_s=1.0, max_delay_s=4.0, deadline_s=None, jitter=False)
+
+
+class _PointerMoved(PublishManifestError):
+    """Our conditional put lost to a concurrent move: read again and decide again."""
 
 
 @dataclass(frozen=True)
@@ -89,32 +95,31 @@ class SnapshotRoot:
         """
         data = self.store.get(manifest.key).data
         target = self._manifest_from_bytes(manifest.uri, data)
-        last_error: Exception | None = None
-        for attempt, backoff in enumerate((*POINTER_RETRY_BACKOFF_S, None)):
-            try:
-                state = self.read_pointer()
-                live = state.pointer
-                if live is not None and live.manifest_ref == manifest.uri:
-                    return live
-                if live is not None and live.run_id != target.run_id and not allow_older:
-                    self._refuse_backwards(live, target)
-                pointer = CurrentPointer(
-                    manifest_ref=manifest.uri, run_id=target.run_id, updated_at=layout.utc_now(),
-                    previous_run_id=live.run_id if live is not None else None,
-                    manifest_checksum=bytes_checksum(data), manifest_size=len(data),
-                )
-                if self.store.put_if_match(layout.CURRENT_KEY, pointer.to_bytes(), state.etag) is not None:
-                    return pointer
-                last_error = PublishManifestError("_CURRENT changed while publishing (a concurrent publisher)")
-            except StorageError as exc:
-                last_error = exc
-            if backoff is None:
-                break
-            log.warning("run %s: moving _CURRENT failed (%s); retry %d in %.0fs", target.run_id, last_error,
-                        attempt + 1, backoff)
-            sleep(backoff)
-        raise PublishManifestError(
-            f"could not write {self.store.uri(layout.CURRENT_KEY)} after {len(POINTER_RETRY_BACKOFF_S)} retries: {last_error}"
+
+        def attempt() -> CurrentPointer:
+            state = self.read_pointer()
+            live = state.pointer
+            if live is not None and live.manifest_ref == manifest.uri:
+                return live
+            if live is not None and live.run_id != target.run_id and not allow_older:
+                self._refuse_backwards(live, target)
+            pointer = CurrentPointer(
+                manifest_ref=manifest.uri, run_id=target.run_id, updated_at=layout.utc_now(),
+                previous_run_id=live.run_id if live is not None else None,
+                manifest_checksum=bytes_checksum(data), manifest_size=len(data),
+            )
+            if self.store.put_if_match(layout.CURRENT_KEY, pointer.to_bytes(), state.etag) is None:
+                raise _PointerMoved("_CURRENT changed while publishing (a concurrent publisher)")
+            return pointer
+
+        def give_up(exc: BaseException, attempts: int, _: float) -> PublishManifestError:
+            return PublishManifestError(
+                f"could not write {self.store.uri(layout.CURRENT_KEY)} after {attempts - 1} retries: {exc}"
+            )
+
+        return call_with_retry(
+            attempt, policy=POINTER_RETRY, retryable=lambda e: isinstance(e, (StorageError, _PointerMoved)),
+            describe=f"run {target.run_id}: moving _CURRENT", give_up=give_up, sleep=sleep,
         )
 
     def _refuse_backwards(self, live: CurrentPointer, target: Manifest) -> None:
