@@ -26,9 +26,10 @@ from pathlib import Path
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 PYSPARK_DISTRIBUTIONS = ("pyspark", "pyspark-client")
-# Private members of SparkSubmitHook that operators/sharded_write.py overrides or reads, and the
-# first apache-airflow-providers-apache-spark release that has all of them.
-SPARK_HOOK_MEMBERS = ("_build_spark_common_args", "_process_spark_submit_log", "_mask_cmd")
+# Private members of SparkSubmitHook that hooks/spark_submit.py overrides or calls (its module
+# docstring lists why each is needed), and the first apache-airflow-providers-apache-spark release
+# that has all of them.
+SPARK_HOOK_MEMBERS = ("_build_spark_common_args", "_process_spark_submit_log", "_start_driver_status_tracking")
 SPARK_PROVIDER_FLOOR = "5.6.0"
 
 _VERSION_RE = re.compile(r"""^__version__(?:\s*:\s*str)?\s*=\s*["']([^"']+)["']""", re.MULTILINE)

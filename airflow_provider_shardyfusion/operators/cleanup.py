@@ -58,6 +58,7 @@ class DeferredCleanupOperator(BaseOperator):
         self.keep_run_ids = keep_run_ids
         self.dry_run = dry_run
         self.aws_conn_id = aws_conn_id
+        self._lineage_report: dict[str, Any] | None = None  # for get_openlineage_facets_on_complete
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
@@ -83,4 +84,12 @@ class DeferredCleanupOperator(BaseOperator):
             "would be deleted" if self.dry_run else "deleted", len(out["errors"]),
             f"; abandoned: {report.abandon_reason}" if report.abandoned else "",
         )
+        self._lineage_report = out
         return out
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_provider_shardyfusion.openlineage.cleanup_lineage``): each run whose
+        data went, dropped (``lifecycleStateChange: DROP``); ``None`` without the OpenLineage provider."""
+        from airflow_provider_shardyfusion import openlineage as ol
+
+        return ol.cleanup_lineage(self._lineage_report)

@@ -56,6 +56,7 @@ class PublishSnapshotOperator(BaseOperator):
         self.manifest_ref = manifest_ref
         self.allow_older = allow_older
         self.aws_conn_id = aws_conn_id
+        self._lineage_result: dict[str, Any] | None = None  # for get_openlineage_facets_on_complete
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
@@ -88,4 +89,12 @@ class PublishSnapshotOperator(BaseOperator):
                                                                "manifest_ref": pointer.manifest_ref})
         else:
             self.log.info("Run %s is already live at %s; nothing to do", pointer.run_id, root)
+        self._lineage_result = result.to_dict()
         return result.to_dict()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_provider_shardyfusion.openlineage.publish_lineage``): the snapshot with
+        the run now live and the one it replaced; ``None`` without the OpenLineage provider."""
+        from airflow_provider_shardyfusion import openlineage as ol
+
+        return ol.publish_lineage(self._lineage_result, self.output_uri)

@@ -75,8 +75,13 @@ class SparkApplicationLink(BaseOperatorLink):
 
 def _submit_hook_class() -> type[ShardyfusionSparkSubmitHook]:
     """Imported on use so that parsing a DAG does not import the spark provider's hook."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_provider_shardyfusion import compat
     from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
 
+    # The provider's class, not ours: our subclass defines the overridden members itself.
+    compat.check_spark_provider(SparkSubmitHook, compat._installed_version("apache-airflow-providers-apache-spark"))
     return ShardyfusionSparkSubmitHook
 
 
@@ -212,6 +217,8 @@ class ShardedWriteOperator(BaseOperator):
         self._active_run_id: str | None = None
         self._active_output_uri: str | None = None
         self._me: dict[str, Any] | None = None
+        # The summary of this try's snapshot, for get_openlineage_facets_on_complete.
+        self._lineage_summary: dict[str, Any] | None = None
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -421,7 +428,28 @@ class ShardedWriteOperator(BaseOperator):
                       summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
         if summary["published"]:
             _emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary)
+        self._lineage_summary = dict(summary)
         return summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (``airflow_provider_shardyfusion.openlineage.write_lineage``): the input → the
+        snapshot with its row count, size and schema; ``None`` without the OpenLineage provider."""
+        from airflow_provider_shardyfusion import openlineage as ol
+
+        summary = self._lineage_summary
+        schema = None
+        if summary:
+            try:  # the manifest knows the key encoding chosen by key type; the arguments may not
+                from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+                snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(summary["output_uri"])
+                schema = ol.SnapshotSchema.of_manifest(snapshots.read_manifest(summary["manifest_ref"]))
+            except Exception as exc:  # lineage must never fail the task
+                self.log.info("OpenLineage: manifest not read (%s); schema from the arguments", exc)
+                schema = ol.SnapshotSchema.of_arguments(self.key_column, self.key_encoding, self.value_format,
+                                                        self.value_column, self.value_columns)
+        return ol.write_lineage(summary, input_path=self.input_path, input_table=self.input_table,
+                                input_sql=self.input_sql, spark_conf=self.spark_conf, schema=schema)
 
     def _persist_link(self, context: Context, record: RunRecord) -> None:
         app_id = record.writer.get("spark_app_id")
