@@ -135,7 +135,8 @@ def _cmd_manifest(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     layout.validate_run_id(args.run_id, what="--run-id")
     ref = snapshots.find_manifest(args.run_id)
     if ref is None:
-        raise ObjectNotFoundError(f"no manifest of run {args.run_id!r} under {layout.join(snapshots.root, layout.MANIFESTS_DIR)}/")
+        where = layout.join(snapshots.root, layout.MANIFESTS_DIR)
+        raise ObjectNotFoundError(f"no manifest of run {args.run_id!r} under {where}/")
     return snapshots.read_manifest(ref).to_dict()
 
 
@@ -230,7 +231,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
         values = reader.multi_get(keys, routing_context=context)
         out = []
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=False):
             shown, how = _show_value(value, manifest.value_format)
             out.append({
                 "key": _show_key(key), "found": value is not None,
@@ -240,7 +241,10 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         return {"run_id": reader.run_id, "results": out}
 
 
-_COMMANDS = {"validate": _cmd_validate, "publish": _cmd_publish, "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get, "cleanup": _cmd_cleanup}
+_COMMANDS = {
+    "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get,
+    "validate": _cmd_validate, "publish": _cmd_publish, "cleanup": _cmd_cleanup,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,10 +103,8 @@ def inspect_pyspark_install(path: list[str] | None = None) -> PysparkInstall:
     neither distribution. ``path`` replaces ``sys.path`` for both look-ups (tests use a fake
     site-packages folder).
     """
-    if path is None:
-        spec = importlib.util.find_spec("pyspark")
-    else:
-        spec = importlib.machinery.PathFinder.find_spec("pyspark", path)
+    spec = (importlib.util.find_spec("pyspark") if path is None
+            else importlib.machinery.PathFinder.find_spec("pyspark", path))
     package_dir = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
     file_version = None
     if package_dir is not None:

@@ -115,7 +115,7 @@ def build_quickstart_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | Non
             with ShardyfusionHook(aws_conn_id=aws_conn_id).get_reader(summary["output_uri"]) as reader:
                 values = reader.multi_get(keys)
                 run_id = reader.run_id
-            found = {str(k): (v.decode() if isinstance(v, bytes) else v) for k, v in zip(keys, values)}
+            found = {str(k): (v.decode() if isinstance(v, bytes) else v) for k, v in zip(keys, values, strict=False)}
             for k, v in found.items():
                 log.info("get(%s) -> %r", k, v)
             return {"run_id": run_id, "lookups": found}

@@ -28,8 +28,16 @@ if _HERE not in sys.path:
     sys.path.append(_HERE)
 
 from _shardyfusion_examples import (  # noqa: E402,F401  (key_of & co. re-exported for tests and the demo)
-    DEFAULT_ROWS, DEMO_DIR, NUM_DBS, build_quickstart_dag, generate_input, input_dir, key_of, payload_of,
-    sample_keys, snapshot_uri,
+    DEFAULT_ROWS,
+    DEMO_DIR,
+    NUM_DBS,
+    build_quickstart_dag,
+    generate_input,
+    input_dir,
+    key_of,
+    payload_of,
+    sample_keys,
+    snapshot_uri,
 )
 
 DAG_ID = "shardyfusion_quickstart"

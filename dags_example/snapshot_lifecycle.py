@@ -119,8 +119,8 @@ def build_lifecycle_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None
             keys = [key_of(0), key_of(rows // 2), key_of(rows - 1), 7]  # 7 is never written
             with ShardyfusionHook(aws_conn_id=aws_conn_id).get_reader(output_uri) as reader:
                 values = reader.multi_get(keys)
-                return {"run_id": reader.run_id,
-                        "lookups": {str(k): v.decode() if isinstance(v, bytes) else v for k, v in zip(keys, values)}}
+                found = {str(k): v.decode() if isinstance(v, bytes) else v for k, v in zip(keys, values, strict=True)}
+                return {"run_id": reader.run_id, "lookups": found}
 
         cleanup_args = dict(
             output_uri=output_uri,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
 
 log = logging.getLogger("shardyfusion.job")
 _UNSET = object()

@@ -6,19 +6,19 @@ import json
 import logging
 import math
 import platform
-import sys
-import tempfile
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 import airflow_provider_shardyfusion as provider
 from airflow_provider_shardyfusion.core import encoding, layout, routing
-from airflow_provider_shardyfusion.core.config import WriteConfig
 from airflow_provider_shardyfusion.core.errors import (
-    ConfigError, InputDataError, ShardAssignmentError, show_value,
+    ConfigError,
+    InputDataError,
+    ShardAssignmentError,
+    show_value,
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
@@ -32,6 +32,9 @@ from . import spark_types
 from .conf_overrides import spark_conf_overrides
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, shard_id_column
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, unsample_value, write_one_shard
+
+if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.config import WriteConfig
 
 log = logging.getLogger("shardyfusion.job")
 _NOT_RETRYABLE = (InputDataError, ConfigError, ShardAssignmentError)
@@ -232,7 +235,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
 def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, faults: dict[str, Any],
                 spark_sorts: bool) -> WritePlan:
     opts = config.options
-    sample_cols = (config.key_column,) + tuple(c for c, _ in plan.cel_columns if c != config.key_column)
+    sample_cols = (config.key_column, *tuple(c for c, _ in plan.cel_columns if c != config.key_column))
     return WritePlan(
         output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=config.run_id,
         key_column=config.key_column, key_encoding=key_encoding, value_format=config.value.format,
@@ -380,6 +383,8 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
         "attempts_seen": selection.attempts_seen,
         "durations_s": dict(durations), "task_time_totals_s": task_totals, "shard_sort": shard_sort,
     }
+    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
+
     try:
         import rocksdict
 
@@ -394,6 +399,7 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
             routing_values=plan.routing_values,
         ),
         key_encoding=key_encoding, value_format=config.value.format, value_columns=config.value.value_columns(),
-        storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True},
+        storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True,
+                        "shard_layout": WRITER_SHARD_LAYOUT},
         shards=entries, stats=stats, writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at,
     ).validate()

@@ -10,13 +10,15 @@ programs cannot be pickled.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 SHARD_ID_COL = "__shardyfusion_db_id"
 _INT64_MAX = 2**63 - 1
@@ -119,9 +121,8 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
     """Inferred categorical routing: distinct CEL tokens per partition (one extra pass)."""
 
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from airflow_provider_shardyfusion.core.routing import CelRouter
-
         from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
+        from airflow_provider_shardyfusion.core.routing import CelRouter
 
         router = CelRouter(plan.cel_spec())
         names = [c for c, _ in plan.cel_columns]

@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.conftest import free_port
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
 
 SPARK_CLASS = str(Path(sys.executable).with_name("spark-class"))
 MASTER_HOST = "127.0.0.1"

@@ -13,17 +13,20 @@ data is gone keeps its record with ``deleted_at`` set, so the history stays audi
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
 from .errors import ConfigError, ManifestValidationError, RunAbandoned, RunRecordError, StorageError
 from .pointer import CurrentPointer
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
-from .snapshot import ManifestRef, SnapshotRoot
 from .storage.base import ObjectInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Iterable, Mapping
+
+    from .snapshot import ManifestRef, SnapshotRoot
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +242,8 @@ def plan_cleanup(
         # The record says "deleted" only when nothing of the run is left behind.
         mark = record is not None and record.deleted_at is None and len(doomed) == len(every)
         if doomed or mark or expect is not None:
-            items.append(PlanItem(category, run_id, tuple(PlannedObject(o.key, o.size) for o in sorted(doomed, key=lambda o: o.key)),
+            planned = tuple(PlannedObject(o.key, o.size) for o in sorted(doomed, key=lambda o: o.key))
+            items.append(PlanItem(category, run_id, planned,
                                   mark_deleted=mark, expect_updated_at=expect))
 
     for run_id in sorted(set(runs) | set(shard_objects) | set(manifests_of)):

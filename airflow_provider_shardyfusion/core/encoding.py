@@ -11,10 +11,12 @@ import datetime as _dt
 import decimal
 import json
 import struct
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, InputDataError, KeyEncodingError, show_value
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 KEY_ENCODINGS = ("u64be", "u32be", "utf8", "raw")
 VALUE_FORMATS = ("binary", "json")
@@ -51,7 +53,9 @@ def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
         raise InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
     if encoding == "u64be" or encoding == "u32be":
         if isinstance(key, bool) or not isinstance(key, int):
-            raise KeyEncodingError(f"column {column!r}: key {show_value(key)} is not an integer (rule: {encoding} needs integer keys)")
+            raise KeyEncodingError(
+                f"column {column!r}: key {show_value(key)} is not an integer (rule: {encoding} needs integer keys)"
+            )
         limit = (1 << 64) if encoding == "u64be" else (1 << 32)
         if key < 0 or key >= limit:
             raise KeyEncodingError(

@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .errors import ConfigError, ManifestValidationError
 
@@ -45,20 +45,20 @@ def validate_run_id(run_id: object, *, what: str = "run_id") -> str:
 
 def new_run_id(now: datetime | None = None) -> str:
     """``<UTC yyyymmddTHHMMSSZ>-<8 hex>``: lexical order of generated ids is time order."""
-    now = now or datetime.now(timezone.utc)
-    return f"{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+    now = now or datetime.now(UTC)
+    return f"{now.astimezone(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
 def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def format_ts(dt: datetime) -> str:
-    return dt.astimezone(timezone.utc).strftime(_TS_FORMAT)
+    return dt.astimezone(UTC).strftime(_TS_FORMAT)
 
 
 def parse_ts(text: str) -> datetime:
-    return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, _TS_FORMAT).replace(tzinfo=UTC)
 
 
 def normalize_root(uri: object) -> str:

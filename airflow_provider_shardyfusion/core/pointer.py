@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from . import layout, serialization as ser
+from . import layout
+from . import serialization as ser
 from .errors import ConfigError, ManifestValidationError
 
 CURRENT_FORMAT_VERSION = 1

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .errors import PublishManifestError, RunRecordError, StorageError
-from .manifest import Manifest
 from .pointer import CurrentPointer
-from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
 from .retry import call_with_retry
+from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
 from .snapshot import POINTER_RETRY, ManifestRef, SnapshotRoot
-from .storage.base import ObjectStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from .manifest import Manifest
+    from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class TokenBucket:

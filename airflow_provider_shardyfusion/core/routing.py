@@ -48,7 +48,9 @@ def canonical_bytes(key: Any) -> bytes:
         try:
             return key.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InputDataError(f"key {show_value(key)} is not valid Unicode text ({exc.reason}; rule: str keys route as UTF-8)") from None
+            raise InputDataError(
+                f"key {show_value(key)} is not valid Unicode text ({exc.reason}; rule: str keys route as UTF-8)"
+            ) from None
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     if key is None:
@@ -89,7 +91,10 @@ def validate_routing_values(values: object) -> tuple[Any, ...]:
         raise ConfigError(f"routing_values {show_value(values)} must be a non-empty list")
     if any(v is None for v in values):
         raise ConfigError("routing_values must not contain null")
-    kinds = {"int" if isinstance(v, int) and not isinstance(v, bool) else "str" if isinstance(v, str) else "other" for v in values}
+    kinds = {
+        "int" if isinstance(v, int) and not isinstance(v, bool) else "str" if isinstance(v, str) else "other"
+        for v in values
+    }
     if "other" in kinds or len(kinds) != 1:
         raise ConfigError(f"routing_values {show_value(values)} must be all strings or all integers")
     seen: set[Any] = set()

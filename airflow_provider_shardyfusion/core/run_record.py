@@ -12,11 +12,16 @@ import threading
 import traceback
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from . import layout, serialization as ser
+from . import layout
+from . import serialization as ser
 from .errors import ObjectNotFoundError, RunRecordError, WriterLost
-from .storage.base import ObjectStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .storage.base import ObjectStore
 
 log = logging.getLogger(__name__)
 

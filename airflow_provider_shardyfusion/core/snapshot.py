@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .checksum import bytes_checksum
@@ -22,7 +21,11 @@ from .manifest import Manifest
 from .pointer import CurrentPointer, parse_pointer
 from .retry import RetryPolicy, call_with_retry
 from .run_record import RunRecord, read_run_record
-from .storage.base import ObjectStore, StorageOptions
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from .storage.base import ObjectStore, StorageOptions
 
 log = logging.getLogger(__name__)
 

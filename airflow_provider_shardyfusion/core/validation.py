@@ -16,8 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -25,11 +24,15 @@ from . import layout
 from .checksum import verify_file
 from .encoding import decode_key
 from .errors import ConfigError, ManifestValidationError, ShardyfusionError, show_value
-from .manifest import Manifest
 from .pointer import CurrentPointer
 from .run_record import SUCCEEDED, RunRecord
 from .snapshot import ManifestRef, SnapshotRoot
-from .storage.base import StorageOptions
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from .manifest import Manifest
+    from .storage.base import StorageOptions
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,12 @@ declared as its ``airflow.cfg`` option plus the fallback, and the operator reads
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 
 class _Required:

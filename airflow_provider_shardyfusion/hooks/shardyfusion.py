@@ -133,7 +133,6 @@ class ShardyfusionHook(BaseHook):
         if "conn_config" in hook.__dict__:
             return
         from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
-
         from airflow.sdk.exceptions import AirflowNotFoundException
 
         connection = None
@@ -249,7 +248,7 @@ class _AsyncLocalReader(AsyncObjectReader):
 
 
 class _AsyncS3Reader(AsyncObjectReader):
-    _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+    _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
 
     def __init__(self, root: str, client: Any, client_ctx: Any):
         self.root = root

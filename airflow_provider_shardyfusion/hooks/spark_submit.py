@@ -26,12 +26,14 @@ integration tests, so a provider change that breaks one fails the suite):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
 from airflow_provider_shardyfusion.operators.submit_plan import SparkTarget
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
 
 OUTPUT_TAIL_LINES = 40
 

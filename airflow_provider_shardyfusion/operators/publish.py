@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -10,6 +9,8 @@ from airflow.sdk import BaseOperator
 from airflow_provider_shardyfusion.operators.sharded_write import _emit_snapshot_event, _with_snapshot_outlet
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
 
 

@@ -15,10 +15,10 @@ message. Importing this module is light (no pyspark, rocksdict or boto3): it is 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
@@ -29,11 +29,21 @@ from airflow_provider_shardyfusion.core.errors import ConfigError, RunRecordErro
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.write_run import (
-    RunChoice, WriteOutcome, candidate_run_ids, choose_run, interpret_outcome, resolve_deferral_timeout, same_try,
-    snapshot_summary, writer_exception, writer_identity,
+    RunChoice,
+    WriteOutcome,
+    candidate_run_ids,
+    choose_run,
+    interpret_outcome,
+    resolve_deferral_timeout,
+    same_try,
+    snapshot_summary,
+    writer_exception,
+    writer_identity,
 )
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
 
@@ -414,10 +424,8 @@ class ShardedWriteOperator(BaseOperator):
             self._persist_link(context, record)
             return self._succeeded(context, snapshot_summary(record, published=self.publish is True))
         if event.get("run_record"):
-            try:
+            with contextlib.suppress(Exception):  # the link is a convenience; the error below is what matters
                 self._persist_link(context, RunRecord.from_dict(event["run_record"]))
-            except Exception:  # the link is a convenience; the error below is what matters
-                pass
         error_type = event.get("error_type") or "ShardyfusionError"
         message = event.get("writer_message") or event.get("message") or f"run record trigger failed: {event!r}"
         raise writer_exception(error_type, message)
@@ -454,7 +462,8 @@ class ShardedWriteOperator(BaseOperator):
     def _persist_link(self, context: Context, record: RunRecord) -> None:
         app_id = record.writer.get("spark_app_id")
         url = record.writer.get("spark_ui_url")
-        history = (self.spark_conf or {}).get("spark.yarn.historyServer.address") if isinstance(self.spark_conf, Mapping) else None
+        conf = self.spark_conf if isinstance(self.spark_conf, Mapping) else {}
+        history = conf.get("spark.yarn.historyServer.address")
         if app_id and history:
             base = history if "://" in str(history) else f"http://{history}"
             url = f"{str(base).rstrip('/')}/history/{app_id}/"

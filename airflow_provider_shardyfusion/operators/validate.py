@@ -9,14 +9,15 @@ Importing this module is light (no pyspark, rocksdict or boto3): it is parsed wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
 
     from airflow_provider_shardyfusion.core.validation import ValidationReport
@@ -52,7 +53,7 @@ class ValidateManifestOperator(BaseOperator):
         "output_uri", "run_id", "manifest_ref", "min_rows", "max_row_change_ratio", "max_empty_shards",
         "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "aws_conn_id",
     )
-    template_fields_renderers = {"expected_keys": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"expected_keys": "json"}
     ui_color = "#d5f5e3"
 
     def __init__(

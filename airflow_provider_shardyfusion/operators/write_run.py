@@ -22,7 +22,11 @@ from typing import Any, Literal, NoReturn
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
-    ConfigError, RunRecordError, ShardyfusionError, SparkSubmitError, error_type_by_name,
+    ConfigError,
+    RunRecordError,
+    ShardyfusionError,
+    SparkSubmitError,
+    error_type_by_name,
 )
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import PokeReturnValue
@@ -15,6 +14,8 @@ from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
 
 _UNSET = object()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import PokeReturnValue
@@ -16,6 +15,8 @@ from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
 
 

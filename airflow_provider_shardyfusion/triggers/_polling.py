@@ -8,13 +8,16 @@ one event) live in one place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 # Errors no retry can fix: a bad argument, or an object that parsed but is malformed / of an
 # unknown future format (objects are written atomically, so a bad one will not heal by itself).
@@ -120,7 +123,5 @@ class PollingTrigger(BaseTrigger):
 
 
 async def _close_quietly(reader: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # closing a client must never mask the event or the real error
         await reader.aclose()
-    except Exception:  # closing a client must never mask the event or the real error
-        pass

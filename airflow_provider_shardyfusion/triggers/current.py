@@ -11,6 +11,7 @@ from airflow_provider_shardyfusion.core.errors import ManifestValidationError
 from airflow_provider_shardyfusion.core.pointer import PointerWait
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
+
 class CurrentSnapshotTrigger(PollingTrigger):
     """Poll ``<output_uri>/_CURRENT`` until it satisfies ``mode``.
 

@@ -9,6 +9,7 @@ from airflow.triggers.base import TriggerEvent
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
+
 class RunRecordTrigger(PollingTrigger):
     """Poll ``<output_uri>/runs/run_id=<run_id>/run.json`` until the run is over.
 

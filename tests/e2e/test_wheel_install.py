@@ -28,7 +28,8 @@ RESULT_MARKER = "@@DAG_TEST_RESULT@@ "
 
 def _run(cmd: list, *, env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(c) for c in cmd], env=env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"$ {' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
+    shown = " ".join(map(str, cmd))
+    assert proc.returncode == 0, f"$ {shown} exited {proc.returncode}\n{proc.stdout[-8000:]}\n{proc.stderr[-8000:]}"
     return proc
 
 

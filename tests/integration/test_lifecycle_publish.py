@@ -16,8 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
-
 from airflow_provider_shardyfusion.core import layout  # noqa: E402
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned  # noqa: E402
 from airflow_provider_shardyfusion.core.publish import publish_run  # noqa: E402
@@ -25,6 +23,7 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E40
 from airflow_provider_shardyfusion.core.run_record import RUNNING, RunRecord  # noqa: E402
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
 from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
+from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
 
 KEYS = list(range(0, 400, 3))
 
@@ -82,7 +81,7 @@ def test_publish_rollback_and_roll_forward_are_followed_by_readers(runs, tmp_pat
 
 
 def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
-    snapshots, _, built = runs
+    snapshots, _, _built = runs
     publish_run(snapshots, run_id="run-a", sleep=lambda s: None)
     record = snapshots.read_run("run-b")
     snapshots.store.put(layout.run_record_key("run-b"), RunRecord(**{
@@ -98,7 +97,7 @@ def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
 def test_a_concurrent_publisher_makes_the_move_decide_again(runs):
     """Between our read of ``_CURRENT`` and our conditional put, another publisher moves it to a
     newer run: the put fails, we re-read, and now refuse to move it backwards."""
-    snapshots, _, built = runs
+    snapshots, _, _built = runs
     publish_run(snapshots, run_id="run-a", sleep=lambda s: None)
     store = snapshots.store
     raced: list[str] = []

@@ -9,9 +9,8 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import PublishManifestError, StorageError
+from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, StorageError
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.errors import RunAbandoned
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle, mark_failed, read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
@@ -96,7 +95,7 @@ def test_publish_stops_before_current_when_the_run_was_reaped(store):
     assert read_run_record(store, "run-r").error.message == "reaped by cleanup"
 
 
-@pytest.mark.parametrize("failures, sleeps", [(2, [1.0, 2.0]), (3, [1.0, 2.0, 4.0])])
+@pytest.mark.parametrize(("failures", "sleeps"), [(2, [1.0, 2.0]), (3, [1.0, 2.0, 4.0])])
 def test_current_write_is_retried_with_1_2_4_second_backoff(store, failures, sleeps):
     slept: list[float] = []
     flaky = FailingCurrentPuts(store, failures)
@@ -110,7 +109,7 @@ def test_current_write_gives_up_after_three_retries_and_leaves_current_alone(sto
     lc = running(store, "run-old")
     first = publish(store, manifest_for(store, "run-old", 2), lc, sleep=lambda s: None).manifest_ref
     slept: list[float] = []
-    with pytest.raises(PublishManifestError, match="after 3 retries: injected: S3 said 503.*stays staged"):
+    with pytest.raises(PublishManifestError, match=r"after 3 retries: injected: S3 said 503.*stays staged"):
         publish(FailingCurrentPuts(store, 4), manifest_for(store, "run-c", 1), running(store, "run-c"),
                 sleep=slept.append)
     assert slept == [1.0, 2.0, 4.0]
@@ -122,7 +121,7 @@ def test_current_never_moves_to_an_older_run_unless_rollback_is_asked(store):
     newer = publish(store, manifest_for(store, "run-new", 1), running(store, "run-new"), sleep=lambda s: None)
     older_lc = running(store, "run-older")
     older = manifest_for(store, "run-older", 30)
-    with pytest.raises(PublishManifestError, match="refusing to move it backwards.*allow_older=True"):
+    with pytest.raises(PublishManifestError, match=r"refusing to move it backwards.*allow_older=True"):
         publish(store, older, older_lc, sleep=lambda s: None)
     assert read_current(store)[0].manifest_ref == newer.manifest_ref
     ref = publish(store, manifest_for(store, "run-older2", 30), running(store, "run-older2"), allow_rollback=True,

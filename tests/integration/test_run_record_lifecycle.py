@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled
-
 import threading
 import time
 from datetime import timedelta
@@ -11,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import RunRecordError, ShardWriteError, StorageError
+from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled, RunRecordError, ShardWriteError, StorageError
 from airflow_provider_shardyfusion.core.run_record import (
     FAILED,
     RUNNING,
@@ -193,10 +191,17 @@ def test_failed_final_write_raises(flaky_store):
 
 
 def test_context_manager_marks_failed_and_reraises(store):
-    with pytest.raises(ShardWriteError, match="db 3 broke"):
+    opened = []
+
+    def fail_inside() -> None:
         with lifecycle(store) as lc:
+            opened.append(lc)
             assert read_run_record(store, "run-1").status == RUNNING
             raise ShardWriteError("db 3 broke after 17 rows")
+
+    with pytest.raises(ShardWriteError, match="db 3 broke"):
+        fail_inside()
+    lc = opened[0]
     rec = read_run_record(store, "run-1")
     assert rec.status == FAILED
     assert rec.error.type == "ShardWriteError" and rec.error.message == "db 3 broke after 17 rows"
@@ -208,9 +213,8 @@ def test_context_manager_marks_failed_and_reraises(store):
 
 
 def test_context_manager_plain_exception(store):
-    with pytest.raises(KeyError):
-        with lifecycle(store, run_id="run-2"):
-            raise KeyError("missing column 'id'")
+    with pytest.raises(KeyError), lifecycle(store, run_id="run-2"):
+        raise KeyError("missing column 'id'")
     rec = read_run_record(store, "run-2")
     assert rec.status == FAILED and rec.error.type == "KeyError" and "missing column" in rec.error.message
 
@@ -224,7 +228,8 @@ def test_context_manager_success(store):
 
 def test_mark_failed_from_outside_wins_over_lifecycle(store):
     lc = lifecycle(store).start()
-    reaped = wait_until(lambda: (r := mark_failed(store, "run-1", RunAbandoned("lease expired: abandoned"))).status == FAILED and r)
+    abandoned = RunAbandoned("lease expired: abandoned")
+    reaped = wait_until(lambda: (r := mark_failed(store, "run-1", abandoned)).status == FAILED and r)
     assert reaped.error.type == "RunAbandoned" and reaped.error.message == "lease expired: abandoned"
     stored = read_run_record(store, "run-1")
     assert stored == reaped
@@ -248,10 +253,13 @@ def test_heartbeat_notices_reaping(store):
 
 
 def test_context_manager_after_reaping_keeps_outside_error(store):
-    with pytest.raises(ValueError, match="late failure"):
+    def fail_after_reaping() -> None:
         with lifecycle(store):
             wait_until(lambda: mark_failed(store, "run-1", RunAbandoned("abandoned")).status == FAILED)
             raise ValueError("late failure")
+
+    with pytest.raises(ValueError, match="late failure"):
+        fail_after_reaping()
     rec = read_run_record(store, "run-1")
     assert rec.error.type == "RunAbandoned" and rec.error.message == "abandoned"
 

@@ -22,7 +22,10 @@ import pytest
 from airflow_provider_shardyfusion.core import encoding, layout, routing
 from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.errors import (
-    ConfigError, InputDataError, KeyEncodingError, ShardAssignmentError,
+    ConfigError,
+    InputDataError,
+    KeyEncodingError,
+    ShardAssignmentError,
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
@@ -437,7 +440,7 @@ def test_cache_input_falls_back_silently_when_persist_fails(spark, tmp_path, mon
 
 def test_conf_override_that_cannot_be_set_at_runtime_is_a_config_error(spark, tmp_path):
     table, _ = int_table(10)
-    with pytest.raises(ConfigError, match="spark_conf_overrides 'spark.executor.memory' cannot be set at runtime"):
+    with pytest.raises(ConfigError, match=r"spark_conf_overrides 'spark\.executor\.memory' cannot be set at runtime"):
         run(spark, output_uri=f"file://{tmp_path}/static", key_column="id", input_path=write_parquet(tmp_path, table),
             value_column="payload", num_dbs=2, spark_conf_overrides={"spark.sql.shuffle.partitions": "3",
                                                                     "spark.executor.memory": "9g"})
@@ -453,7 +456,7 @@ def test_bad_column_is_a_config_error_in_the_run_record(spark, tmp_path):
     _assert_failed_and_unpublished(root, "bad-column", None, "ConfigError", "nope")
 
 
-@pytest.mark.parametrize("source, needle", [
+@pytest.mark.parametrize(("source", "needle"), [
     ({"input_path": "/nonexistent/in.parquet"}, "input_path '/nonexistent/in.parquet' (input_format 'parquet') "
                                                 "cannot be read: [PATH_NOT_FOUND]"),
     ({"input_table": "no_such_table"}, "input_table 'no_such_table' cannot be read: [TABLE_OR_VIEW_NOT_FOUND]"),

@@ -92,7 +92,7 @@ def test_head_size_and_exists(store):
 
 
 def test_get_missing(store):
-    with pytest.raises(ObjectNotFoundError, match="missing.json") as info:
+    with pytest.raises(ObjectNotFoundError, match=r"missing\.json") as info:
         store.get("nowhere/missing.json")
     assert isinstance(info.value, StorageError)
     assert store.uri("nowhere/missing.json") in str(info.value)

@@ -41,11 +41,11 @@ def root(request, monkeypatch):
 both_stores = pytest.mark.parametrize("root", ["file", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
 
 
-async def _collect(trigger, timeout: float = 30.0) -> list[Any]:
+async def _collect(trigger, limit_s: float = 30.0) -> list[Any]:
     async def drain():
         return [event async for event in trigger.run()]
 
-    return await asyncio.wait_for(drain(), timeout)
+    return await asyncio.wait_for(drain(), limit_s)
 
 
 def run_trigger(trigger, *, during=None, timeout: float = 30.0) -> dict[str, Any]:

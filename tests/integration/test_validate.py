@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
 from snapshot_helpers import write_run_record  # noqa: E402
 
 from airflow_provider_shardyfusion.cli import main  # noqa: E402
@@ -25,6 +24,7 @@ from airflow_provider_shardyfusion.core.run_record import FAILED, RunError  # no
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
 from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
 from airflow_provider_shardyfusion.core.validation import check_storage, validate_snapshot, value_digest  # noqa: E402
+from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
 
 
 def _value(i: int) -> bytes:
@@ -194,7 +194,7 @@ def test_nothing_to_validate(file_root):
 
 
 def test_cli_validate_prints_the_report_or_every_failure(file_root, capsys):
-    live, staged = _live_and_staged(file_root, None, live_rows=100, staged_rows=90)
+    _live, staged = _live_and_staged(file_root, None, live_rows=100, staged_rows=90)
     code = main(["validate", file_root, "--run-id", staged.run_id, "--min-rows", "50", "--sample-lookups", "4",
                  "--expected-key", "89", "--verify-checksums"])
     out, err = capsys.readouterr()

@@ -17,6 +17,7 @@ Every request is logged as ``(method, path, outcome)``. Loopback only; every wai
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -156,7 +157,7 @@ class FaultProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as boto3's connection pool expects
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet test output
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
             def _read_body(self) -> bytes:
@@ -190,10 +191,8 @@ class FaultProxy:
 
             def _drop_connection(self) -> None:
                 self.close_connection = True
-                try:
+                with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
             def _reply(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes) -> None:
                 self.send_response_only(status, reason)

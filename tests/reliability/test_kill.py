@@ -9,7 +9,6 @@ that lived on could not publish: its run record is no longer its own ``running``
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections import defaultdict
@@ -48,7 +47,8 @@ def wait_for(predicate, timeout: float, what: str):
 
 def test_on_kill_leaves_the_driver_dead_and_the_run_never_live(tmp_path, monkeypatch, figure):
     marker = tmp_path / "driver.pid"
-    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps({"hold_before_publish": {"seconds": HOLD_S, "marker": str(marker)}}))
+    hold = {"hold_before_publish": {"seconds": HOLD_S, "marker": str(marker)}}
+    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps(hold))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     (tmp_path / "input").mkdir()
     keys = list(range(2000))

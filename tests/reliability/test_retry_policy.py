@@ -43,7 +43,7 @@ def test_transient_failures_are_retried_with_capped_growing_delays():
                            sleep=t.sleep, clock=t.clock) == "ok after 6 calls"
     assert calls["n"] == 6 and len(t.sleeps) == 5
     caps = [1.0, 2.0, 4.0, 4.0, 4.0]  # doubled, then capped; jitter keeps each in [cap/2, cap]
-    assert all(cap / 2 <= s <= cap for s, cap in zip(t.sleeps, caps)), t.sleeps
+    assert all(cap / 2 <= s <= cap for s, cap in zip(t.sleeps, caps, strict=False)), t.sleeps
     print(f"FIGURE retry-helper: 5 transient failures, {len(t.sleeps)} retries, delays {[round(s, 2) for s in t.sleeps]}")
 
 

@@ -20,9 +20,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -41,6 +40,9 @@ if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.s3
 
@@ -207,8 +209,8 @@ def test_outage_longer_than_the_retries_is_a_clear_storage_error(proxy, s3_root,
 
 def test_read_timeout_is_retried(proxy, s3_root, s3_options, figure):
     """A reply slower than the client's read timeout: the client hangs up and asks again."""
-    from botocore.config import Config
     import boto3
+    from botocore.config import Config
 
     plain = direct(s3_root, s3_options)
     plain.put("slow.json", b'{"slow":true}')

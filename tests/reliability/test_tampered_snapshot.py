@@ -17,14 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
-
 from airflow_provider_shardyfusion.core import layout  # noqa: E402
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError  # noqa: E402
 from airflow_provider_shardyfusion.core.publish import publish_run  # noqa: E402
 from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
 from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
+from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
 
 KEYS = list(range(200))
 

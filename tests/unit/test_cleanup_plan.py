@@ -7,7 +7,7 @@ The plan is pure, so each case states exactly what was read (listing, run record
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,7 +20,7 @@ from airflow_provider_shardyfusion.core.snapshot import ManifestRef
 from airflow_provider_shardyfusion.core.storage.base import ObjectInfo
 
 ROOT = "file:///data/out"
-NOW = datetime(2025, 1, 10, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 10, 12, 0, tzinfo=UTC)
 GRACE = timedelta(hours=1)
 DAY = timedelta(days=1)
 
@@ -43,7 +43,7 @@ def record(run_id: str, status: str = SUCCEEDED, *, started: timedelta = DAY, le
 def shard_files(run_id: str, db_id: int = 0, attempt: int = 0, task: int | None = None, *, age: timedelta = DAY,
                 sizes: tuple[int, ...] = (100, 7)) -> list[ObjectInfo]:
     prefix = layout.attempt_key(run_id, db_id, attempt, task)
-    return [ObjectInfo(f"{prefix}/{name}", size, NOW - age) for name, size in zip(("000001.sst", "CURRENT"), sizes)]
+    return [ObjectInfo(f"{prefix}/{name}", size, NOW - age) for name, size in zip(("000001.sst", "CURRENT"), sizes, strict=False)]
 
 
 def manifest(run_id: str, *, age: timedelta = DAY, size: int = 500) -> tuple[ManifestRef, ObjectInfo]:
@@ -331,7 +331,7 @@ def test_plan_is_json_and_totals_add_up():
     assert out["abandoned_run_ids"] == ["lost"] and out["grace_period_seconds"] == 3600
 
 
-@pytest.mark.parametrize("keep_runs, grace, ids, message", [
+@pytest.mark.parametrize(("keep_runs", "grace", "ids", "message"), [
     (-1, GRACE, (), "keep_runs"), (True, GRACE, (), "keep_runs"), (3, timedelta(seconds=-1), (), "grace_period"),
     (3, "1h", (), "grace_period"), (3, GRACE, ("ok", "no/slash"), "keep_run_ids entry"), (3, GRACE, 5, "keep_run_ids"),
 ])

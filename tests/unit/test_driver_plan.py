@@ -19,7 +19,7 @@ def hash_plan(num_dbs=16):
     return RoutingPlan("id", "int", num_dbs, "hash")
 
 
-@pytest.mark.parametrize("rows, expected", [
+@pytest.mark.parametrize(("rows", "expected"), [
     (10_000_000, False),   # 625k rows per shard fit one 1M-row sort run: the writer sorts in memory
     (15_800_000, False),   # 987.5k + 6 sigma still fits
     (16_000_000, True),    # a shard could exceed one sort run: Spark's external sort

@@ -124,7 +124,7 @@ def test_bad_keys_name_column_and_value(key, enc, error, shown):
 
 @pytest.mark.parametrize("enc", encoding.KEY_ENCODINGS)
 def test_null_key_rejected_naming_column(enc):
-    with pytest.raises(InputDataError, match="'user_id'.*null"):
+    with pytest.raises(InputDataError, match=r"'user_id'.*null"):
         encode_key(None, enc, column="user_id")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
 
-TS = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+TS = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 RUN_ID_CHARS = "ABCXYZabcxyz0123456789._-"
 run_ids = st.text(alphabet=RUN_ID_CHARS, min_size=1, max_size=128).filter(lambda s: s not in (".", ".."))
 BAD_RUN_IDS = ["", ".", "..", "a/b", "../x", "a b", "a\\b", "run*", "é", "a" * 129, "x\n", None, 12]
@@ -32,7 +32,7 @@ def test_manifest_key_uses_utc():
 
 @settings(max_examples=100, deadline=None)
 @given(run_id=run_ids, ts=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2200, 1, 1),
-                                      timezones=st.just(timezone.utc)))
+                                      timezones=st.just(UTC)))
 def test_manifest_key_round_trip(run_id, ts):
     parsed = layout.parse_manifest_key(layout.manifest_key(run_id, ts))
     assert parsed == layout.ManifestKey(published_at=ts, run_id=run_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,7 @@ from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, Sh
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.run_record import RunError, RunRecord
 
-T0 = datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 ROOT = "s3://my-bucket/snap"
 RUN = "20240102T030405Z-0a1b2c3d"
 
@@ -127,7 +127,8 @@ def test_pointer_unexpected_failure_is_still_a_pointer_error(monkeypatch):
         raise AttributeError("unexpected shape")
 
     monkeypatch.setattr(serialization, "ts_field", boom)
-    with pytest.raises(ManifestValidationError, match=r"_CURRENT pointer of run '.*' is malformed: AttributeError: unexpected shape"):
+    malformed = r"_CURRENT pointer of run '.*' is malformed: AttributeError: unexpected shape"
+    with pytest.raises(ManifestValidationError, match=malformed):
         CurrentPointer.from_bytes(pointer().to_bytes())
 
 

@@ -127,7 +127,7 @@ def test_install_requirements_are_ranges_with_the_tested_floors(wheel):
     from airflow_provider_shardyfusion import compat
 
     reqs = _requirements(wheel)
-    for name, variants in reqs.items():
+    for variants in reqs.values():
         for req in variants:
             assert not any(spec.operator in ("==", "===") for spec in req.specifier), f"exact pin: {req}"
     assert "pyspark-client" not in reqs  # the spark provider brings it; compat refuses a mix at run time

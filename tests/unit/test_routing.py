@@ -122,7 +122,7 @@ def test_validate_num_dbs_capped_by_five_digit_shard_folders():
 
 @pytest.mark.parametrize(
     ("typ", "keys"),
-    [("int", list(range(-5, 40)) + [INT64_MAX, INT64_MIN]), ("string", ["", "a", "hello", "é", "x" * 100]),
+    [("int", [*list(range(-5, 40)), INT64_MAX, INT64_MIN]), ("string", ["", "a", "hello", "é", "x" * 100]),
      ("bytes", [b"", b"hello", b"\x00\xff"]), ("uint", [0, 5, 2**63 - 1])],
 )
 def test_cel_direct_shard_hash_matches_route_key(typ, keys):

@@ -6,15 +6,14 @@ import subprocess
 import sys
 
 import pytest
-from snapshot_helpers import publish_snapshot, store_for, write_run_record
-
 from airflow.sdk.exceptions import TaskDeferred
+from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError
+from airflow_provider_shardyfusion.core.layout import split_run_record_ref
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
 from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
-from airflow_provider_shardyfusion.core.layout import split_run_record_ref
 from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
@@ -50,7 +49,7 @@ def test_run_record_sensor_accepts_run_record_ref(file_root):
     assert sensor.execute({})["status"] == "succeeded"
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(("kwargs", "match"), [
     ({}, "give run_record_ref, or both run_id and output_uri"),
     ({"run_id": "r1"}, "give run_record_ref"),
     ({"run_record_ref": "file:///x/runs/r1.json"}, "run_record_ref 'file:///x/runs/r1.json' is invalid"),
@@ -157,7 +156,7 @@ def test_current_sensor_run_id_mode(file_root):
     assert sensor.execute({})["run_id"] == "run-b"
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(("kwargs", "match"), [
     ({"mode": "newest"}, "mode 'newest' is invalid"),
     ({"mode": "run_id"}, "run_id \\(required by mode='run_id'\\) None is invalid"),
     ({"mode": "reschedule"}, "pass sensor_mode='reschedule'"),

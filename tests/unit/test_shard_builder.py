@@ -51,9 +51,12 @@ def test_duplicate_across_sort_runs_is_named(tmp_path, presorted):
     second = [4, 5, 6] if presorted else [6, 4, 5]
     builder = ShardBuilder(str(tmp_path), "u64be", key_column="user_id", sort_run_rows=4, presorted=presorted)
     builder.add(pa.array(first), pa.array([b"a"] * 4, pa.binary()))
-    with pytest.raises(InputDataError, match=r"column 'user_id': duplicate key 4"):
+    def add_and_finish() -> None:
         builder.add(pa.array(second), pa.array([b"b"] * 3, pa.binary()))
         builder.finish()
+
+    with pytest.raises(InputDataError, match=r"column 'user_id': duplicate key 4"):
+        add_and_finish()
     builder.close()
 
 
@@ -70,16 +73,19 @@ def test_allow_duplicate_keys_keeps_the_last_row_seen(tmp_path):
     assert items == [(b"x", b"last"), (b"y", b"y")]
 
 
+def add_then_finish(builder: ShardBuilder, keys: list[int]) -> None:
+    builder.add(pa.array(keys), pa.array([b"a"] * len(keys), pa.binary()))
+    builder.finish()
+
+
 def test_u32be_and_negative_keys_fail_naming_the_value(tmp_path):
     builder = ShardBuilder(str(tmp_path / "a"), "u32be", key_column="id")
     with pytest.raises(KeyEncodingError, match="4294967296"):
-        builder.add(pa.array([1, 2**32]), pa.array([b"a", b"b"], pa.binary()))
-        builder.finish()
+        add_then_finish(builder, [1, 2**32])
     builder.close()
     builder = ShardBuilder(str(tmp_path / "b"), "u64be", key_column="id")
     with pytest.raises(KeyEncodingError, match="-7"):
-        builder.add(pa.array([3, -7]), pa.array([b"a", b"b"], pa.binary()))
-        builder.finish()
+        add_then_finish(builder, [3, -7])
     builder.close()
 
 
@@ -100,6 +106,6 @@ def test_empty_builder_returns_none(tmp_path):
 
 def test_u32be_keys_ending_in_zero_bytes_keep_their_width(tmp_path):
     keys = [65536, 0, 256, 2**32 - 1, 16777216]
-    _, built, items = build(tmp_path, "u32be", [(keys, [b"%d" % k for k in keys])])
+    _, _built, items = build(tmp_path, "u32be", [(keys, [b"%d" % k for k in keys])])
     assert items == [(encoding.encode_key(k, "u32be"), b"%d" % k) for k in sorted(keys)]
     assert all(len(k) == 4 for k, _ in items)

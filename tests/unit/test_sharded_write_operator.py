@@ -13,9 +13,9 @@ import base64
 import dataclasses
 import inspect
 import json
+import os
 import subprocess
 import sys
-import os
 import zipfile
 from collections import defaultdict
 from datetime import timedelta
@@ -535,7 +535,7 @@ def test_bundle_changes_when_the_code_changes(tmp_path):
 
 def test_missing_entry_script_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(bundle_mod, "package_dir", lambda: tmp_path / "pkg")
-    with pytest.raises(FileNotFoundError, match="sharded_write_job.py was not found"):
+    with pytest.raises(FileNotFoundError, match=r"sharded_write_job\.py was not found"):
         bundle_mod.find_spark_jobs_dir()
 
 

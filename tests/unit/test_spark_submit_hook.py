@@ -14,7 +14,9 @@ import stat
 import pytest
 
 from airflow_provider_shardyfusion.hooks.spark_submit import (
-    OUTPUT_TAIL_LINES, ShardyfusionSparkSubmitHook, resolve_spark_connection,
+    OUTPUT_TAIL_LINES,
+    ShardyfusionSparkSubmitHook,
+    resolve_spark_connection,
 )
 
 SECRET = "HookSecretValue/51aa"

@@ -12,7 +12,11 @@ import pytest
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.operators.submit_plan import (
-    CONFIG_ARG, Host, SparkSettings, SparkTarget, build_submit_plan,
+    CONFIG_ARG,
+    Host,
+    SparkSettings,
+    SparkTarget,
+    build_submit_plan,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +31,10 @@ STANDALONE_CLUSTER = SparkTarget("sf_sa", "spark://m:7077", "cluster")
 STANDALONE_CLIENT = SparkTarget("sf_sa", "spark://m:7077")
 
 
-def plan(target=LOCAL, spark=SparkSettings(), host=HOST, **kw):
+DEFAULT_SPARK = SparkSettings()
+
+
+def plan(target=LOCAL, spark=DEFAULT_SPARK, host=HOST, **kw):
     args = dict(target=target, spark=spark, host=host, application="/b/sharded_write_job.py", py_files="/b/bundle.zip",
                 config_json='{"run_id":"r1"}', name="shardyfusion-write-r1")
     args.update(kw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -39,7 +39,7 @@ def _manifest(rows_by_shard: dict[int, int], *, num_dbs: int = 4, key_encoding: 
             max_key=encode_key(hi, key_encoding).hex(),
         ))
     return Manifest(
-        run_id=RUN, created_at=datetime(2025, 1, 1, tzinfo=timezone.utc), output_uri=ROOT, num_dbs=num_dbs,
+        run_id=RUN, created_at=datetime(2025, 1, 1, tzinfo=UTC), output_uri=ROOT, num_dbs=num_dbs,
         sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding=key_encoding, value_format="binary",
         shards=tuple(shards),
     ).validate()
@@ -70,7 +70,7 @@ def test_row_change_ratio_against_the_baseline():
     assert "row change ratio 0.5000 exceeds max_row_change_ratio 0.2" in check.problems[0]
 
 
-@pytest.mark.parametrize("baseline, note, expect", [
+@pytest.mark.parametrize(("baseline", "note", "expect"), [
     (None, "", "no baseline snapshot"),
     (None, "no live snapshot and no older succeeded run to compare with", "no live snapshot"),
     (0, "live run 'x'", "0 rows: the ratio is undefined"),
@@ -98,7 +98,7 @@ def test_shard_skew_is_largest_over_mean_across_num_dbs():
     assert empty.ok and empty.skipped
 
 
-@pytest.mark.parametrize("encoding, lo, hi", [
+@pytest.mark.parametrize(("encoding", "lo", "hi"), [
     ("u64be", 3, 2**63 - 1), ("u32be", 0, 2**32 - 1), ("utf8", "apple", "zürich"), ("raw", b"\x00", b"\xff\xfe"),
 ])
 def test_sample_keys_decode_min_and_max_keys(encoding, lo, hi):
@@ -112,7 +112,7 @@ def test_sample_keys_decode_min_and_max_keys(encoding, lo, hi):
 def test_a_key_that_does_not_decode_is_a_manifest_problem():
     m = _manifest({0: 2}, num_dbs=2, key_encoding="u64be")
     bad = Manifest.from_dict({**m.to_dict(), "shards": [{**m.shards[0].to_dict(), "min_key": "0102"}]})
-    with pytest.raises(ManifestValidationError, match="shard 0 .* min_key '0102' does not decode as u64be"):
+    with pytest.raises(ManifestValidationError, match=r"shard 0 .* min_key '0102' does not decode as u64be"):
         sample_keys(bad, 1)
 
 

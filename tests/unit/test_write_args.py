@@ -47,7 +47,7 @@ def expected_default(arg):
 def test_signature_follows_the_declaration(func, args):
     params = keyword_params(func)
     assert [p.name for p in params] == [a.name for a in args]  # same names, same order
-    for param, arg in zip(params, args):
+    for param, arg in zip(params, args, strict=False):
         assert param.annotation == arg.type, param.name
         assert param.default == expected_default(arg), param.name
 
@@ -65,7 +65,7 @@ def test_every_operator_argument_has_one_param_line_with_its_declared_doc():
     doc = inspect.getdoc(ShardedWriteOperator)
     documented = re.findall(r"^:param (\w+): (.*)$", doc, flags=re.MULTILINE)
     assert [name for name, _ in documented] == [a.name for a in write_args.OPERATOR_ARGS]
-    for (name, text), arg in zip(documented, write_args.OPERATOR_ARGS):
+    for (name, text), arg in zip(documented, write_args.OPERATOR_ARGS, strict=False):
         assert text.startswith(arg.doc), name
         assert text.endswith("(templated)") is arg.templated, name
 
@@ -90,9 +90,9 @@ def test_declaration_is_well_formed():
     assert [a.name for a in WRITE_ARGS if a.required] == ["output_uri"]
     assert all(not a.templated for a in WRITE_ARGS if not a.operator)  # Airflow renders operator fields only
     with pytest.raises(AttributeError, match="no default"):
-        write_args.DEFAULTS.output_uri
+        _ = write_args.DEFAULTS.output_uri
     with pytest.raises(AttributeError, match="no write argument"):
-        write_args.DEFAULTS.not_an_argument
+        _ = write_args.DEFAULTS.not_an_argument
     assert repr(REQUIRED) == "REQUIRED"
 
 

@@ -9,12 +9,21 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
-    ConfigError, InputDataError, RunRecordError, ShardyfusionError, SparkSubmitError,
+    ConfigError,
+    InputDataError,
+    RunRecordError,
+    ShardyfusionError,
+    SparkSubmitError,
 )
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
 from airflow_provider_shardyfusion.operators.write_run import (
-    DEFAULT_DEFERRAL_TIMEOUT, candidate_run_ids, choose_run, interpret_outcome, resolve_deferral_timeout,
-    retry_run_id, short_submit_error,
+    DEFAULT_DEFERRAL_TIMEOUT,
+    candidate_run_ids,
+    choose_run,
+    interpret_outcome,
+    resolve_deferral_timeout,
+    retry_run_id,
+    short_submit_error,
 )
 
 NOW = layout.utc_now()
@@ -137,7 +146,7 @@ def test_a_record_of_another_writer_is_never_our_outcome_nor_marked():
     for status in (RUNNING, SUCCEEDED, FAILED):
         got = outcome(record("r1", status, by={**TI, "dag_id": "other", "try_number": 1}))
         assert got.summary is None and got.abandon is None and not got.ours
-        with pytest.raises(RunRecordError, match="belongs to task other.write"):
+        with pytest.raises(RunRecordError, match=r"belongs to task other\.write"):
             got.raise_error()
     # An earlier try of this task is another writer too: its record is not this try's outcome.
     assert outcome(record("r1", RUNNING, by=me(1)), try_number=2).abandon is None

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import layout
 from ..errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
 
 
 @dataclass(frozen=True)

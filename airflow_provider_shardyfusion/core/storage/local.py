@@ -9,13 +9,15 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
-from typing import BinaryIO
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, BinaryIO
 
 from .. import layout
 from ..errors import ObjectNotFoundError, StorageError
 from .base import ObjectInfo, ObjectStore, StoredObject
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
 
 
 def _etag(data: bytes) -> str:
@@ -132,7 +134,7 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise self._wrap(exc, "head", key) from exc
         return ObjectInfo(
-            key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, timezone.utc), etag=etag
+            key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, UTC), etag=etag
         )
 
     def exists(self, key: str) -> bool:
@@ -167,7 +169,7 @@ class LocalStore(ObjectStore):
                     except OSError as exc:
                         raise self._wrap(exc, "list", prefix) from exc
                     found.append(
-                        ObjectInfo(key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, timezone.utc))
+                        ObjectInfo(key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, UTC))
                     )
         found.sort(key=lambda o: o.key)
         return iter(found)

@@ -10,13 +10,15 @@ recognised by re-reading the object (see ``put_if_match``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import layout
 from ..errors import ObjectNotFoundError, StorageError
 from ..retry import RetryPolicy, call_with_retry
 from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
 
 T = TypeVar("T")
 
