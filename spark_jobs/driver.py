@@ -201,6 +201,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
     if sharding.strategy == "hash":
         num_dbs = sharding.num_dbs
         if num_dbs is None:
+            assert sharding.max_keys_per_shard is not None  # ShardingSpec.validate: one of the two is set
             count = rows if rows is not None else df.count()
             num_dbs = routing.validate_num_dbs(
                 max(1, math.ceil(count / sharding.max_keys_per_shard)),
@@ -215,21 +216,22 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
         spark_types.field_of(df.schema, c, what="cel_columns entry")
     routing.compile_cel(sharding.cel_expr or "", dict(typed))  # fail fast on the driver
     mode = sharding.cel_mode
-    values = sharding.routing_values
+    values: tuple[Any, ...] | None = sharding.routing_values
     if sharding.infer_routing_values:
         probe = RoutingPlan(config.key_column, key_kind, 1, "cel", sharding.cel_expr, typed, "categorical", None)
-        rows = df.mapInArrow(make_token_fn(probe, ""), "token string").distinct().collect()
-        tokens = [json.loads(r.token) for r in rows]
+        token_rows = df.mapInArrow(make_token_fn(probe, ""), "token string").distinct().collect()
+        tokens = [json.loads(r.token) for r in token_rows]
         if not tokens:
             raise InputDataError("infer_routing_values: the input has no rows, so there is nothing to infer "
                                  "routing values from (pass routing_values explicitly)")
         # Validate before sorting: mixed str/int tokens get the rule's message, not a TypeError.
-        values = sorted(routing.validate_routing_values(tokens))
+        values = tuple(sorted(routing.validate_routing_values(tokens)))
         routing.validate_num_dbs(len(values), what="the number of inferred routing values")
         log.info("run %s: inferred %d routing values", config.run_id, len(values))
-    num_dbs = len(values) if values is not None else sharding.num_dbs
-    return RoutingPlan(config.key_column, key_kind, num_dbs, "cel", sharding.cel_expr, typed, mode,
-                       tuple(values) if values is not None else None, wrong_router=wrong)
+    cel_num_dbs = len(values) if values is not None else sharding.num_dbs
+    assert cel_num_dbs is not None  # ShardingSpec.validate: direct CEL needs num_dbs
+    return RoutingPlan(config.key_column, key_kind, cel_num_dbs, "cel", sharding.cel_expr, typed, mode,
+                       values, wrong_router=wrong)
 
 
 def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, faults: dict[str, Any],

@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_shardyfusion.core.routing import CelMode, Strategy
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -31,10 +33,10 @@ class RoutingPlan:
     key_column: str
     key_kind: str
     num_dbs: int
-    strategy: str  # "hash" | "cel"
+    strategy: Strategy
     cel_expr: str | None = None
     cel_columns: tuple[tuple[str, str], ...] = ()
-    cel_mode: str | None = None
+    cel_mode: CelMode | None = None
     routing_values: tuple[Any, ...] | None = None
     wrong_router: bool = False  # test-only fault: proves verify_routing catches a broken router
 

@@ -161,7 +161,7 @@ class ShardingSpec:
     infer_routing_values: bool = False
 
     @property
-    def cel_mode(self) -> str | None:
+    def cel_mode(self) -> routing.CelMode | None:
         if self.strategy != "cel":
             return None
         return "categorical" if (self.routing_values is not None or self.infer_routing_values) else "direct"

@@ -45,7 +45,7 @@ def key_kind_of_encoding(encoding: str) -> str:
 def validate_key_encoding(encoding: object) -> str:
     if encoding not in KEY_ENCODINGS:
         raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
-    return encoding  # type: ignore[return-value]
+    return encoding
 
 
 def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
@@ -101,7 +101,7 @@ def decode_key(data: bytes, encoding: str) -> Any:
 def validate_value_format(fmt: object) -> str:
     if fmt not in VALUE_FORMATS:
         raise ConfigError(f"value_format {fmt!r} is not supported; choose one of {list(VALUE_FORMATS)}")
-    return fmt  # type: ignore[return-value]
+    return fmt
 
 
 def encode_binary_value(value: Any, *, column: str = "value") -> bytes:

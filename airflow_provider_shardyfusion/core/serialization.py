@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import types
 import typing
@@ -133,9 +132,14 @@ def from_plain(cls: type[T], obj: Mapping[str, Any], what: str, error: type[Shar
     return cls(**values)
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    found = _HINTS.get(cls)
+    if found is None:
+        found = _HINTS[cls] = typing.get_type_hints(cls)
+    return found
 
 
 def _allows_none(hint: Any) -> bool:

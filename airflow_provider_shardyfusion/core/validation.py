@@ -532,7 +532,7 @@ def _lookup_check(
     except ManifestValidationError as exc:
         samples = []
         problems.append(str(exc))
-    wanted = [(db_id, key, "sample") for db_id, key in samples]
+    wanted: list[tuple[int | None, Any, str]] = [(db_id, key, "sample") for db_id, key in samples]
     wanted += [(None, coerce_key(key, manifest.key_encoding), "expected") for key in expected]
     lookups: list[Lookup] = []
     missing_expected: list[Any] = []
@@ -547,16 +547,16 @@ def _lookup_check(
                     problems.append(f"{where}: look-up of {source} key {show_value(key)} failed: {type(exc).__name__}: {exc}")
                     lookups.append(Lookup(_show_key(key), source, None, False))
                     continue
-                found = value is not None
-                lookups.append(Lookup(_show_key(key), source, db_id, found,
-                                      value_digest(value, manifest.value_format) if found else None))
+                hit = value is not None
+                lookups.append(Lookup(_show_key(key), source, db_id, hit,
+                                      value_digest(value, manifest.value_format) if hit else None))
                 if home is not None and db_id != home:
                     problems.append(f"{where}: key {show_value(key)} is stored in shard {home} but routes to shard "
                                     f"{db_id}: reader and writer disagree on routing")
-                elif not found and source == "sample":
+                elif not hit and source == "sample":
                     problems.append(f"{where}: key {show_value(key)} (min/max key of shard {home}) is not found in "
                                     f"shard {db_id}")
-                elif not found:
+                elif not hit:
                     missing_expected.append(key)
     except ShardyfusionError as exc:
         problems.append(f"{where}: the reader could not open {target.ref.uri}: {type(exc).__name__}: {exc}")
@@ -564,7 +564,7 @@ def _lookup_check(
         shown = ", ".join(show_value(k) for k in missing_expected[:_MAX_LISTED])
         more = f" and {len(missing_expected) - _MAX_LISTED} more" if len(missing_expected) > _MAX_LISTED else ""
         problems.append(f"{where}: {len(missing_expected)} of {len(expected)} expected keys are missing: {shown}{more}")
-    found = sum(1 for lk in lookups if lk.found)
+    found: int = sum(1 for lk in lookups if lk.found)
     figure = {"sampled": len(samples), "expected": len(expected), "found": found, "missing_expected": len(missing_expected)}
     return Check("lookups", not problems, figure=figure,
                  detail=f"{found} of {len(wanted)} keys read through ShardedReader", problems=tuple(problems)), lookups

@@ -136,6 +136,8 @@ class ShardyfusionHook(BaseHook):
         from airflow.sdk.exceptions import AirflowNotFoundException
 
         connection = None
+        if not self.aws_conn_id:
+            return
         try:
             connection = await self.aget_connection(self.aws_conn_id)
         except AirflowNotFoundException:

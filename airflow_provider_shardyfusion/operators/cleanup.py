@@ -57,7 +57,9 @@ class DeferredCleanupOperator(BaseOperator):
         self.keep_runs = keep_runs
         self.grace_period = grace_period
         self.keep_run_ids = keep_run_ids
-        self.dry_run = dry_run
+        # SPEC §8.1 names the argument dry_run, which shadows BaseOperator.dry_run() (a template
+        # rendering preview); the argument must stay an attribute of that name to be templated.
+        self.dry_run = dry_run  # type: ignore[method-assign,assignment]
         self.aws_conn_id = aws_conn_id
         self._lineage_report: dict[str, Any] | None = None  # for get_openlineage_facets_on_complete
 

@@ -80,6 +80,14 @@ def read_snapshot(root, storage_options=None):
         for f in shard.files:
             store.download_file(f"{prefix}/{f.name}", os.path.join(local, f.name))
             assert os.path.getsize(os.path.join(local, f.name)) == f.size
+        if manifest.shard_layout == "sst":  # SST files only: ingest them, in order, into a fresh database
+            ssts = [os.path.join(local, f.name) for f in shard.files]
+            assert ssts and all(p.endswith(".sst") for p in ssts)
+            local = os.path.join(local, "db")
+            fresh = Rdict(local, options=Options(raw_mode=True))
+            for sst in ssts:
+                fresh.ingest_external_file([sst])
+            fresh.close()
         db = Rdict(local, options=Options(raw_mode=True), access_type=AccessType.read_only())
         try:
             shards[shard.db_id] = dict(db.items())

@@ -11,6 +11,7 @@ from .. import layout
 from ..errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
+    import builtins
     from collections.abc import Iterable, Iterator
 
 
@@ -140,7 +141,7 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[tuple[str, str]]:
         """Delete; absent keys are fine. Return ``(key, error)`` for each failure.
 
         Never raises for one bad key: an invalid key is reported as a failure, the others are deleted.

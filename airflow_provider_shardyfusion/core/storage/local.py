@@ -17,6 +17,7 @@ from ..errors import ObjectNotFoundError, StorageError
 from .base import ObjectInfo, ObjectStore, StoredObject
 
 if TYPE_CHECKING:
+    import builtins
     from collections.abc import Iterable, Iterator
 
 
@@ -153,7 +154,7 @@ class LocalStore(ObjectStore):
             if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
                 raise self._wrap(exc, "list", prefix) from exc
 
-        found: list[ObjectInfo] = []
+        found: builtins.list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(start, onerror=walk_error):
             dirnames.sort()
             for name in filenames:
@@ -174,8 +175,8 @@ class LocalStore(ObjectStore):
         found.sort(key=lambda o: o.key)
         return iter(found)
 
-    def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        failures: list[tuple[str, str]] = []
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[tuple[str, str]]:
+        failures: builtins.list[tuple[str, str]] = []
         touched_dirs: set[str] = set()
         for key in keys:
             try:

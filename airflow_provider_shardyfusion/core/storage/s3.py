@@ -18,6 +18,7 @@ from ..retry import RetryPolicy, call_with_retry
 from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
 
 if TYPE_CHECKING:
+    import builtins
     from collections.abc import Callable, Iterable, Iterator
 
 T = TypeVar("T")
@@ -234,9 +235,9 @@ class S3Store(ObjectStore):
             if not token:
                 return
 
-    def delete_many(self, keys: Iterable[str]) -> list[tuple[str, str]]:
-        pending: list[str] = []
-        failures: list[tuple[str, str]] = []
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[tuple[str, str]]:
+        pending: builtins.list[str] = []
+        failures: builtins.list[tuple[str, str]] = []
         for key in keys:
             try:
                 self._k(key)
