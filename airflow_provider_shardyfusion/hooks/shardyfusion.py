@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
 
 class ShardyfusionHook(BaseHook):
-    """Storage access for snapshots under an output URI (``s3://…`` or ``file://…``)."""
+    """Storage access for snapshots under an output URI (``s3://…`` or ``file://…``).
+
+    :param aws_conn_id: the Airflow AWS connection for ``s3://`` roots (credentials, region, extra
+        ``endpoint_url`` / ``s3_addressing_style``); ``None`` uses boto3's default chain.
+    """
 
     hook_name = "Shardyfusion"
 

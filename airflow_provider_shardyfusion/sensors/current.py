@@ -36,6 +36,11 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
     ``BaseSensorOperator`` is ``sensor_mode``.
 
     :param output_uri: the snapshot root (``s3://bucket/prefix`` or ``file:///abs/dir``).
+    :param mode: the snapshot condition: ``"exists"``, ``"changed"`` or ``"run_id"``.
+    :param run_id: the run ``_CURRENT`` must name (``mode="run_id"``).
+    :param previous_run_id: baseline for ``mode="changed"``: wait for a pointer naming another run.
+    :param previous_manifest_ref: baseline for ``mode="changed"``: wait for a pointer naming another manifest.
+    :param sensor_mode: ``BaseSensorOperator``'s ``"poke"`` or ``"reschedule"``.
     :param aws_conn_id: AWS connection for ``s3://`` roots.
     :param deferrable: poke once, then wait in the triggerer (default ``[operators] default_deferrable``).
     :param poll_interval: seconds between reads, in the trigger and (unless ``poke_interval`` is

@@ -22,7 +22,18 @@ class CurrentSnapshotTrigger(PollingTrigger):
 
     Yields exactly one event: ``{"status": "success", "pointer": {...}}`` or
     ``{"status": "error", "message": ..., "error_type": ...}``. A pointer whose manifest lies
-    outside ``output_uri`` (tampered or copied) is an error, not a match.
+    outside ``output_uri`` (tampered or copied) is an error, not a match; so is a pointer whose
+    manifest is missing or no longer matches the checksum recorded in the pointer.
+
+    :param output_uri: the snapshot root, ``s3://bucket/prefix`` or ``file:///abs/dir``.
+    :param mode: ``"exists"``, ``"changed"`` or ``"run_id"``.
+    :param run_id: the run the pointer must name (``mode="run_id"``).
+    :param previous_run_id: baseline run for ``mode="changed"``.
+    :param previous_manifest_ref: baseline manifest for ``mode="changed"`` (wins over ``previous_run_id``).
+    :param aws_conn_id: AWS connection for ``s3://`` roots; looked up asynchronously in the triggerer.
+    :param poll_interval: seconds between reads (one request each).
+    :param max_consecutive_failures: failed reads in a row before the trigger gives up.
+    :param max_backoff: cap, in seconds, of the exponential backoff after a failed read.
     """
 
     def __init__(
