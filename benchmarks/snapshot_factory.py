@@ -1,7 +1,8 @@
 """Build and publish a snapshot through ``core`` alone, without Spark (tests and the read benchmark).
 
-It lays a snapshot out exactly as SPEC §3/§5/§7 describe: one raw RocksDB database per non-empty
-shard (keys = ``encode_key``, sorted, written as one SST and ingested), its files uploaded under
+It lays a snapshot out exactly as SPEC §3/§5/§7 describe: per non-empty shard either one raw
+RocksDB database (``shard_layout="db"``: keys = ``encode_key``, sorted, written as one SST and
+ingested) or its SST file(s) alone (``"sst"``, optionally split into interleaved runs), uploaded under
 the layout's attempt directory with sizes and checksums, the manifest at ``layout.manifest_key``,
 a succeeded run record, and ``_CURRENT``. It is deliberately independent of the Spark writer so
 the reader can be tested against the contract rather than against the writer's own code.
@@ -28,7 +29,14 @@ from airflow_provider_shardyfusion.core.encoding import (
     encode_key,
 )
 from airflow_provider_shardyfusion.core.errors import InputDataError
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.manifest import (
+    SHARD_LAYOUT_DB,
+    SHARD_LAYOUT_SST,
+    Manifest,
+    ShardEntry,
+    ShardFile,
+    ShardingInfo,
+)
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.routing import CelRouter, CelSpec, route_key
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, RunRecord
@@ -60,12 +68,32 @@ def _key_kind(key: Any) -> str:
     raise InputDataError(f"key {key!r} of type {type(key).__name__} is not supported")
 
 
-def write_shard_db(path: str, items: list[tuple[bytes, bytes]]) -> None:
-    """A raw-mode RocksDB database at ``path`` holding ``items`` (sorted here), via SST + ingest."""
+def _sort_unique(items: list[tuple[bytes, bytes]]) -> None:
     items.sort(key=lambda kv: kv[0])
     for (a, _), (b, _) in zip(items, items[1:]):
         if a == b:
             raise InputDataError(f"duplicate key {a.hex()} (rule: keys are unique within a snapshot)")
+
+
+def write_shard_ssts(path: str, items: list[tuple[bytes, bytes]], runs: int = 1) -> None:
+    """``items`` (sorted here) as ``runs`` SST files in the folder ``path``; several runs interleave
+    (every ``runs``-th item), so their key ranges overlap as unsorted sort runs' do."""
+    _sort_unique(items)
+    os.makedirs(path)
+    for r in range(runs):
+        part = items[r::runs]
+        if not part:
+            continue
+        writer = SstFileWriter(options=Options(raw_mode=True))
+        writer.open(os.path.join(path, f"run-{r:05d}.sst"))
+        for k, v in part:
+            writer[k] = v
+        writer.finish()
+
+
+def write_shard_db(path: str, items: list[tuple[bytes, bytes]]) -> None:
+    """A raw-mode RocksDB database at ``path`` holding ``items`` (sorted here), via SST + ingest."""
+    _sort_unique(items)
     os.makedirs(path)
     sst = path + ".sst"
     writer = SstFileWriter(options=Options(raw_mode=True))
@@ -119,12 +147,15 @@ def build_snapshot(
     publish: bool = True,
     write_run_record: bool = True,
     work_dir: str | None = None,
+    shard_layout: str = SHARD_LAYOUT_DB,
+    ssts_per_shard: int = 1,
 ) -> BuiltSnapshot:
     """Write ``rows`` (key, value) as a snapshot under ``root`` and (by default) publish it.
 
     Values: bytes/str for ``value_format="binary"``, mappings for ``"json"``. CEL routing takes
     ``cel_expr``/``cel_columns``/``cel_mode``/``routing_values``; ``routing_context(key)`` supplies
-    the non-key CEL columns of a row.
+    the non-key CEL columns of a row. ``shard_layout="sst"`` ships each shard as
+    ``ssts_per_shard`` SST files (no database), recorded in ``storage_engine``.
     """
     store = open_store(root, dict(storage_options) if storage_options else None)
     run_id = layout.validate_run_id(run_id or layout.new_run_id())
@@ -160,7 +191,10 @@ def build_snapshot(
         for db_id in sorted(by_shard):
             items = by_shard.pop(db_id)
             local = os.path.join(work, f"db={db_id:05d}")
-            write_shard_db(local, items)
+            if shard_layout == SHARD_LAYOUT_SST:
+                write_shard_ssts(local, items, ssts_per_shard)
+            else:
+                write_shard_db(local, items)
             akey = layout.attempt_key(run_id, db_id, attempt, task_attempt_id)
             files = upload_shard(store, local, akey)
             shards.append(ShardEntry(
@@ -184,7 +218,8 @@ def build_snapshot(
             routing_values=router.spec.routing_values if router else None,
         ),
         key_encoding=key_encoding, value_format=value_format, shards=tuple(shards), value_columns=value_columns,
-        storage_engine={"name": "rocksdb", "writer": "benchmarks.snapshot_factory"},
+        storage_engine={"name": "rocksdb", "writer": "benchmarks.snapshot_factory",
+                        **({"shard_layout": shard_layout} if shard_layout != SHARD_LAYOUT_DB else {})},
         stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
         writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
     ).validate()

@@ -100,7 +100,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         ShardyfusionError,
     )
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-    from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
+    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
     from airflow_provider_shardyfusion.core.storage import open_store
     from airflow_provider_shardyfusion.core.winner import ShardResult
 
@@ -127,6 +127,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         plan.key_encoding, key_column=plan.key_column, sort_run_rows=plan.sort_run_rows,
         batch_size=plan.batch_size, allow_duplicate_keys=plan.allow_duplicate_keys, limiter=limiter,
         presorted=plan.presorted, memory_dir=_memory_dir(), memory_max_bytes=plan.memory_build_max_bytes,
+        shard_layout=WRITER_SHARD_LAYOUT,
     )
     sample: list[dict[str, Any]] = []
     try:

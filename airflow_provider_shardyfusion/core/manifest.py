@@ -6,10 +6,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from . import encoding, layout, routing, serialization as ser
-from .errors import ManifestValidationError, show_value
+from . import encoding, layout, routing
+from . import serialization as ser
+from .errors import ManifestValidationError
 
 MANIFEST_FORMAT_VERSION = 1
+# How a shard's files are laid out, recorded as storage_engine["shard_layout"]: "db", a RocksDB
+# database folder (CURRENT, MANIFEST-*, *.sst; manifests without the key), or "sst", only the SST
+# file(s) of the shard, one per sort run, which a reader ingests into a local database in order.
+SHARD_LAYOUT_DB = "db"
+SHARD_LAYOUT_SST = "sst"
+SHARD_LAYOUTS = (SHARD_LAYOUT_DB, SHARD_LAYOUT_SST)
 _WHAT = "manifest"
 _ERR = ManifestValidationError
 
@@ -143,6 +150,10 @@ class Manifest:
             if shard.row_count < 0 or shard.byte_size < 0:
                 raise _ERR(f"{_WHAT}: shard {shard.db_id} has negative row_count or byte_size")
         return self
+
+    @property
+    def shard_layout(self) -> str:
+        return str(self.storage_engine.get("shard_layout", SHARD_LAYOUT_DB))
 
     def shard(self, db_id: int) -> ShardEntry | None:
         return self._by_id.get(db_id)

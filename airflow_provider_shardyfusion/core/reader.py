@@ -2,7 +2,9 @@
 
 The reader routes a key exactly as the writer did (SPEC §4), encodes it exactly as it was stored
 (SPEC §5), downloads each shard once on first use into a local cache (checking every file's size
-and checksum), and opens it read-only with rocksdict in raw mode.
+and checksum), and opens it read-only with rocksdict in raw mode. A shard shipped as SST files
+only (``shard_layout`` "sst") is first ingested, in the manifest's file order, into a fresh
+database in the cache.
 
 Concurrency model: everything one snapshot needs lives in one ``_Snapshot`` object, and the
 reader holds a single reference to it. A read takes that reference once and never locks on the
@@ -35,10 +37,10 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from rocksdict import AccessType, Options, Rdict
+from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict
 
 from . import layout
-from .checksum import verify_file
+from .checksum import file_checksum, verify_file
 from .encoding import PACK_INT_KEY, decode_value, encode_key
 from .errors import (
     ChecksumMismatchError,
@@ -47,10 +49,10 @@ from .errors import (
     ObjectNotFoundError,
     ReaderError,
 )
-from .manifest import Manifest, ShardEntry
+from .manifest import SHARD_LAYOUT_SST, SHARD_LAYOUTS, Manifest, ShardEntry
 from .pointer import CurrentPointer
-from .snapshot import SnapshotRoot
 from .routing import CelRouter, CelSpec, hash64, pack_int_key, route_key
+from .snapshot import SnapshotRoot
 from .storage import ObjectStore, StorageOptions, open_store
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 # Written next to the shard files once every file is verified; a cached shard without a matching
 # marker (crash mid-download, another manifest) is downloaded again. RocksDB ignores the file.
 _MARKER = ".shardyfusion-shard.json"
+# "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
+_INCOMING = ".incoming"
 
 
 
@@ -81,14 +85,30 @@ class _Snapshot:
     """
 
     __slots__ = (
-        "pointer", "manifest", "run_id", "shards", "prep", "group", "decode", "handles", "shard_locks", "mutex",
-        "retired", "cel_router", "cel_lock",
+        "cel_lock",
+        "cel_router",
+        "decode",
+        "group",
+        "handles",
+        "manifest",
+        "mutex",
+        "pointer",
+        "prep",
+        "retired",
+        "run_id",
+        "shard_locks",
+        "shards",
     )
 
     def __init__(self, pointer: CurrentPointer, manifest: Manifest):
         self.pointer = pointer
         self.manifest = manifest
         self.run_id = manifest.run_id
+        if manifest.shard_layout not in SHARD_LAYOUTS:
+            raise ManifestValidationError(
+                f"manifest of run {self.run_id!r}: shard_layout {manifest.shard_layout!r} is unknown to this reader "
+                f"(expected one of {list(SHARD_LAYOUTS)}); upgrade the reader"
+            )
         self.shards: dict[int, ShardEntry] = {s.db_id: s for s in manifest.shards}
         self.handles: dict[int, Rdict] = {}
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
@@ -587,7 +607,11 @@ class ShardedReader:
         """A verified local copy of ``shard``: reused if already cached, else downloaded."""
         run_id = state.run_id
         final = layout.local_cache_dir(self._cache_root, run_id, shard.db_id)
-        marker = json.dumps({"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}, sort_keys=True)
+        ingest = state.manifest.shard_layout == SHARD_LAYOUT_SST
+        entry: dict[str, Any] = {"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}
+        if ingest:
+            entry["shard_layout"] = SHARD_LAYOUT_SST
+        marker = json.dumps(entry, sort_keys=True)
         if os.path.isdir(final):
             if _cached_copy_ok(final, marker, shard, run_id):
                 return final
@@ -603,10 +627,13 @@ class ShardedReader:
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
         try:
             base_key = self._store.key_of(shard.db_url)
+            fetched = os.path.join(staging, _INCOMING) if ingest else staging
+            local_files: list[str] = []
             for f in shard.files:
                 if state.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
                     raise _StaleSnapshot()
-                local = os.path.join(staging, *f.name.split("/"))
+                local = os.path.join(fetched, *f.name.split("/"))
+                local_files.append(local)
                 source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {run_id!r})"
                 self._store.download_file(f"{base_key}/{f.name}", local)
                 try:
@@ -614,8 +641,11 @@ class ShardedReader:
                 except ChecksumMismatchError:
                     os.unlink(local)  # never leave a bad file where anything could open it
                     raise
+            if ingest and state.retired:
+                raise _StaleSnapshot()
+            written = _ingest_into_db(staging, local_files, entry, shard, run_id) if ingest else marker
             with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
-                fh.write(marker)
+                fh.write(written)
             if state.retired:
                 raise _StaleSnapshot()
             try:
@@ -669,23 +699,69 @@ class ShardedReader:
             self._cleanup()
 
 
+def _db_file_read(name: str) -> bool:
+    """Files of a closed database that a read-only open reads (LOG, LOCK, OPTIONS, WAL: not needed)."""
+    return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
+
+
+def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str) -> str:
+    """Create a database in ``folder`` from the verified ``ssts`` (moved in); return its marker.
+
+    One ingestion per file, in the manifest's order: sort runs of one shard may overlap, and a
+    later run must win as it did in the writer. The marker records every file the database reads
+    with its size and checksum as they are after ingestion (RocksDB may rename a file and stamp a
+    sequence number into it), so a later reuse re-checks exactly what it will open.
+    """
+    opts = Options(raw_mode=True)
+    opts.set_disable_auto_compactions(True)  # the files must stay as the marker records them
+    try:
+        db = Rdict(folder, opts)
+        try:
+            how = IngestExternalFileOptions()
+            how.set_move_files(True)
+            for path in ssts:
+                db.ingest_external_file([path], how)
+        finally:
+            db.close()
+    except Exception as exc:
+        raise ReaderError(
+            f"cannot ingest the SST files of shard {shard.db_id} of run {run_id!r} ({shard.db_url}) into a local "
+            f"database in {folder}: {exc}"
+        ) from exc
+    shutil.rmtree(os.path.join(folder, _INCOMING), ignore_errors=True)
+    local = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if _db_file_read(name) and os.path.isfile(path):
+            local.append({"name": name, "size": os.path.getsize(path), "checksum": file_checksum(path)})
+    return json.dumps(dict(entry, local_files=local), sort_keys=True)
+
+
 def _cached_copy_ok(path: str, marker: str, shard: ShardEntry, run_id: str) -> bool:
     """A cached copy is reused only if it was verified for this very shard entry and still checks out.
 
     The marker says a download was verified once, maybe by another process; the files may have
     rotted or been edited since, so sizes and checksums are checked again on every reuse (hashing
-    runs at disk speed, far cheaper than the download it saves).
+    runs at disk speed, far cheaper than the download it saves). An ingested shard ("sst") is
+    checked against the files its marker recorded after ingestion.
     """
     try:
         with open(os.path.join(path, _MARKER), encoding="utf-8") as fh:
-            if fh.read() != marker:
+            text = fh.read()
+        if text == marker:
+            expected = [(f.name, f.size, f.checksum) for f in shard.files]
+        else:
+            recorded = json.loads(text)
+            local = recorded.pop("local_files", None) if isinstance(recorded, dict) else None
+            if not local or json.dumps(recorded, sort_keys=True) != marker:
                 return False
-        for f in shard.files:
-            local = os.path.join(path, *f.name.split("/"))
-            verify_file(local, f.size, f.checksum, source=f"cached {local} (shard {shard.db_id} of run {run_id!r})")
+            expected = [(str(f["name"]), int(f["size"]), str(f["checksum"])) for f in local]
+        for name, size, checksum in expected:
+            local_path = os.path.join(path, *name.split("/"))
+            verify_file(local_path, size, checksum, source=f"cached {local_path} (shard {shard.db_id} of run {run_id!r})")
     except ChecksumMismatchError as exc:
         log.warning("%s", exc)
         return False
-    except OSError:
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or malformed marker: download again
         return False
     return True

@@ -1,9 +1,15 @@
 """Build one RocksDB shard from Arrow batches with bounded memory (SPEC §6 step 8).
 
 Rows are buffered as Arrow columns until ``sort_run_rows``; each run is sorted by encoded key
-(numpy for integer keys, Arrow for strings/bytes), written as one SST with ``SstFileWriter``
-in slices of ``batch_size`` rows (the only place Python objects per row exist), then ingested.
-Later runs are checked against the database for duplicate keys before they are ingested.
+(numpy for integer keys, Arrow for strings/bytes) and written as one SST with ``SstFileWriter``
+in slices of ``batch_size`` rows (the only place Python objects per row exist).
+
+Two shard layouts (``core.manifest.SHARD_LAYOUTS``): "sst" ships the SSTs themselves, one per sort
+run, and readers ingest them; "db" ingests them into a RocksDB database here and ships its files.
+"sst" spares every shard a database's creation, ingestion, fsyncs and close (~1.5-2 ms each even
+on tmpfs, the largest fixed cost left when thousands of small shards are written). Later runs are
+checked for keys already stored: at the boundary for presorted input, else by look-ups in a
+database (the shard's own with "db"; with "sst" a scratch one that only overlapping runs pay for).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import pyarrow.compute as pc
 from . import checksum, encoding
 from .arrow_codec import first_null_row
 from .errors import InputDataError, show_value
-from .manifest import ShardFile
+from .manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
 from .rate_limit import WriteLimiter
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,8 @@ log = logging.getLogger(__name__)
 # Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
 # (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
 SST_FORMAT_VERSION = 5
+# What the Spark writer ships (recorded in the manifest's storage_engine["shard_layout"]).
+WRITER_SHARD_LAYOUT = SHARD_LAYOUT_SST
 
 
 def shard_file_needed(name: str) -> bool:
@@ -62,7 +70,7 @@ def _rocksdb_options() -> Any:
 
 @dataclass(frozen=True)
 class BuiltShard:
-    db_dir: str
+    db_dir: str  # the folder holding ``files``: the database ("db") or the SSTs ("sst")
     row_count: int
     min_key: bytes
     max_key: bytes
@@ -95,11 +103,15 @@ class ShardBuilder:
         presorted: bool = False,
         memory_dir: str | None = None,
         memory_max_bytes: int = 0,
+        shard_layout: str = SHARD_LAYOUT_DB,
     ):
+        if shard_layout not in SHARD_LAYOUTS:
+            raise ValueError(f"shard_layout {shard_layout!r} is not one of {list(SHARD_LAYOUTS)}")
+        self.shard_layout = shard_layout
         self.workdir = workdir
         # Where the SSTs and the database are built; moves to memory_dir for a small one-run shard.
         self._build_dir = workdir
-        self.db_dir = os.path.join(workdir, "db")
+        self.db_dir = self._files_dir(workdir)
         # A memory-backed folder (tmpfs) for shards of at most memory_max_bytes that fit one sort
         # run: RocksDB's ~12 fsyncs per database created cost nothing there, and cost ~15-40 ms per
         # shard on a disk, which thousands of small shards paid one by one.
@@ -120,11 +132,17 @@ class ShardBuilder:
         self._buffered = 0
         self._db: Any = None
         self._runs = 0
+        # "sst": the run files shipped, and those not yet in the scratch look-up database.
+        self._ssts: list[str] = []
+        self._unchecked_ssts: list[str] = []
         self.rows_written = 0
         self._min: bytes | None = None
         self._max: bytes | None = None
         self.timings: dict[str, float] = {"sort_s": 0.0, "sst_write_s": 0.0, "ingest_s": 0.0, "rate_limit_wait_s": 0.0}
         # workdir is created on first use: a shard built in memory_dir never touches it.
+
+    def _files_dir(self, build_dir: str) -> str:
+        return os.path.join(build_dir, "db") if self.shard_layout == SHARD_LAYOUT_DB else build_dir
 
     # -- input ----------------------------------------------------------------------------------
 
@@ -227,20 +245,20 @@ class ShardBuilder:
         return _Run(keys=key_list, order=order, values=values)
 
     def _use_memory_dir(self, final: bool) -> None:
-        if not final or self._db is not None or self.memory_dir is None or self.memory_max_bytes <= 0:
+        if not final or self._runs > 0 or self.memory_dir is None or self.memory_max_bytes <= 0:
             return
         size = sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
         if size > self.memory_max_bytes:
             return
         try:
             st = os.statvfs(self.memory_dir)
-            if st.f_bavail * st.f_frsize < 4 * size:  # SST, its ingested link and headroom
+            if st.f_bavail * st.f_frsize < 4 * size:  # the SST and headroom
                 return
             self._memory_workdir = tempfile.mkdtemp(prefix="shardyfusion-db-", dir=self.memory_dir)
         except OSError:
             return  # no usable memory folder: build on disk as usual
         self._build_dir = self._memory_workdir
-        self.db_dir = os.path.join(self._memory_workdir, "db")
+        self.db_dir = self._files_dir(self._memory_workdir)
 
     def _flush_run(self, final: bool = False) -> None:
         if not self._keys:
@@ -253,17 +271,24 @@ class ShardBuilder:
         from rocksdict import IngestExternalFileOptions, Rdict, SstFileWriter
 
         opts = _rocksdb_options()
-        if self._db is None:
+        as_db = self.shard_layout == SHARD_LAYOUT_DB
+        if as_db and self._db is None:
             os.makedirs(self.db_dir, exist_ok=True)  # creates the build folder too
             self._db = Rdict(self.db_dir, options=opts)
+        elif not as_db:
+            os.makedirs(self._build_dir, exist_ok=True)
         check_existing = self._runs > 0 and (
             not self.allow_duplicate_keys and self._max is not None and run.keys[0] <= self._max
         )
         if check_existing and self.presorted:
-            # Sorted runs only meet at their boundary: one comparison replaces the look-ups.
+            # Sorted runs only meet at their boundary: the first key is stored already iff it is
+            # the largest key stored, so two comparisons replace the look-ups.
             self._check_sorted(np.array([run.keys[0] < self._max]), lambda _: self._decode_for_message(run.keys[0]))
-            self._check_not_stored(run.keys[:1])
+            if run.keys[0] == self._max:
+                self._raise_duplicate(run.keys[0])
             check_existing = False
+        if check_existing and not as_db:
+            self._load_lookup_db(opts)
         sst_path = os.path.join(self._build_dir, f"run-{self._runs:05d}.sst")
         writer = SstFileWriter(options=opts)
         writer.open(sst_path)
@@ -280,43 +305,69 @@ class ShardBuilder:
         writer.finish()
         t2 = time.perf_counter()
         self.timings["sst_write_s"] += t2 - t1
-        ingest = IngestExternalFileOptions()
-        ingest.set_move_files(True)
-        self._db.ingest_external_file([sst_path], ingest)
-        self.timings["ingest_s"] += time.perf_counter() - t2
+        if as_db:
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            self._db.ingest_external_file([sst_path], ingest)
+            self.timings["ingest_s"] += time.perf_counter() - t2
+        else:
+            self._ssts.append(sst_path)
+            self._unchecked_ssts.append(sst_path)
         self._min = run.keys[0] if self._min is None else min(self._min, run.keys[0])
         self._max = run.keys[-1] if self._max is None else max(self._max, run.keys[-1])
         self.rows_written += n
         self._runs += 1
-        log.info("shard run %d: %d rows sorted and ingested (%.2fs sort, %.2fs write)", self._runs, n, t1 - t0, t2 - t1)
+        log.info("shard run %d: %d rows sorted and written (%.2fs sort, %.2fs write)", self._runs, n, t1 - t0, t2 - t1)
+
+    def _load_lookup_db(self, opts: Any) -> None:
+        """"sst": bring the earlier runs into a scratch database that answers the look-ups.
+
+        Only unsorted input whose runs overlap gets here (large shards, where a database is no
+        measurable cost). The runs are copied in, never moved: the shipped SSTs stay untouched.
+        """
+        from rocksdict import IngestExternalFileOptions, Rdict
+
+        if self._db is None:
+            self._db = Rdict(os.path.join(self._build_dir, "lookup-db"), options=opts)
+        if self._unchecked_ssts:
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(False)
+            for path in self._unchecked_ssts:  # one at a time: runs may overlap each other
+                self._db.ingest_external_file([path], ingest)
+            self._unchecked_ssts = []
+
+    def _raise_duplicate(self, key: bytes) -> None:
+        raise InputDataError(
+            f"column {self.key_column!r}: duplicate key {show_value(self._decode_for_message(key))} "
+            "(rule: keys must be unique within a snapshot)"
+        )
 
     def _check_not_stored(self, keys: list[bytes]) -> None:
         found = self._db.get(keys)
         for k, v in zip(keys, found):
             if v is not None:
-                raise InputDataError(
-                    f"column {self.key_column!r}: duplicate key {show_value(self._decode_for_message(k))} "
-                    "(rule: keys must be unique within a snapshot)"
-                )
+                self._raise_duplicate(k)
 
     # -- result ---------------------------------------------------------------------------------
 
     def finish(self) -> BuiltShard | None:
-        """Flush, close and describe the database; ``None`` if no row was added."""
+        """Flush, close and describe the shard's files; ``None`` if no row was added."""
         self._flush_run(final=True)
-        if self._db is None:
+        if self._runs == 0:
             return None
-        self._db.close()
-        self._db = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
         if self.limiter is not None:
             self.timings["rate_limit_wait_s"] = self.limiter.waited_s
         t0 = time.perf_counter()
-        files = []
-        for name in sorted(os.listdir(self.db_dir)):
-            path = os.path.join(self.db_dir, name)
-            if not shard_file_needed(name) or not os.path.isfile(path):
-                continue
-            files.append(ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path)))
+        if self.shard_layout == SHARD_LAYOUT_SST:
+            paths = list(self._ssts)  # run order: a reader ingests them in this order
+        else:
+            paths = [os.path.join(self.db_dir, name) for name in sorted(os.listdir(self.db_dir))
+                     if shard_file_needed(name) and os.path.isfile(os.path.join(self.db_dir, name))]
+        files = [ShardFile(name=os.path.basename(p), size=os.path.getsize(p), checksum=checksum.file_checksum(p))
+                 for p in paths]
         self.timings["checksum_s"] = time.perf_counter() - t0
         assert self._min is not None and self._max is not None
         return BuiltShard(db_dir=self.db_dir, row_count=self.rows_written, min_key=self._min, max_key=self._max,

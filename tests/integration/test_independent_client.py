@@ -1,10 +1,12 @@
-"""Shards are plain RocksDB databases that older, independent RocksDB clients read exactly (SPEC §5).
+"""Shards are plain RocksDB data that older, independent RocksDB clients read exactly (SPEC §5).
 
-A snapshot is written by the real Spark job (local mode). Every shard is fetched with exactly the
-files its manifest lists into a fresh folder, then read by two clients that share no code with the
-writer: Debian 12's RocksDB 7.8 tools (``ldb`` scans the database, ``sst_dump`` each SST; both
-refuse block-based ``format_version`` 6) and the Java RocksDB bundled with Spark, through the
-driver's JVM. Every key and value is compared with the input.
+A snapshot is written by the real Spark job (local mode). The writer ships each shard as its SST
+file(s) only (``shard_layout`` "sst"); every shard is fetched with exactly the files its manifest
+lists into a fresh folder, then read by clients that share no code with the writer or the reader:
+Debian 12's RocksDB 7.8 tools (``sst_dump`` scans each SST; ``ldb`` ingests them, in manifest
+order, into a new database and scans it; both refuse block-based ``format_version`` 6) and the
+Java RocksDB bundled with Spark, through the driver's JVM (ingest into a new database, iterate).
+Every key and value is compared with the input.
 """
 
 from __future__ import annotations
@@ -72,6 +74,27 @@ def _parse_hex_pairs(lines: list[str], sep: str) -> list[tuple[bytes, bytes]]:
     return pairs
 
 
+def _ssts(manifest: Manifest, db_id: int, folder: str) -> list[str]:
+    """The shard's SSTs in manifest order (the order a reader ingests them in)."""
+    shard = manifest.shard(db_id)
+    assert shard is not None and shard.files and all(f.name.endswith(".sst") for f in shard.files), \
+        f"shard {db_id}: an 'sst' layout shard ships SST files only, got {[f.name for f in shard.files]}"
+    return [os.path.join(folder, f.name) for f in shard.files]
+
+
+def _ldb_ingest_and_scan(ssts: list[str]) -> list[tuple[bytes, bytes]]:
+    folder = tempfile.mkdtemp(prefix="independent-ldb-")
+    try:
+        for sst in ssts:  # one at a time, as the reader does: each is its own ingestion
+            proc = subprocess.run([_tool("ldb"), f"--db={folder}", "--create_if_missing", "ingest_extern_sst", sst],
+                                  capture_output=True, text=True, check=False)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == 0 and "Failed" not in out, f"ldb refused to ingest {sst}: {out}"
+        return _ldb_scan(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _ldb_scan(folder: str) -> list[tuple[bytes, bytes]]:
     proc = subprocess.run([_tool("ldb"), f"--db={folder}", "scan", "--hex"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and not proc.stdout.startswith("Failed"), f"ldb refused {folder}: {proc.stdout}{proc.stderr}"
@@ -88,13 +111,19 @@ def _sst_dump_scan(sst: str) -> list[tuple[bytes, bytes]]:
     return [(bytes.fromhex(ln.split("'")[1]), bytes.fromhex(ln.split(" => ", 1)[1].strip())) for ln in rows]
 
 
-def _java_scan(spark, folder: str) -> list[tuple[bytes, bytes]]:
+def _java_ingest_and_scan(spark, ssts: list[str]) -> list[tuple[bytes, bytes]]:
     jvm = spark.sparkContext._jvm
     jvm.org.rocksdb.RocksDB.loadLibrary()
-    options = jvm.org.rocksdb.Options()
-    db = jvm.org.rocksdb.RocksDB.openReadOnly(options, folder)
+    folder = tempfile.mkdtemp(prefix="independent-java-")
+    options = jvm.org.rocksdb.Options().setCreateIfMissing(True)
+    ingest = jvm.org.rocksdb.IngestExternalFileOptions()  # copies: the fetched files stay as they are
+    db = jvm.org.rocksdb.RocksDB.open(options, folder)
     pairs = []
     try:
+        for sst in ssts:
+            paths = jvm.java.util.ArrayList()
+            paths.add(sst)
+            db.ingestExternalFile(paths, ingest)
         it = db.newIterator()
         try:
             it.seekToFirst()
@@ -105,7 +134,9 @@ def _java_scan(spark, folder: str) -> list[tuple[bytes, bytes]]:
             it.close()
     finally:
         db.close()
+        ingest.close()
         options.close()
+        shutil.rmtree(folder, ignore_errors=True)
     return pairs
 
 
@@ -165,8 +196,10 @@ def test_every_shard_reads_back_exactly_with_rocksdb_7_tools_and_java(spark, tmp
                   batch_size=c["batch_size"], spark_conf_overrides=c.get("spark_conf_overrides"), **kwargs)
     manifest, folders = _fetch_shards(root)
     assert len(folders) == c["num_dbs"]
+    assert manifest.shard_layout == "sst"
+    ssts = {db_id: _ssts(manifest, db_id, folder) for db_id, folder in folders.items()}
     if case.startswith("int"):
-        assert all(sum(f.name.endswith(".sst") for f in s.files) > 1 for s in manifest.shards)
+        assert all(len(s.files) > 1 for s in manifest.shards)
 
     def normalize(pairs):
         if key_encoding == "utf8":  # JSON text is compared as data, so key order inside it is free
@@ -175,17 +208,16 @@ def test_every_shard_reads_back_exactly_with_rocksdb_7_tools_and_java(spark, tmp
 
     want = expected if key_encoding == "u64be" else {
         k: {"age": i, "city": f"c{i % 13}"} for k, i in expected.items()}
-    ldb = {db_id: normalize(_ldb_scan(folder)) for db_id, folder in folders.items()}
-    _check_exact(manifest, ldb, want, key_encoding, "ldb 7.x")
     sst = {}
-    for db_id, folder in folders.items():
+    for db_id, paths in ssts.items():
         pairs = []
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".sst"):
-                pairs.extend(_sst_dump_scan(os.path.join(folder, name)))
+        for path in paths:
+            pairs.extend(_sst_dump_scan(path))
         sst[db_id] = normalize(sorted(pairs))
     _check_exact(manifest, sst, want, key_encoding, "sst_dump 7.x")
-    java = {db_id: normalize(_java_scan(spark, folder)) for db_id, folder in folders.items()}
+    ldb = {db_id: normalize(_ldb_ingest_and_scan(paths)) for db_id, paths in ssts.items()}
+    _check_exact(manifest, ldb, want, key_encoding, "ldb 7.x (ingested)")
+    java = {db_id: normalize(_java_ingest_and_scan(spark, paths)) for db_id, paths in ssts.items()}
     _check_exact(manifest, java, want, key_encoding, "Java RocksDB (Spark's rocksdbjni)")
     for folder in folders.values():
         shutil.rmtree(folder, ignore_errors=True)

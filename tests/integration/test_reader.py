@@ -472,11 +472,12 @@ def test_a_cold_read_racing_close_says_the_reader_is_closed(file_root, monkeypat
 # ---- integrity --------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("shard_layout", ["db", "sst"])
 @pytest.mark.parametrize("change", ["same-size", "truncated"])
-def test_checksum_mismatch_raises_and_the_file_is_never_used(any_root, change):
+def test_checksum_mismatch_raises_and_the_file_is_never_used(any_root, change, shard_layout):
     root, opts = any_root
     rows = [(i, _value(i)) for i in range(300)]
-    built = build_snapshot(root, rows, num_dbs=3, storage_options=opts)
+    built = build_snapshot(root, rows, num_dbs=3, storage_options=opts, shard_layout=shard_layout)
     store = open_store(root, opts)
     shard = built.manifest.shards[0]
     sst = next(f for f in shard.files if f.name.endswith(".sst"))
@@ -549,10 +550,11 @@ def test_no_snapshot_published(file_root):
 # ---- concurrency and caching ------------------------------------------------------------------
 
 
-def test_concurrent_first_use_downloads_a_shard_once(any_root):
+@pytest.mark.parametrize("shard_layout", ["db", "sst"])
+def test_concurrent_first_use_downloads_a_shard_once(any_root, shard_layout):
     root, opts = any_root
     rows = [(i, _value(i)) for i in range(500)]
-    built = build_snapshot(root, rows, num_dbs=4, storage_options=opts)
+    built = build_snapshot(root, rows, num_dbs=4, storage_options=opts, shard_layout=shard_layout, ssts_per_shard=2)
     target = built.manifest.shards[1].db_id
     keys = [k for k, _ in rows if route_key(k, 4) == target]
     with ShardedReader(root, storage_options=opts) as reader:
@@ -583,19 +585,20 @@ def test_concurrent_first_use_downloads_a_shard_once(any_root):
         assert _cached_shards(reader) == {target}
 
 
-def _warm_shared_cache(any_root, tmp_path):
+def _warm_shared_cache(any_root, tmp_path, shard_layout="db"):
     """A 2-shard snapshot read once through a caller-owned ``cache_dir`` (every shard cached)."""
     root, opts = any_root
     rows = [(i, _value(i)) for i in range(100)]
-    built = build_snapshot(root, rows, num_dbs=2, storage_options=opts)
+    built = build_snapshot(root, rows, num_dbs=2, storage_options=opts, shard_layout=shard_layout)
     cache = tmp_path / "cache"
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as first:
         assert first.multi_get([k for k, _ in rows]) == [v for _, v in rows]
     return root, opts, rows, built, cache
 
 
-def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
-    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path)
+@pytest.mark.parametrize("shard_layout", ["db", "sst"])
+def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path, shard_layout):
+    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path, shard_layout)
     assert _files_under(str(cache))  # a caller's cache_dir outlives the reader
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
         downloads = _count_downloads(second)
@@ -612,8 +615,9 @@ def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path):
         assert len(downloads) == len(third.manifest.shard(0).files)
 
 
-def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path):
-    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path)
+@pytest.mark.parametrize("shard_layout", ["db", "sst"])
+def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path, shard_layout):
+    root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path, shard_layout)
     shard_dir = layout.local_cache_dir(str(cache), built.run_id, 0)
     victim = next(p for p in _files_under(shard_dir) if p.endswith(".sst"))
     size = os.path.getsize(victim)
@@ -654,6 +658,93 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
         assert second.multi_get(keys) == [v for _, v in rows]
         assert not downloads
     assert len(checked) == num_files and all(p.startswith(str(cache) + os.sep) for p in checked)
+
+
+# ---- shards shipped as SST files only ("sst" layout) ---------------------------------------------
+
+
+def test_sst_layout_shards_are_ingested_into_a_local_database(any_root):
+    root, opts = any_root
+    rows = [(i * 3, _value(i)) for i in range(900)]
+    # Three interleaved runs per shard: overlapping key ranges, ingested one after another.
+    built = build_snapshot(root, rows, num_dbs=4, storage_options=opts, shard_layout="sst", ssts_per_shard=3)
+    assert built.manifest.shard_layout == "sst"
+    assert all([f.name for f in s.files] == ["run-00000.sst", "run-00001.sst", "run-00002.sst"]
+               for s in built.manifest.shards)
+    with ShardedReader(root, storage_options=opts) as reader:
+        downloads = _count_downloads(reader)
+        assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+        assert [reader.get(k) for k in (1, 2, 2700, 10**9)] == [None] * 4
+        assert reader.get(rows[7][0]) == rows[7][1]
+        assert sum(downloads.values()) == sum(len(s.files) for s in built.manifest.shards) == 12
+        for shard in built.manifest.shards:
+            folder = layout.local_cache_dir(reader.cache_dir, built.run_id, shard.db_id)
+            names = os.listdir(folder)
+            assert "CURRENT" in names and reader_module._INCOMING not in names
+            assert not any(n.startswith("run-") for n in names)  # moved into the database, not copied
+            marker = json.loads(Path(folder, reader_module._MARKER).read_text())
+            recorded = {f["name"] for f in marker["local_files"]}
+            assert "CURRENT" in recorded and sum(n.endswith(".sst") for n in recorded) == 3
+            assert marker["files"] == [f.to_dict() for f in shard.files]
+
+
+def test_sst_layout_cached_database_is_checksummed_on_every_reuse(file_root, tmp_path, monkeypatch):
+    rows = [(i, _value(i)) for i in range(100)]
+    built = build_snapshot(file_root, rows, num_dbs=2, shard_layout="sst")
+    cache = tmp_path / "cache"
+    keys = [k for k, _ in rows]
+    with ShardedReader(file_root, cache_dir=cache) as first:
+        assert first.multi_get(keys) == [v for _, v in rows]
+    recorded: set[str] = set()
+    for shard in built.manifest.shards:
+        folder = layout.local_cache_dir(str(cache), built.run_id, shard.db_id)
+        marker = json.loads(Path(folder, reader_module._MARKER).read_text())
+        recorded.update({os.path.join(folder, f["name"]) for f in marker["local_files"]})
+    checked: list[str] = []
+    original = reader_module.verify_file
+
+    def counting(path, size, checksum, *, source):
+        checked.append(path)
+        original(path, size, checksum, source=source)
+
+    monkeypatch.setattr(reader_module, "verify_file", counting)
+    with ShardedReader(file_root, cache_dir=cache) as second:  # every file the database reads, checked again
+        downloads = _count_downloads(second)
+        assert second.multi_get(keys) == [v for _, v in rows]
+        assert not downloads
+    assert set(checked) == recorded and len(checked) == len(recorded)
+    # RocksDB's own metadata is covered too: a changed CURRENT means a fresh download
+    current = Path(layout.local_cache_dir(str(cache), built.run_id, 1), "CURRENT")
+    current.write_text(current.read_text().replace("MANIFEST", "MANIFESX"))
+    with ShardedReader(file_root, cache_dir=cache) as third:
+        downloads = _count_downloads(third)
+        assert third.multi_get(keys) == [v for _, v in rows]
+        shard1 = {f"{third._store.key_of(third.manifest.shard(1).db_url)}/{f.name}" for f in third.manifest.shard(1).files}
+        assert set(downloads) == shard1
+
+
+def test_a_db_layout_cache_is_not_taken_for_an_sst_layout_shard(file_root, tmp_path):
+    """Same run id and db_url, different layout: the marker tells them apart and the shard is rebuilt."""
+    rows = [(i, _value(i)) for i in range(60)]
+    built = build_snapshot(file_root, rows, num_dbs=1, shard_layout="sst")
+    cache = tmp_path / "cache"
+    folder = Path(layout.local_cache_dir(str(cache), built.run_id, 0))
+    folder.mkdir(parents=True)
+    shard = built.manifest.shards[0]
+    forged = json.dumps({"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}, sort_keys=True)
+    (folder / reader_module._MARKER).write_text(forged)  # what a "db" layout download would have left
+    with ShardedReader(file_root, cache_dir=cache) as reader:
+        downloads = _count_downloads(reader)
+        assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+        assert len(downloads) == len(shard.files)
+
+
+def test_an_unknown_shard_layout_is_refused(file_root):
+    built = build_snapshot(file_root, [(1, b"x")], num_dbs=1, shard_layout="sst", publish=False)
+    future = dataclasses.replace(built.manifest, storage_engine=dict(built.manifest.storage_engine, shard_layout="lsm2"))
+    _publish_manifest_bytes(file_root, None, built.run_id, future.to_bytes(), built.published_at)
+    with pytest.raises(ManifestValidationError, match="shard_layout 'lsm2' is unknown"):
+        ShardedReader(file_root)
 
 
 def test_close_releases_everything(file_root):
