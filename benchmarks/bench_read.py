@@ -5,7 +5,10 @@ shards on a local ``file://`` root, then measures on one thread, warm (every sha
 opened and read once):
 
 - ``get``: latency p50/p99 in µs over ``--lookups`` random existing keys;
-- ``multi_get``: keys/s over batches of ``--batch`` random existing keys.
+- ``multi_get``: keys/s over batches of ``--batch`` random existing keys;
+- first ``get`` on a fresh cache (construct the reader, one shard fetched and opened) and every
+  shard opened once, for 16 and 256 shards of ``--first-get-keys`` keys, for each shard layout
+  ("sst": the SST files the writer ships, ingested by the reader; "db": a database folder).
 
 The raw baseline opens the very files the reader cached, read-only in raw mode, and routes and
 encodes keys the same way (xxh3_64 of the signed little-endian key mod num_dbs; u64be key), so
@@ -32,7 +35,9 @@ import xxhash  # noqa: E402
 from rocksdict import AccessType, Options, Rdict  # noqa: E402
 
 from airflow_provider_shardyfusion.core import layout  # noqa: E402
+from airflow_provider_shardyfusion.core.manifest import SHARD_LAYOUTS  # noqa: E402
 from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
+from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT  # noqa: E402
 from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
 
 GET_P50_MAX_RATIO = 2.0
@@ -62,6 +67,32 @@ def _time_each(fn, keys) -> list[int]:
     return out
 
 
+def _first_get(tmp: str, num_dbs: int, keys: int, value_bytes: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Per layout: median seconds to the first get, and to one get in every shard, on fresh caches."""
+    out: dict[str, dict[str, float]] = {}
+    probe = {}  # one existing key per shard
+    for k in range(keys):
+        probe.setdefault(xxhash.xxh3_64_intdigest(struct.pack("<q", k)) % num_dbs, k)
+        if len(probe) == num_dbs:
+            break
+    for shard_layout in SHARD_LAYOUTS:
+        root = f"file://{tmp}/first-{num_dbs}-{shard_layout}"
+        build_snapshot(root, ((k, _value(k, value_bytes)) for k in range(keys)), num_dbs=num_dbs, key_column="id",
+                       shard_layout=shard_layout)
+        first, every = [], []
+        for r in range(rounds):
+            cache = os.path.join(tmp, f"cache-first-{num_dbs}-{shard_layout}-{r}")
+            t0 = time.perf_counter()
+            with ShardedReader(root, cache_dir=cache) as reader:
+                assert reader.get(probe[0]) == _value(probe[0], value_bytes)
+                first.append(time.perf_counter() - t0)
+                assert reader.multi_get(list(probe.values())) == [_value(k, value_bytes) for k in probe.values()]
+                every.append(time.perf_counter() - t0)
+        out[shard_layout] = {"first_get_s": round(sorted(first)[rounds // 2], 4),
+                             "every_shard_opened_s": round(sorted(every)[rounds // 2], 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -71,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--shard-layout", choices=SHARD_LAYOUTS, default=WRITER_SHARD_LAYOUT,
+                    help="layout of the snapshot timed for get/multi_get (default: what the writer ships)")
+    ap.add_argument("--first-get-keys", type=int, default=200_000, help="keys of the 16/256-shard first-get snapshots")
+    ap.add_argument("--first-get-rounds", type=int, default=3)
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     n_dbs = args.shards
@@ -80,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"building {args.keys} keys in {n_dbs} shards under {root} (untimed)")
         t0 = time.perf_counter()
         built = build_snapshot(root, ((k, _value(k, args.value_bytes)) for k in range(args.keys)),
-                               num_dbs=n_dbs, key_column="id", work_dir=os.path.join(tmp, "work"))
+                               num_dbs=n_dbs, key_column="id", work_dir=os.path.join(tmp, "work"),
+                               shard_layout=args.shard_layout)
         os.rmdir(os.path.join(tmp, "work"))
         build_s = time.perf_counter() - t0
         # Reader and raw each get their own random keys (same distribution): reading the very keys
@@ -159,11 +195,17 @@ def main(argv: list[str] | None = None) -> int:
             for db in raw.values():
                 db.close()
 
+        first_get = {}
+        for shards in (16, 256):
+            _log(f"timing the first get on a fresh cache, {shards} shards, layouts {list(SHARD_LAYOUTS)}")
+            first_get[str(shards)] = _first_get(tmp, shards, args.first_get_keys, args.value_bytes,
+                                                args.first_get_rounds)
+
     reader_p50, raw_p50 = _percentile(reader_ns, 0.50), _percentile(raw_ns, 0.50)
     reader_mg = total / reader_mg_s
     result = {
         "benchmark": "read",
-        "keys": args.keys, "num_dbs": n_dbs, "value_bytes": args.value_bytes,
+        "keys": args.keys, "num_dbs": n_dbs, "value_bytes": args.value_bytes, "shard_layout": args.shard_layout,
         "get_lookups": args.lookups, "multi_get_batch": args.batch, "multi_get_batches": args.batches,
         "reader_get_p50_us": round(reader_p50, 3), "reader_get_p99_us": round(_percentile(reader_ns, 0.99), 3),
         "raw_get_p50_us": round(raw_p50, 3), "raw_get_p99_us": round(_percentile(raw_ns, 0.99), 3),
@@ -174,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             f"get_p50_within_{GET_P50_MAX_RATIO:g}x_raw": reader_p50 <= GET_P50_MAX_RATIO * raw_p50,
             f"multi_get_at_least_{MULTI_GET_MIN_KEYS_PER_S}_keys_per_s": reader_mg >= MULTI_GET_MIN_KEYS_PER_S,
         },
+        "fresh_cache_by_shards": {"keys": args.first_get_keys, "rounds_median_of": args.first_get_rounds,
+                                  **first_get},
         "build_s": round(build_s, 1),
         "python": platform.python_version(), "rocksdict": metadata.version("rocksdict"),
         "cpu_count": os.cpu_count(),
