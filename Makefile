@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install system-tools test demo bench clean
+.PHONY: install system-tools lint test demo bench clean
 
 install: $(VENV)/.installed system-tools
 
@@ -29,14 +29,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(VENV)/bin/uv pip install --python $(PY) --reinstall --no-deps "pyspark==$(PYSPARK_VERSION)"
 	touch $@
 
-test: install
+# ruff (Airflow's rule families) and mypy, configured in pyproject.toml; `make test` runs it first.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: install lint
 	$(PY) -m pytest
 
 demo: install
 	$(PY) dags_example/run_demo.py
 
 bench: install
-	$(PY) benchmarks/run_all.py
+	PYTHONPATH=$(abspath tests) $(PY) benchmarks/run_all.py  # the snapshot factory lives with the tests
 
 clean:
 	rm -rf $(VENV) .demo dist build

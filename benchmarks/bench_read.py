@@ -27,18 +27,15 @@ import sys
 import tempfile
 import time
 from importlib import metadata
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import xxhash
+from rocksdict import AccessType, Options, Rdict
+from snapshot_factory import build_snapshot
 
-import xxhash  # noqa: E402
-from rocksdict import AccessType, Options, Rdict  # noqa: E402
-
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
-from airflow_provider_shardyfusion.core.manifest import SHARD_LAYOUTS  # noqa: E402
-from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
-from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT  # noqa: E402
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.manifest import SHARD_LAYOUTS
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
 
 GET_P50_MAX_RATIO = 2.0
 MULTI_GET_MIN_KEYS_PER_S = 200_000
@@ -160,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                         group[1].append(pack_be(key))
                 out: list[bytes | None] = [None] * len(keys)
                 for db_id, (positions, stored) in groups.items():
-                    for i, value in zip(positions, raw[db_id].get(stored)):
+                    for i, value in zip(positions, raw[db_id].get(stored), strict=False):
                         out[i] = value
                 return out
 

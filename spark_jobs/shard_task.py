@@ -17,12 +17,14 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
 RESULT_DDL = "result string"
@@ -176,7 +178,7 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
                 continue
             ids = batch.column(id_column).to_numpy(zero_copy_only=False)
             cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
-            for start, stop in zip([0, *cuts], [*cuts, len(ids)]):
+            for start, stop in zip([0, *cuts], [*cuts, len(ids)], strict=False):
                 yield int(ids[start]), batch.slice(start, stop - start)
 
     for db_id, group in itertools.groupby(slices(), key=lambda item: item[0]):
@@ -222,6 +224,7 @@ def make_write_fn(plan: WritePlan):
         from . import faults
 
         tc = TaskContext.get()
+        assert tc is not None  # always set inside a Spark task
         part, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         if plan.several_shards_per_task:
             outs = [json.dumps(out) for out in write_task_shards(plan, batches, task=part, attempt=attempt,

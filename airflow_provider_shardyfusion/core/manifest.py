@@ -108,7 +108,9 @@ class Manifest:
         except Exception as exc:
             raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
         if self.sharding.hash_algorithm != routing.HASH_ALGORITHM:
-            raise _ERR(f"{_WHAT}: hash_algorithm {self.sharding.hash_algorithm!r} is unknown (expected {routing.HASH_ALGORITHM!r})")
+            raise _ERR(
+                f"{_WHAT}: hash_algorithm {self.sharding.hash_algorithm!r} is unknown (expected {routing.HASH_ALGORITHM!r})"
+            )
         if self.sharding.strategy not in routing.STRATEGIES:
             raise _ERR(f"{_WHAT}: sharding strategy {self.sharding.strategy!r} is unknown")
         if self.sharding.strategy == "cel":

@@ -314,7 +314,8 @@ class ShardedReader:
             self._cache_root = tempfile.mkdtemp(prefix="shardyfusion-reader-")
             self._owns_cache = True
             # A reader dropped without close() must not leave its downloads behind.
-            self._cleanup = weakref.finalize(self, shutil.rmtree, self._cache_root, True)
+            self._cleanup: weakref.finalize[Any, Any] | None = weakref.finalize(
+                self, shutil.rmtree, self._cache_root, True)
         else:
             self._cache_root = os.path.abspath(os.fspath(cache_dir))
             os.makedirs(self._cache_root, exist_ok=True)
@@ -389,7 +390,8 @@ class ShardedReader:
         while True:
             state = self._current()
             try:
-                return self._multi_get(state, keys, routing_context if contexts is None else None, contexts)
+                shared = routing_context if contexts is None and isinstance(routing_context, Mapping) else None
+                return self._multi_get(state, keys, shared, contexts)
             except _StaleSnapshot:
                 self._check_swapped(state)
 
@@ -515,7 +517,7 @@ class ShardedReader:
                     group[0].append(i)
                     group[1].append(stored)
         else:
-            for i, (key, one_ctx) in enumerate(zip(keys, contexts)):
+            for i, (key, one_ctx) in enumerate(zip(keys, contexts, strict=False)):
                 db_id, stored = prep(key, one_ctx)
                 positions, stored_keys = groups.setdefault(db_id, ([], []))
                 positions.append(i)
@@ -529,12 +531,12 @@ class ShardedReader:
                 db = self._handle(state, db_id)
                 if db is None:  # empty shard
                     continue
-            values = db.get(stored_keys)  # rocksdict batch read (RocksDB MultiGet)
+            values: list[Any] = db.get(stored_keys)  # type: ignore[arg-type,assignment]  # rocksdict batch read (MultiGet); its stub wants list[str | int | ...]
             if decode is None:
-                for i, value in zip(positions, values):
+                for i, value in zip(positions, values, strict=False):
                     out[i] = value
             else:
-                for i, value in zip(positions, values):
+                for i, value in zip(positions, values, strict=False):
                     if value is not None:
                         out[i] = decode(value)
         return out

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,9 @@ from . import checksum, encoding
 from .arrow_codec import first_null_row
 from .errors import InputDataError, show_value
 from .manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
-from .rate_limit import WriteLimiter
+
+if TYPE_CHECKING:
+    from .rate_limit import WriteLimiter
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,7 @@ class ShardBuilder:
         values = pa.concat_arrays(self._values) if len(self._values) > 1 else self._values[0]
         self._keys, self._values, self._buffered = [], [], 0
         n = len(keys)
+        order: np.ndarray | None
         if self.key_kind == "int":
             sorted_u, order = self._sorted_int_keys(keys)
             width = 8 if self.key_encoding == "u64be" else 4
@@ -239,7 +242,7 @@ class ShardBuilder:
             # Last seen wins: with a stable sort the later row of equal keys comes last.
             keep = np.append(~dup, True)
             order = order[keep]
-            key_list = [k for k, kept in zip(key_list, keep) if kept]
+            key_list = [k for k, kept in zip(key_list, keep, strict=False) if kept]
         elif self.presorted:
             order = None  # rows already in key order: no gather needed
         return _Run(keys=key_list, order=order, values=values)
@@ -283,7 +286,9 @@ class ShardBuilder:
         if check_existing and self.presorted:
             # Sorted runs only meet at their boundary: the first key is stored already iff it is
             # the largest key stored, so two comparisons replace the look-ups.
-            self._check_sorted(np.array([run.keys[0] < self._max]), lambda _: self._decode_for_message(run.keys[0]))
+            last = self._max
+            assert last is not None  # check_existing: something was stored already
+            self._check_sorted(np.array([run.keys[0] < last]), lambda _: self._decode_for_message(run.keys[0]))
             if run.keys[0] == self._max:
                 self._raise_duplicate(run.keys[0])
             check_existing = False
@@ -344,7 +349,7 @@ class ShardBuilder:
 
     def _check_not_stored(self, keys: list[bytes]) -> None:
         found = self._db.get(keys)
-        for k, v in zip(keys, found):
+        for k, v in zip(keys, found, strict=False):
             if v is not None:
                 self._raise_duplicate(k)
 
@@ -369,7 +374,8 @@ class ShardBuilder:
         files = [ShardFile(name=os.path.basename(p), size=os.path.getsize(p), checksum=checksum.file_checksum(p))
                  for p in paths]
         self.timings["checksum_s"] = time.perf_counter() - t0
-        assert self._min is not None and self._max is not None
+        assert self._min is not None
+        assert self._max is not None
         return BuiltShard(db_dir=self.db_dir, row_count=self.rows_written, min_key=self._min, max_key=self._max,
                           files=tuple(files), timings=dict(self.timings))
 

@@ -10,14 +10,13 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
+from snapshot_factory import build_snapshot
 
-from airflow_provider_shardyfusion.cli import main  # noqa: E402
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
-from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+from airflow_provider_shardyfusion.cli import main
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flags(opts):

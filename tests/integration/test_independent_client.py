@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +27,9 @@ from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.manifest import Manifest
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.storage import open_store
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.spark
 MISSING_TOOL = "{} not found: `make install` installs Debian's rocksdb-tools (RocksDB 7.8) when run as root with apt-get"

@@ -6,24 +6,18 @@ Snapshots are real RocksDB shards laid out by the snapshot factory; readers foll
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from snapshot_factory import build_snapshot
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
-
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
-from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned  # noqa: E402
-from airflow_provider_shardyfusion.core.publish import publish_run  # noqa: E402
-from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
-from airflow_provider_shardyfusion.core.run_record import RUNNING, RunRecord  # noqa: E402
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
-from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.run_record import RUNNING, RunRecord
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
 
 KEYS = list(range(0, 400, 3))
 

@@ -13,16 +13,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from snapshot_factory import build_snapshot, publish_current
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.snapshot_factory import build_snapshot, publish_current  # noqa: E402
-
-from airflow_provider_shardyfusion.core import layout, reader as reader_module  # noqa: E402
-from airflow_provider_shardyfusion.core.errors import (  # noqa: E402
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import reader as reader_module
+from airflow_provider_shardyfusion.core.encoding import encode_key
+from airflow_provider_shardyfusion.core.errors import (
     ChecksumMismatchError,
     KeyEncodingError,
     ManifestValidationError,
@@ -30,12 +28,13 @@ from airflow_provider_shardyfusion.core.errors import (  # noqa: E402
     ShardAssignmentError,
     ShardyfusionError,
 )
-from airflow_provider_shardyfusion.core.manifest import Manifest  # noqa: E402
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer  # noqa: E402
-from airflow_provider_shardyfusion.core.reader import ShardedReader, _hash_prep, _int_grouper  # noqa: E402
-from airflow_provider_shardyfusion.core.encoding import encode_key  # noqa: E402
-from airflow_provider_shardyfusion.core.routing import route_key  # noqa: E402
-from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
+from airflow_provider_shardyfusion.core.manifest import Manifest
+from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.reader import ShardedReader, _hash_prep, _int_grouper
+from airflow_provider_shardyfusion.core.routing import route_key
+from airflow_provider_shardyfusion.core.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _value(i: int) -> bytes:
@@ -151,8 +150,8 @@ def test_int_keys_binary_values(any_root):
             assert reader.get(absent) is None
         with pytest.raises(ShardyfusionError, match="signed 64-bit"):  # encodable as u64be, but not routable
             reader.get(2**63)
-        keys = [k for k, _ in rows][::-1] + [3, 0, 0]
-        assert reader.multi_get(keys) == [v for _, v in rows][::-1] + [None, _value(0), _value(0)]
+        keys = [*[k for k, _ in rows][::-1], 3, 0, 0]
+        assert reader.multi_get(keys) == [*[v for _, v in rows][::-1], None, _value(0), _value(0)]
         assert reader.multi_get([]) == []
         assert reader.multi_get(iter([7, 8])) == [_value(1), None]
         for key, _ in rows[:50]:
@@ -284,7 +283,7 @@ _POINTER_DAMAGE = [
 
 # Parsing the pointer does not depend on the store: S3 runs the cases whose errors the store raises.
 @pytest.mark.parametrize(
-    "where,damage", [("file", d) for d in _POINTER_DAMAGE] + [("s3", "not-json"), ("s3", "manifest-missing")]
+    ("where", "damage"), [("file", d) for d in _POINTER_DAMAGE] + [("s3", "not-json"), ("s3", "manifest-missing")]
 )
 def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where, damage):
     if where == "file":
@@ -506,7 +505,8 @@ def test_tampered_db_url_is_refused(file_root, tmp_path):
     later = built.published_at + timedelta(seconds=5)
 
     # 1. db_url points at another run's shards under the same root
-    shards = tuple(dataclasses.replace(s, db_url=o.db_url) for s, o in zip(built.manifest.shards, other.manifest.shards))
+    pairs = zip(built.manifest.shards, other.manifest.shards, strict=False)
+    shards = tuple(dataclasses.replace(s, db_url=o.db_url) for s, o in pairs)
     forged = dataclasses.replace(built.manifest, shards=shards)
     _publish_manifest_bytes(file_root, None, built.run_id, forged.to_bytes(), later)
     with pytest.raises(ManifestValidationError, match="db_url"):
@@ -525,7 +525,7 @@ def test_tampered_db_url_is_refused(file_root, tmp_path):
 
     # 3. a shard filed under another db id
     swapped = dataclasses.replace(built.manifest, shards=tuple(
-        dataclasses.replace(s, db_url=t.db_url) for s, t in zip(built.manifest.shards, built.manifest.shards[::-1])
+        dataclasses.replace(s, db_url=t.db_url) for s, t in zip(built.manifest.shards, built.manifest.shards[::-1], strict=False)
     ))
     _publish_manifest_bytes(file_root, None, built.run_id, swapped.to_bytes(), later + timedelta(seconds=2))
     with pytest.raises(ManifestValidationError, match="db="):

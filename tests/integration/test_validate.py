@@ -3,28 +3,21 @@
 from __future__ import annotations
 
 import json
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from snapshot_factory import build_snapshot
+from snapshot_helpers import write_run_record
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
-
-from snapshot_helpers import write_run_record  # noqa: E402
-
-from airflow_provider_shardyfusion.cli import main  # noqa: E402
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
-from airflow_provider_shardyfusion.core.encoding import encode_key  # noqa: E402
-from airflow_provider_shardyfusion.core.errors import ManifestValidationError  # noqa: E402
-from airflow_provider_shardyfusion.core.routing import route_key  # noqa: E402
-from airflow_provider_shardyfusion.core.run_record import FAILED, RunError  # noqa: E402
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
-from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
-from airflow_provider_shardyfusion.core.validation import check_storage, validate_snapshot, value_digest  # noqa: E402
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+from airflow_provider_shardyfusion.cli import main
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.encoding import encode_key
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+from airflow_provider_shardyfusion.core.routing import route_key
+from airflow_provider_shardyfusion.core.run_record import FAILED, RunError
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.validation import check_storage, validate_snapshot, value_digest
 
 
 def _value(i: int) -> bytes:

@@ -19,11 +19,10 @@ import hashlib
 import json
 import os
 import re
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
@@ -35,14 +34,9 @@ from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 
 from .fault_proxy import FaultProxy, Rule
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
-
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 pytestmark = pytest.mark.s3
 

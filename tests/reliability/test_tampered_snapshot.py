@@ -7,23 +7,17 @@ the CLI and ``CurrentSnapshotSensor`` (poke and trigger) check the bytes against
 from __future__ import annotations
 
 import json
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
+from snapshot_factory import build_snapshot
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
-
-from airflow_provider_shardyfusion.core import layout  # noqa: E402
-from airflow_provider_shardyfusion.core.errors import ManifestValidationError  # noqa: E402
-from airflow_provider_shardyfusion.core.publish import publish_run  # noqa: E402
-from airflow_provider_shardyfusion.core.reader import ShardedReader  # noqa: E402
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot  # noqa: E402
-from airflow_provider_shardyfusion.core.storage import open_store  # noqa: E402
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
 
 KEYS = list(range(200))
 

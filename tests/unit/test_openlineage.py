@@ -24,6 +24,7 @@ from openlineage.client.facet_v2 import (
     sql_job,
 )
 from openlineage.client.serde import Serde
+from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion import openlineage as ol
 from airflow_provider_shardyfusion.core import layout
@@ -34,13 +35,9 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
 from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
+from tests.unit.test_sharded_write_operator import connections, make_context, make_op, stub_submit
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the snapshot factory is shared with benchmarks/bench_read.py
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.snapshot_factory import build_snapshot  # noqa: E402
-from tests.unit.test_sharded_write_operator import connections, make_context, make_op, stub_submit  # noqa: E402
 
 DROP = lifecycle_state_change_dataset.LifecycleStateChange.DROP
 CREATE = lifecycle_state_change_dataset.LifecycleStateChange.CREATE

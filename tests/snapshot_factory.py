@@ -10,13 +10,13 @@ the reader can be tested against the contract rather than against the writer's o
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocksdict import Options, Rdict, SstFileWriter
 
@@ -41,6 +41,9 @@ from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.routing import CelRouter, CelSpec, route_key
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, RunRecord
 from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
 
 # Not part of a database: the lock and the informational log RocksDB leaves next to it.
 _NOT_SHIPPED = ("LOCK", "LOG")
@@ -70,7 +73,7 @@ def _key_kind(key: Any) -> str:
 
 def _sort_unique(items: list[tuple[bytes, bytes]]) -> None:
     items.sort(key=lambda kv: kv[0])
-    for (a, _), (b, _) in zip(items, items[1:]):
+    for (a, _), (b, _) in itertools.pairwise(items):
         if a == b:
             raise InputDataError(f"duplicate key {a.hex()} (rule: keys are unique within a snapshot)")
 
@@ -218,7 +221,7 @@ def build_snapshot(
             routing_values=router.spec.routing_values if router else None,
         ),
         key_encoding=key_encoding, value_format=value_format, shards=tuple(shards), value_columns=value_columns,
-        storage_engine={"name": "rocksdb", "writer": "benchmarks.snapshot_factory",
+        storage_engine={"name": "rocksdb", "writer": "tests.snapshot_factory",
                         **({"shard_layout": shard_layout} if shard_layout != SHARD_LAYOUT_DB else {})},
         stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
         writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
