@@ -424,7 +424,10 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
         assert xcom(d, dag_id, run_id, task_id)["run_id"] in quickstart_run_ids
         assert xcom(d, dag_id, run_id, "wait_for_run_record")["status"] == "succeeded"
     triggerer = next(s for s in d.services if s.name == "triggerer").text()
-    assert re.search(r"\b[1-9]\d* triggers currently running", triggerer), triggerer[-3000:]
+    # The triggerer ran (its periodic report; the count itself is sampled once a minute, so a short
+    # trigger can start and finish between two reports). That it ran *our* triggers is shown by the
+    # deferred state above and by the trigger log files next to the task logs below.
+    assert re.search(r"\b\d+ triggers currently running", triggerer), triggerer[-3000:]
     # The trigger's own log lines are written next to the task's log by the triggerer.
     for dag_id in sensor_runs:
         folder = d.home / "logs" / f"dag_id={dag_id}"
