@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
-from .errors import ConfigError, show_value
+from .errors import ConfigError, show_value, text_number_hint
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
 
@@ -31,14 +31,14 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name} {value!r} must be an integer > 0")
+        raise ConfigError(f"{name} {value!r} must be an integer > 0{text_number_hint(value)}")
 
 
 def _positive_number(name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ConfigError(f"{name} {value!r} must be a finite number > 0")
+        raise ConfigError(f"{name} {value!r} must be a finite number > 0{text_number_hint(value)}")
 
 
 def _section(d: Mapping[str, Any], name: str, *, optional: bool = False) -> Mapping[str, Any]:

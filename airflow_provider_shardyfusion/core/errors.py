@@ -14,6 +14,14 @@ def show_value(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def text_number_hint(value: object) -> str:
+    """For a number that arrived as text: most likely a Jinja template, which renders to a string."""
+    if not isinstance(value, str):
+        return ""
+    return ("; it is text, as a templated argument renders unless the DAG sets "
+            "render_template_as_native_obj=True (or pass a literal number)")
+
+
 class ShardyfusionError(Exception):
     """Base class of every error raised by airflow-provider-shardyfusion."""
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 
 import xxhash
 
-from .errors import ConfigError, InputDataError, ShardAssignmentError, show_value
+from .errors import ConfigError, InputDataError, ShardAssignmentError, show_value, text_number_hint
 
 HASH_ALGORITHM = "xxh3_64"
 Strategy = Literal["hash", "cel"]
@@ -73,7 +73,7 @@ MAX_NUM_DBS = 99_999
 
 def validate_num_dbs(num_dbs: object, *, what: str = "num_dbs") -> int:
     if isinstance(num_dbs, bool) or not isinstance(num_dbs, int) or num_dbs < 1:
-        raise ConfigError(f"{what} {show_value(num_dbs)} must be an integer >= 1")
+        raise ConfigError(f"{what} {show_value(num_dbs)} must be an integer >= 1{text_number_hint(num_dbs)}")
     if num_dbs > MAX_NUM_DBS:
         raise ConfigError(
             f"{what} {num_dbs} is above the maximum {MAX_NUM_DBS}: the snapshot layout names shard folders "

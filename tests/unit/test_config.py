@@ -429,3 +429,10 @@ def test_a_config_written_before_publish_existed_still_publishes():
     data = build().to_dict()
     del data["options"]["publish"]
     assert WriteConfig.from_dict(data).options.publish is True
+
+
+@pytest.mark.parametrize(("name", "value"), [("num_dbs", "4"), ("batch_size", "100"), ("max_writes_per_second", "5.0")])
+def test_a_number_given_as_text_names_the_template_setting(name, value):
+    with pytest.raises(ConfigError, match=rf"{name} '{value}' must be .*render_template_as_native_obj=True"):
+        build_write_config(output_uri="file:///tmp/x", input_path="/in", key_column="id", value_column="v",
+                           **({"num_dbs": 4} | {name: value}))
