@@ -187,7 +187,7 @@ def _spark_sorts_shards(config: WriteConfig, plan: RoutingPlan, rows: int | None
     if not config.options.sort_within_partitions or plan.num_dbs == 1:
         return False
     mean = rows / plan.num_dbs if rows is not None else None
-    in_memory = (plan.strategy == "hash" and mean is not None
+    in_memory = (plan.sharding.strategy == "hash" and mean is not None
                  and mean + 6 * math.sqrt(mean) <= config.options.sort_run_rows)
     log.info("run %s: shards sorted by %s (%s rows, %d shards, sort_run_rows %d)", config.run_id,
              "the writer in memory" if in_memory else "Spark", "unknown" if rows is None else rows, plan.num_dbs,
@@ -195,7 +195,7 @@ def _spark_sorts_shards(config: WriteConfig, plan: RoutingPlan, rows: int | None
     return not in_memory
 
 
-def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any], rows: int | None) -> RoutingPlan:
+def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: dict[str, Any], rows: int | None) -> RoutingPlan:
     sharding = config.sharding
     wrong = bool(faults.get("wrong_router"))
     if sharding.strategy == "hash":
@@ -209,16 +209,17 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
             )
             log.info("run %s: %d rows, max_keys_per_shard %d -> num_dbs %d", config.run_id, count,
                      sharding.max_keys_per_shard, num_dbs)
-        return RoutingPlan(config.key_column, key_kind, num_dbs, "hash", wrong_router=wrong)
+        return RoutingPlan(ShardingInfo(strategy="hash", key_column=config.key_column), num_dbs, key_kind,
+                           wrong_router=wrong)
     columns = sharding.resolved_cel_columns(config.key_column)
-    typed = tuple((c, t or spark_types.cel_type(df.schema, c)) for c, t in columns.items())
-    for c, _ in typed:
+    typed = {c: t or spark_types.cel_type(df.schema, c) for c, t in columns.items()}
+    for c in typed:
         spark_types.field_of(df.schema, c, what="cel_columns entry")
-    routing.compile_cel(sharding.cel_expr or "", dict(typed))  # fail fast on the driver
-    mode = sharding.cel_mode
-    values: tuple[Any, ...] | None = sharding.routing_values
+    routing.compile_cel(sharding.cel_expr or "", typed)  # fail fast on the driver
+    resolved = ShardingInfo(strategy="cel", key_column=config.key_column, cel_expr=sharding.cel_expr, cel_columns=typed,
+                            cel_mode=sharding.cel_mode, routing_values=sharding.routing_values)
     if sharding.infer_routing_values:
-        probe = RoutingPlan(config.key_column, key_kind, 1, "cel", sharding.cel_expr, typed, "categorical", None)
+        probe = RoutingPlan(replace(resolved, cel_mode="categorical"), 1, key_kind)
         token_rows = df.mapInArrow(make_token_fn(probe, ""), "token string").distinct().collect()
         tokens = [json.loads(r.token) for r in token_rows]
         if not tokens:
@@ -228,16 +229,16 @@ def _routing_plan(df, config: WriteConfig, key_kind: str, faults: dict[str, Any]
         values = tuple(sorted(routing.validate_routing_values(tokens)))
         routing.validate_num_dbs(len(values), what="the number of inferred routing values")
         log.info("run %s: inferred %d routing values", config.run_id, len(values))
-    cel_num_dbs = len(values) if values is not None else sharding.num_dbs
+        resolved = replace(resolved, routing_values=values)
+    cel_num_dbs = len(resolved.routing_values) if resolved.routing_values is not None else sharding.num_dbs
     assert cel_num_dbs is not None  # ShardingSpec.validate: direct CEL needs num_dbs
-    return RoutingPlan(config.key_column, key_kind, cel_num_dbs, "cel", sharding.cel_expr, typed, mode,
-                       values, wrong_router=wrong)
+    return RoutingPlan(resolved, cel_num_dbs, key_kind, wrong_router=wrong)
 
 
 def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, faults: dict[str, Any],
                 spark_sorts: bool) -> WritePlan:
     opts = config.options
-    sample_cols = (config.key_column, *tuple(c for c, _ in plan.cel_columns if c != config.key_column))
+    sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
     return WritePlan(
         output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=config.run_id,
         key_column=config.key_column, key_encoding=key_encoding, value_format=config.value.format,
@@ -298,7 +299,7 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
     from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
 
-    if plan.strategy == "cel":
+    if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
         # pruning the routing UDF away, as it would for a column that is only dropped.
         df = _routed(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
@@ -351,10 +352,12 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
     if not config.options.verify_routing:
         log.info("run %s: verify_routing disabled", config.run_id)
         return
-    if plan.strategy == "cel" and len(plan.cel_columns) > 1:
-        log.info("run %s: verify_routing skipped: CEL routing over %d columns", config.run_id, len(plan.cel_columns))
+    columns = plan.sharding.routing_columns()
+    cel = plan.sharding.strategy == "cel"
+    if cel and len(columns) > 1:
+        log.info("run %s: verify_routing skipped: CEL routing over %d columns", config.run_id, len(columns))
         return
-    router = routing.CelRouter(plan.cel_spec()) if plan.strategy == "cel" else None
+    router = plan.cel_router() if cel else None
     checked = 0
     for item in results:
         db_id = item["result"]["db_id"]
@@ -395,11 +398,7 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
         library_version = None
     return Manifest(
         run_id=config.run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=plan.num_dbs,
-        sharding=ShardingInfo(
-            strategy=plan.strategy, key_column=config.key_column, cel_expr=plan.cel_expr,
-            cel_columns=dict(plan.cel_columns) if plan.cel_columns else None, cel_mode=plan.cel_mode,
-            routing_values=plan.routing_values,
-        ),
+        sharding=plan.sharding,
         key_encoding=key_encoding, value_format=config.value.format, value_columns=config.value.value_columns(),
         storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True,
                         "shard_layout": WRITER_SHARD_LAYOUT},

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_shardyfusion.core.routing import CelMode, Strategy
+from airflow_provider_shardyfusion.core.encoding import KeyKind
+from airflow_provider_shardyfusion.core.manifest import ShardingInfo
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -28,23 +29,21 @@ _INT64_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class RoutingPlan:
-    """Everything a task needs to route, as plain picklable data."""
+    """Everything a task needs to route, as plain picklable data.
 
-    key_column: str
-    key_kind: str
+    ``sharding`` is the snapshot's resolved sharding, written to its manifest as is, so the writer,
+    ``verify_routing`` and every reader route by the same model.
+    """
+
+    sharding: ShardingInfo
     num_dbs: int
-    strategy: Strategy
-    cel_expr: str | None = None
-    cel_columns: tuple[tuple[str, str], ...] = ()
-    cel_mode: CelMode | None = None
-    routing_values: tuple[Any, ...] | None = None
+    key_kind: KeyKind
     wrong_router: bool = False  # test-only fault: proves verify_routing catches a broken router
 
-    def cel_spec(self) -> Any:
-        from airflow_provider_shardyfusion.core.routing import CelSpec
+    def cel_router(self) -> Any:
+        from airflow_provider_shardyfusion.core.routing import CelRouter
 
-        return CelSpec(expr=self.cel_expr or "", columns=dict(self.cel_columns), mode=self.cel_mode or "direct",
-                       num_dbs=self.num_dbs, routing_values=self.routing_values)
+        return CelRouter(self.sharding.cel_spec(self.num_dbs))
 
 
 def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None) -> np.ndarray:
@@ -53,26 +52,27 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
     from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
     from airflow_provider_shardyfusion.core.fast_hash import route_int64
 
-    if plan.strategy == "hash":
-        keys = batch.column(plan.key_column)
+    key_column = plan.sharding.key_column
+    if plan.sharding.strategy == "hash":
+        keys = batch.column(key_column)
         if first_null_row(keys) is not None:
-            raise InputDataError(f"column {plan.key_column!r}: null key (rule: keys must not be null)")
+            raise InputDataError(f"column {key_column!r}: null key (rule: keys must not be null)")
         if plan.key_kind == "int":
             if pa.types.is_uint64(keys.type) and len(keys) and pc.max(keys).as_py() > _INT64_MAX:
                 bad = pc.filter(keys, pc.greater(keys, pa.scalar(_INT64_MAX, pa.uint64())))[0].as_py()
                 raise InputDataError(
-                    f"column {plan.key_column!r}: key {bad} is outside the signed 64-bit range "
+                    f"column {key_column!r}: key {bad} is outside the signed 64-bit range "
                     "-2**63..2**63-1 (rule: integer routing keys)"
                 )
             ids = route_int64(keys.cast(pa.int64()).to_numpy(zero_copy_only=False), plan.num_dbs)
         else:
-            check_utf8(keys, column=plan.key_column, rule=UTF8_RULE_KEY)
+            check_utf8(keys, column=key_column, rule=UTF8_RULE_KEY)
             n = plan.num_dbs
             ids = np.fromiter((routing.route_key(k, n) for k in keys.to_pylist()), dtype=np.int32, count=len(keys))
     else:
-        names = [c for c, _ in plan.cel_columns]
+        names = plan.sharding.routing_columns()
         for name in names:
-            check_utf8(batch.column(name), column=name, rule=UTF8_RULE_KEY if name == plan.key_column else UTF8_RULE_ROUTING)
+            check_utf8(batch.column(name), column=name, rule=UTF8_RULE_KEY if name == key_column else UTF8_RULE_ROUTING)
         rows = batch.select(names).to_pylist()
         ids = np.fromiter((router.route(r) for r in rows), dtype=np.int32, count=len(rows))
     if plan.wrong_router:
@@ -83,20 +83,12 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
     return ids
 
 
-def routing_columns(plan: RoutingPlan) -> list[str]:
-    return [c for c, _ in plan.cel_columns] if plan.strategy == "cel" else [plan.key_column]
-
-
 def make_route_fn(plan: RoutingPlan):
     """Iterator over column arrays (one array, or a tuple of them) → iterator of int32 ids."""
-    names = routing_columns(plan)
+    names = plan.sharding.routing_columns()
 
     def route_arrays(batches: Iterator[Any]) -> Iterator[pa.Array]:
-        router = None
-        if plan.strategy == "cel":
-            from airflow_provider_shardyfusion.core.routing import CelRouter
-
-            router = CelRouter(plan.cel_spec())
+        router = plan.cel_router() if plan.sharding.strategy == "cel" else None
         for arrays in batches:
             arrays = list(arrays) if isinstance(arrays, (tuple, list)) else [arrays]
             batch = pa.RecordBatch.from_arrays(arrays, names=names)
@@ -116,7 +108,7 @@ def shard_id_column(plan: RoutingPlan):
         # inferred from type hints (which PySpark would prefer).
         warnings.simplefilter("ignore", UserWarning)
         udf = F.arrow_udf(make_route_fn(plan), T.IntegerType(), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
-    return udf(*[F.col(c) for c in routing_columns(plan)])
+    return udf(*[F.col(c) for c in plan.sharding.routing_columns()])
 
 
 def make_token_fn(plan: RoutingPlan, token_type: str):
@@ -124,10 +116,9 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
 
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
-        from airflow_provider_shardyfusion.core.routing import CelRouter
 
-        router = CelRouter(plan.cel_spec())
-        names = [c for c, _ in plan.cel_columns]
+        router = plan.cel_router()
+        names = plan.sharding.routing_columns()
         seen: set[Any] = set()
         for batch in batches:
             check_utf8_columns(batch, names, rule=UTF8_RULE_ROUTING)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import types as T
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.encoding import KeyKind
+    from airflow_provider_shardyfusion.core.routing import CelType
+
 _INT_TYPES = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
 # Spark type → (key kind, CEL type); None where the type cannot serve in that role.
-_MAPPING: tuple[tuple[tuple[type, ...], str | None, str], ...] = (
+_MAPPING: tuple[tuple[tuple[type, ...], KeyKind | None, CelType], ...] = (
     (_INT_TYPES, "int", "int"),
     ((T.StringType,), "string", "string"),
     ((T.BinaryType,), "binary", "bytes"),
@@ -24,24 +30,24 @@ def field_of(schema: T.StructType, column: str, *, what: str) -> T.StructField:
     raise ConfigError(f"{what} {column!r} is not a column of the input; columns are {schema.fieldNames()}")
 
 
-def _lookup(dt: T.DataType, index: int) -> str | None:
-    for types, *names in _MAPPING:
+def _lookup(dt: T.DataType) -> tuple[KeyKind | None, CelType | None]:
+    for types, kind, cel in _MAPPING:
         if isinstance(dt, types):
-            return names[index]
-    return None
+            return kind, cel
+    return None, None
 
 
-def key_kind(schema: T.StructType, column: str) -> str:
+def key_kind(schema: T.StructType, column: str) -> KeyKind:
     dt = field_of(schema, column, what="key_column").dataType
-    kind = _lookup(dt, 0)
+    kind, _ = _lookup(dt)
     if kind is None:
         raise ConfigError(f"key_column {column!r} has type {dt.simpleString()}; keys must be integers, strings or binary")
     return kind
 
 
-def cel_type(schema: T.StructType, column: str) -> str:
+def cel_type(schema: T.StructType, column: str) -> CelType:
     dt = field_of(schema, column, what="cel_columns entry").dataType
-    typ = _lookup(dt, 1)
+    _, typ = _lookup(dt)
     if typ is None:
         raise ConfigError(f"cel_columns entry {column!r} has type {dt.simpleString()}, which has no CEL type mapping")
     return typ

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .encoding import encode_json_value
+from .encoding import KeyKind, encode_json_value
 from .errors import ConfigError, InputDataError, show_value
 
 # The rule each kind of column breaks when its text is not UTF-8 (named in the error).
@@ -23,7 +23,7 @@ UTF8_RULE_JSON = (
 _HEX_LIMIT = 32
 
 
-def key_kind_of_type(arrow_type: pa.DataType, *, column: str) -> str:
+def key_kind_of_type(arrow_type: pa.DataType, *, column: str) -> KeyKind:
     """'int' / 'string' / 'binary' for a key column type; anything else is a configuration error."""
     if pa.types.is_integer(arrow_type):
         return "int"

@@ -152,7 +152,7 @@ class ValueSpec:
 class ShardingSpec:
     """``hash`` (num_dbs or max_keys_per_shard) or ``cel`` (direct / categorical / inferred)."""
 
-    strategy: str = "hash"
+    strategy: routing.Strategy = "hash"
     num_dbs: int | None = None
     max_keys_per_shard: int | None = None
     cel_expr: str | None = None

@@ -11,17 +11,20 @@ import datetime as _dt
 import decimal
 import json
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from .errors import ConfigError, InputDataError, KeyEncodingError, show_value
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-KEY_ENCODINGS = ("u64be", "u32be", "utf8", "raw")
-VALUE_FORMATS = ("binary", "json")
-_DEFAULT_KEY_ENCODING = {"int": "u64be", "string": "utf8", "binary": "raw"}
-_KEY_KIND_OF_ENCODING = {"u64be": "int", "u32be": "int", "utf8": "string", "raw": "binary"}
+KeyEncoding = Literal["u64be", "u32be", "utf8", "raw"]
+ValueFormat = Literal["binary", "json"]
+KeyKind = Literal["int", "string", "binary"]  # the type of the key column
+KEY_ENCODINGS: tuple[KeyEncoding, ...] = get_args(KeyEncoding)
+VALUE_FORMATS: tuple[ValueFormat, ...] = get_args(ValueFormat)
+_DEFAULT_KEY_ENCODING: dict[KeyKind, KeyEncoding] = {"int": "u64be", "string": "utf8", "binary": "raw"}
+_KEY_KIND_OF_ENCODING: dict[KeyEncoding, KeyKind] = {"u64be": "int", "u32be": "int", "utf8": "string", "raw": "binary"}
 _PACK_U64 = struct.Struct(">Q")
 _PACK_U32 = struct.Struct(">I")
 # Stored-key packers for hot loops (struct.error when out of range); encode_key gives the messages.
@@ -29,23 +32,21 @@ PACK_INT_KEY = {"u64be": _PACK_U64.pack, "u32be": _PACK_U32.pack}
 
 
 
-def default_key_encoding(key_kind: str) -> str:
-    """``key_kind`` is 'int', 'string' or 'binary' (the type of the key column)."""
+def default_key_encoding(key_kind: str) -> KeyEncoding:
     try:
-        return _DEFAULT_KEY_ENCODING[key_kind]
+        return _DEFAULT_KEY_ENCODING[cast("KeyKind", key_kind)]
     except KeyError:
         raise ConfigError(f"key type {key_kind!r} is not supported: keys must be integers, strings or binary") from None
 
 
-def key_kind_of_encoding(encoding: str) -> str:
-    validate_key_encoding(encoding)
-    return _KEY_KIND_OF_ENCODING[encoding]
+def key_kind_of_encoding(encoding: str) -> KeyKind:
+    return _KEY_KIND_OF_ENCODING[validate_key_encoding(encoding)]
 
 
-def validate_key_encoding(encoding: object) -> str:
+def validate_key_encoding(encoding: object) -> KeyEncoding:
     if encoding not in KEY_ENCODINGS:
         raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
-    return encoding
+    return cast("KeyEncoding", encoding)
 
 
 def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
@@ -98,10 +99,10 @@ def decode_key(data: bytes, encoding: str) -> Any:
     raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
 
 
-def validate_value_format(fmt: object) -> str:
+def validate_value_format(fmt: object) -> ValueFormat:
     if fmt not in VALUE_FORMATS:
         raise ConfigError(f"value_format {fmt!r} is not supported; choose one of {list(VALUE_FORMATS)}")
-    return fmt
+    return cast("ValueFormat", fmt)
 
 
 def encode_binary_value(value: Any, *, column: str = "value") -> bytes:

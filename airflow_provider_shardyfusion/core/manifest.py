@@ -61,6 +61,8 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class ShardingInfo:
+    """The resolved sharding of a snapshot: the one model the writer routes by and readers rebuild."""
+
     strategy: routing.Strategy
     key_column: str
     hash_algorithm: str = routing.HASH_ALGORITHM
@@ -75,6 +77,14 @@ class ShardingInfo:
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardingInfo:
         return ser.from_plain(cls, obj, f"{_WHAT} sharding", _ERR)
+
+    def routing_columns(self) -> tuple[str, ...]:
+        """The columns routing reads: the CEL columns, or the key column alone."""
+        return tuple(self.cel_columns) if self.strategy == "cel" and self.cel_columns else (self.key_column,)
+
+    def cel_spec(self, num_dbs: int) -> routing.CelSpec:
+        return routing.CelSpec(expr=self.cel_expr or "", columns=dict(self.cel_columns or {}),
+                               mode=self.cel_mode or "direct", num_dbs=num_dbs, routing_values=self.routing_values)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ class CelSpec:
 
     expr: str
     columns: dict[str, str]  # column → CEL type, fully resolved
-    mode: str  # "direct" | "categorical"
+    mode: CelMode
     num_dbs: int
     routing_values: tuple[Any, ...] | None = None
 

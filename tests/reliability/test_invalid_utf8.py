@@ -86,20 +86,20 @@ def test_stored_utf8_keys_that_are_not_text_are_a_key_encoding_error():
 
 
 def test_routing_a_batch_names_the_key_column():
+    from airflow_provider_shardyfusion.core.manifest import ShardingInfo
     from spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
     batch = pa.RecordBatch.from_arrays([text_array([b"alice", BAD, b"bob"])], names=["user"])
     with pytest.raises(InputDataError) as info:
-        shard_ids_for_batch(RoutingPlan("user", "string", 4, "hash"), batch)
+        shard_ids_for_batch(RoutingPlan(ShardingInfo(strategy="hash", key_column="user"), 4, "string"), batch)
     assert_clear(info.value, "user", "key_encoding 'raw'")
 
-    plan = RoutingPlan("user", "string", 2, "cel", "size(region) > 2 ? 1 : 0", (("region", "string"),), "direct")
+    plan = RoutingPlan(ShardingInfo(strategy="cel", key_column="user", cel_expr="size(region) > 2 ? 1 : 0",
+                                     cel_columns={"region": "string"}, cel_mode="direct"), 2, "string")
     batch = pa.RecordBatch.from_arrays([text_array([b"alice", b"bob"]), text_array([b"eu", BAD])],
                                        names=["user", "region"])
-    from airflow_provider_shardyfusion.core.routing import CelRouter
-
     with pytest.raises(InputDataError) as info:
-        shard_ids_for_batch(plan, batch, CelRouter(plan.cel_spec()))
+        shard_ids_for_batch(plan, batch, plan.cel_router())
     assert_clear(info.value, "region", "CEL routing")
 
 

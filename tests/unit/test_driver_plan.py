@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_shardyfusion.core.config import build_write_config
+from airflow_provider_shardyfusion.core.manifest import ShardingInfo
 from spark_jobs.driver import _count_is_useful, _spark_sorts_shards
 from spark_jobs.routing_task import RoutingPlan
 
@@ -16,7 +17,7 @@ def config(**kw):
 
 
 def hash_plan(num_dbs=16):
-    return RoutingPlan("id", "int", num_dbs, "hash")
+    return RoutingPlan(ShardingInfo(strategy="hash", key_column="id"), num_dbs, "int")
 
 
 @pytest.mark.parametrize(("rows", "expected"), [
@@ -30,7 +31,8 @@ def test_hash_shards_that_fit_one_sort_run_are_sorted_by_the_writer(rows, expect
 
 
 def test_cel_single_db_and_disabled_sorting():
-    cel = RoutingPlan("id", "int", 16, "cel", "shard_hash(id) % 16u", (("id", "int"),), "direct")
+    cel = RoutingPlan(ShardingInfo(strategy="cel", key_column="id", cel_expr="shard_hash(id) % 16u", cel_columns={"id": "int"},
+                                    cel_mode="direct"), 16, "int")
     assert _spark_sorts_shards(config(cel_expr="shard_hash(id) % 16u"), cel, 1_000) is True  # skew possible
     assert _spark_sorts_shards(config(num_dbs=1), hash_plan(1), 1_000) is False  # the global sort does it
     assert _spark_sorts_shards(config(sort_within_partitions=False), hash_plan(), None) is False

@@ -9,11 +9,12 @@ import pytest
 
 from airflow_provider_shardyfusion.core import routing
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
+from airflow_provider_shardyfusion.core.manifest import ShardingInfo
 from spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
 
 def hash_plan(kind: str, num_dbs: int) -> RoutingPlan:
-    return RoutingPlan("k", kind, num_dbs, "hash")
+    return RoutingPlan(ShardingInfo(strategy="hash", key_column="k"), num_dbs, kind)
 
 
 @pytest.mark.parametrize("arrow_type", [pa.int64(), pa.int32(), pa.uint64(), pa.int8()])
@@ -48,8 +49,9 @@ def test_uint64_key_beyond_signed_range_is_refused_naming_it():
 
 
 def test_cel_direct_id_out_of_range_is_refused():
-    plan = RoutingPlan("k", "int", 4, "cel", "k * 2", (("k", "int"),), "direct")
-    router = routing.CelRouter(plan.cel_spec())
+    plan = RoutingPlan(ShardingInfo(strategy="cel", key_column="k", cel_expr="k * 2", cel_columns={"k": "int"},
+                                     cel_mode="direct"), 4, "int")
+    router = plan.cel_router()
     ok = shard_ids_for_batch(plan, pa.record_batch({"k": pa.array([0, 1], pa.int64())}), router)
     assert ok.tolist() == [0, 2]
     with pytest.raises(ShardAssignmentError, match=r"returned shard id 4 for \{'k': 2\}, outside \[0, 4\)"):
