@@ -103,7 +103,8 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             with _Step(run_id, durations, "read_input"):
                 df = read_input(spark, config)
                 key_kind = spark_types.key_kind(df.schema, config.key_column)
-                key_encoding = config.key_encoding or encoding.default_key_encoding(key_kind)
+                key_encoding = (encoding.validate_key_encoding(config.key_encoding) if config.key_encoding
+                                else encoding.default_key_encoding(key_kind))
                 if encoding.key_kind_of_encoding(key_encoding) != key_kind:
                     raise ConfigError(
                         f"key_encoding {key_encoding!r} does not fit key_column {config.key_column!r} of kind {key_kind}"
@@ -235,7 +236,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: d
     return RoutingPlan(resolved, cel_num_dbs, key_kind, wrong_router=wrong)
 
 
-def _write_plan(config: WriteConfig, key_encoding: str, plan: RoutingPlan, faults: dict[str, Any],
+def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan, faults: dict[str, Any],
                 spark_sorts: bool) -> WritePlan:
     opts = config.options
     sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
@@ -374,7 +375,7 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
     log.info("run %s: verify_routing checked %d sampled keys", config.run_id, checked)
 
 
-def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, selection: WinnerSelection,
+def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encoding.KeyEncoding, selection: WinnerSelection,
               lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[dict[str, Any]], *,
               shard_sort: str) -> Manifest:
     task_totals: dict[str, float] = {}
@@ -399,7 +400,8 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: str, 
     return Manifest(
         run_id=config.run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=plan.num_dbs,
         sharding=plan.sharding,
-        key_encoding=key_encoding, value_format=config.value.format, value_columns=config.value.value_columns(),
+        key_encoding=key_encoding, value_format=encoding.validate_value_format(config.value.format),
+        value_columns=config.value.value_columns(),
         storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True,
                         "shard_layout": WRITER_SHARD_LAYOUT},
         shards=entries, stats=stats, writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at,

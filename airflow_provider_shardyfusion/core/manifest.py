@@ -94,8 +94,8 @@ class Manifest:
     output_uri: str
     num_dbs: int
     sharding: ShardingInfo
-    key_encoding: str
-    value_format: str
+    key_encoding: encoding.KeyEncoding
+    value_format: encoding.ValueFormat
     shards: tuple[ShardEntry, ...] = field(metadata={"entry": "shard"})
     value_columns: tuple[str, ...] = field(default_factory=tuple)
     storage_engine: dict[str, Any] = field(default_factory=lambda: {"name": "rocksdb"})
