@@ -31,7 +31,7 @@ from . import faults as fault_injection
 from . import spark_types
 from .conf_overrides import spark_conf_overrides
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, shard_id_column
-from .shard_task import RESULT_DDL, WritePlan, make_write_fn, unsample_value, write_one_shard
+from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.config import WriteConfig
@@ -139,7 +139,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             with _Step(run_id, durations, "publish"):
                 record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish)
         except BaseException as exc:
-            raise job_errors.translate(exc) from exc
+            job_errors.raise_translated(exc)
         finally:
             if cached is not None:
                 cached.unpersist(blocking=False)
@@ -283,15 +283,19 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
                  df.sparkSession.sparkContext.defaultParallelism, TASKS_PER_CORE)
-        rows = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
-        return [json.loads(r.result) for r in rows]
-    # Partition index == shard id: one task per shard, never a hash partitioner on the id.
-    partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
-    if write_plan.presorted:
-        # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
-        partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
-    # The id is the partition index now; not shipping it to Python saved ~1 s per 10M rows.
-    rows = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan), RESULT_DDL).collect()
+        writing = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+    else:
+        # Partition index == shard id: one task per shard, never a hash partitioner on the id.
+        partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
+        if write_plan.presorted:
+            # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
+            partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
+        # The id is the partition index now; not shipping it to Python saved ~1 s per 10M rows.
+        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+    try:
+        rows = writing.collect()
+    except Exception as exc:  # a dead Python worker's error names the shards its task was writing
+        job_errors.raise_translated(exc, shards_of_task=lambda t: shards_of_task(t, plan.num_dbs, num_tasks))
     return [json.loads(r.result) for r in rows]
 
 

@@ -3,18 +3,67 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, NoReturn
 
-from airflow_provider_shardyfusion.core.errors import ShardyfusionError, error_type_by_name
+from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError, error_type_by_name
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
+# Spark's text when a Python worker's connection ends without a result: the process died
+# (SIGKILL from the kernel's out-of-memory killer, a signal, a segfault in native code).
+WORKER_CRASHED = "Python worker exited unexpectedly"
+_FAILED_TASK = re.compile(r"Task (\d+) in stage (\d+)\.\d+ failed (\d+) times")
+_TASK_TRACE = re.compile(r"most recent failure:(.*?)(?:Driver stacktrace:|$)", re.S)
 
 
-def translate(exc: BaseException) -> BaseException:
-    """The first provider error named in the Spark failure text, or ``exc`` unchanged."""
+def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | None = None) -> BaseException:
+    """The provider error behind a Spark failure, or ``exc`` unchanged.
+
+    ``shards_of_task``: for the shard-writing action, the shard ids a task (partition) writes, so a
+    dead Python worker's error names its shards.
+    """
     if isinstance(exc, ShardyfusionError):
         return exc
-    match = _ERROR_LINE.search(str(exc))
-    if not match:
-        return exc
-    cls = error_type_by_name(match.group(1))
-    return cls(match.group(2))
+    text = str(exc)
+    match = _ERROR_LINE.search(text)
+    if match:
+        return error_type_by_name(match.group(1))(match.group(2))
+    if WORKER_CRASHED in text:
+        return _worker_died(text, shards_of_task)
+    return exc
+
+
+def raise_translated(exc: BaseException, *, shards_of_task: Callable[[int], range] | None = None) -> NoReturn:
+    """Raise ``translate(exc)`` with ``exc`` as its cause (``exc`` itself keeps its own cause)."""
+    translated = translate(exc, shards_of_task=shards_of_task)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
+def _worker_died(text: str, shards_of_task: Callable[[int], range] | None) -> ShardWriteError:
+    failed = _FAILED_TASK.search(text)
+    if failed is None:
+        where, tries = "in a Spark task", ""
+    else:
+        task, stage, times = (int(g) for g in failed.groups())
+        trace = _TASK_TRACE.search(text)
+        # The writing tasks are the action's result tasks; a shuffle-map task reads and routes input rows.
+        writing = shards_of_task is not None and trace is not None and "ResultTask" in trace.group(1)
+        if writing:
+            assert shards_of_task is not None
+            ids = shards_of_task(task)
+            what = f"shard {ids.start}" if len(ids) == 1 else f"shards {ids.start}..{ids.stop - 1}"
+            where = f"while writing {what} (task {task} of Spark stage {stage})"
+        else:
+            where = f"in task {task} of Spark stage {stage}"
+        tries = f"; Spark gave up after {times} failed attempt(s) of that task"
+    return ShardWriteError(
+        f"a Spark Python worker died {where}: it exited unexpectedly, most likely killed by the operating "
+        f"system's out-of-memory killer or by a signal{tries}; nothing was published. Let Spark retry the task "
+        "(spark.task.maxFailures > 1; in local mode the master local[N,F]) and, if memory ran out, give the "
+        "Python workers more memory (spark.executor.memory, spark.executor.memoryOverhead, "
+        "spark.executor.pyspark.memory) or lower sort_run_rows / batch_size"
+    )

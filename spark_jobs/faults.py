@@ -7,7 +7,13 @@ Python workers were started before the variable was set. Keys:
   slow_shard_attempt: {"db_id": int, "attempt": int, "seconds": float}
   wrong_router: true                                      route to (id + 1) % num_dbs
   single_db_fail_attempts: int                            fail the first N single-db attempts
-  hold_before_publish: {"seconds": float, "marker": path}  the driver writes its pid to marker, then waits
+  hold_shard_write: {"db_id": int, "attempt": int, <hold>}  the Python worker writing that shard attempt
+                                                          holds after its files were uploaded
+  hold_before_publish: {<hold>}                           the driver holds just before publishing
+A hold: {"marker": path, "seconds": float, "release": path}: the process writes its pid to marker
+("{run_id}" in the path is replaced), then waits until the release file exists or seconds pass.
+Tests use the pid to kill that process at that point, and the release file to let several
+writers go on at once.
 """
 
 from __future__ import annotations
@@ -29,24 +35,40 @@ def load() -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
+def _for_attempt(faults: dict[str, Any], name: str, db_id: int, attempt: int) -> dict[str, Any] | None:
+    """The fault ``name`` if it targets this shard attempt."""
+    spec = faults.get(name)
+    return spec if spec and spec.get("db_id") == db_id and spec.get("attempt", 0) == attempt else None
+
+
+def _hold(spec: dict[str, Any], run_id: str) -> None:
+    marker = spec["marker"].replace("{run_id}", run_id)
+    with open(marker + ".tmp", "w") as fh:  # renamed into place: a reader never sees a half-written pid
+        fh.write(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)
+    deadline = time.monotonic() + float(spec.get("seconds", 30))
+    release = spec.get("release")
+    while time.monotonic() < deadline and not (release and os.path.exists(release)):
+        time.sleep(0.05)
+
+
 def before_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None:
-    fail = faults.get("fail_shard_attempt")
-    if fail and fail.get("db_id") == db_id and fail.get("attempt", 0) == attempt:
+    if _for_attempt(faults, "fail_shard_attempt", db_id, attempt):
         raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt}")
-    slow = faults.get("slow_shard_attempt")
-    if slow and slow.get("db_id") == db_id and slow.get("attempt", 0) == attempt:
+    slow = _for_attempt(faults, "slow_shard_attempt", db_id, attempt)
+    if slow:
         time.sleep(float(slow.get("seconds", 5)))
 
 
-def after_shard_write(faults: dict[str, Any], db_id: int, attempt: int) -> None:
-    fail = faults.get("fail_after_upload")
-    if fail and fail.get("db_id") == db_id and fail.get("attempt", 0) == attempt:
+def after_shard_write(faults: dict[str, Any], db_id: int, attempt: int, run_id: str = "") -> None:
+    hold = _for_attempt(faults, "hold_shard_write", db_id, attempt)
+    if hold:
+        _hold(hold, run_id)
+    if _for_attempt(faults, "fail_after_upload", db_id, attempt):
         raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt} after upload")
 
 
 def before_publish(faults: dict[str, Any], run_id: str) -> None:
     hold = faults.get("hold_before_publish")
     if hold:
-        with open(hold["marker"], "w") as fh:
-            fh.write(str(os.getpid()))
-        time.sleep(float(hold.get("seconds", 30)))
+        _hold(hold, run_id)

@@ -213,7 +213,7 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
         faults.before_shard_write(plan.faults, db_id, attempt)
         out = write_one_shard(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id,
                               limiter=limiter, store=store)
-        faults.after_shard_write(plan.faults, db_id, attempt)
+        faults.after_shard_write(plan.faults, db_id, attempt, plan.run_id)
         yield out
 
 
@@ -233,7 +233,7 @@ def make_write_fn(plan: WritePlan):
             return
         faults.before_shard_write(plan.faults, part, attempt)
         out = write_one_shard(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tid)
-        faults.after_shard_write(plan.faults, part, attempt)
+        faults.after_shard_write(plan.faults, part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition

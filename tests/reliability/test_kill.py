@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -24,6 +23,8 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 
+from .job_harness import wait_for
+
 pytestmark = pytest.mark.spark
 HOLD_S = 40
 
@@ -33,16 +34,6 @@ class FakeTI:
 
     def xcom_push(self, key, value):
         pass
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_on_kill_leaves_the_driver_dead_and_the_run_never_live(tmp_path, monkeypatch, figure):
