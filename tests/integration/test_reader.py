@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from snapshot_factory import build_snapshot, publish_current
 
-from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core import reader as reader_module
+from airflow_provider_shardyfusion.core import layout, shard_cache
 from airflow_provider_shardyfusion.core.encoding import encode_key
 from airflow_provider_shardyfusion.core.errors import (
     ChecksumMismatchError,
@@ -28,9 +27,10 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardAssignmentError,
     ShardyfusionError,
 )
+from airflow_provider_shardyfusion.core.key_locator import hash_locator, int_key_grouper
 from airflow_provider_shardyfusion.core.manifest import Manifest
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.reader import ShardedReader, _hash_prep, _int_grouper
+from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.routing import route_key
 from airflow_provider_shardyfusion.core.storage import open_store
 
@@ -108,13 +108,13 @@ def _stall_first_fetch(monkeypatch, reader: ShardedReader, where: str) -> tuple[
 
         reader._store.download_file = download  # type: ignore[method-assign]
     else:
-        original_verify = reader_module.verify_file
+        original_verify = shard_cache.verify_file
 
         def verify(path, size, checksum, *, source):
             hold()  # the file is downloaded into staging, not yet checked or renamed
             original_verify(path, size, checksum, source=source)
 
-        monkeypatch.setattr(reader_module, "verify_file", verify)
+        monkeypatch.setattr(shard_cache, "verify_file", verify)
     return entered, release
 
 
@@ -395,7 +395,7 @@ def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, call, w
         if warm:
             assert reader.multi_get(list(range(20))) == [b"old"] * 20
         old = reader._state
-        route = old.prep
+        route = old.locate
         swapped = []
 
         def route_then_swap(key, ctx=None):
@@ -407,7 +407,7 @@ def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, call, w
                 assert reader.refresh() is True
             return route(key, ctx)
 
-        old.prep = route_then_swap
+        old.locate = route_then_swap
         old.group = None  # multi_get's inlined integer routing would bypass the hook
         if call == "get":
             assert reader.get(5) == b"new"
@@ -640,13 +640,13 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
     built = build_snapshot(file_root, rows, num_dbs=2)
     cache = tmp_path / "cache"
     checked: list[str] = []
-    original = reader_module.verify_file
+    original = shard_cache.verify_file
 
     def counting(path, size, checksum, *, source):
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(reader_module, "verify_file", counting)
+    monkeypatch.setattr(shard_cache, "verify_file", counting)
     num_files = sum(len(s.files) for s in built.manifest.shards)
     keys = [k for k, _ in rows]
     with ShardedReader(file_root, cache_dir=cache) as first:  # downloads: each file checked as it arrives
@@ -680,9 +680,9 @@ def test_sst_layout_shards_are_ingested_into_a_local_database(any_root):
         for shard in built.manifest.shards:
             folder = layout.local_cache_dir(reader.cache_dir, built.run_id, shard.db_id)
             names = os.listdir(folder)
-            assert "CURRENT" in names and reader_module._INCOMING not in names
+            assert "CURRENT" in names and shard_cache._INCOMING not in names
             assert not any(n.startswith("run-") for n in names)  # moved into the database, not copied
-            marker = json.loads(Path(folder, reader_module._MARKER).read_text())
+            marker = json.loads(Path(folder, shard_cache._MARKER).read_text())
             recorded = {f["name"] for f in marker["local_files"]}
             assert "CURRENT" in recorded and sum(n.endswith(".sst") for n in recorded) == 3
             assert marker["files"] == [f.to_dict() for f in shard.files]
@@ -698,16 +698,16 @@ def test_sst_layout_cached_database_is_checksummed_on_every_reuse(file_root, tmp
     recorded: set[str] = set()
     for shard in built.manifest.shards:
         folder = layout.local_cache_dir(str(cache), built.run_id, shard.db_id)
-        marker = json.loads(Path(folder, reader_module._MARKER).read_text())
+        marker = json.loads(Path(folder, shard_cache._MARKER).read_text())
         recorded.update({os.path.join(folder, f["name"]) for f in marker["local_files"]})
     checked: list[str] = []
-    original = reader_module.verify_file
+    original = shard_cache.verify_file
 
     def counting(path, size, checksum, *, source):
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(reader_module, "verify_file", counting)
+    monkeypatch.setattr(shard_cache, "verify_file", counting)
     with ShardedReader(file_root, cache_dir=cache) as second:  # every file the database reads, checked again
         downloads = _count_downloads(second)
         assert second.multi_get(keys) == [v for _, v in rows]
@@ -732,7 +732,7 @@ def test_a_db_layout_cache_is_not_taken_for_an_sst_layout_shard(file_root, tmp_p
     folder.mkdir(parents=True)
     shard = built.manifest.shards[0]
     forged = json.dumps({"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}, sort_keys=True)
-    (folder / reader_module._MARKER).write_text(forged)  # what a "db" layout download would have left
+    (folder / shard_cache._MARKER).write_text(forged)  # what a "db" layout download would have left
     with ShardedReader(file_root, cache_dir=cache) as reader:
         downloads = _count_downloads(reader)
         assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
@@ -825,7 +825,7 @@ def _reference(key, num_dbs, enc):
 
 def _fast(key, num_dbs, enc):
     try:
-        return _hash_prep(num_dbs, enc, "k")(key, None)
+        return hash_locator(num_dbs, enc, "k")(key, None)
     except ShardyfusionError as exc:
         return type(exc)
 
@@ -856,18 +856,18 @@ def test_multi_get_integer_grouping_matches_core(keys, num_dbs, enc):
             expected[db_id][1].append(stored)
     except TypeError:  # _reference returned an error type: the grouper must raise it too
         with pytest.raises(ShardyfusionError):
-            _int_grouper(num_dbs, enc, "k")(keys)
+            int_key_grouper(num_dbs, enc, "k")(keys)
         return
-    assert _int_grouper(num_dbs, enc, "k")(keys) == expected
+    assert int_key_grouper(num_dbs, enc, "k")(keys) == expected
 
 
 def test_reader_routing_matches_spec_vectors():
     expected = {0: (1, 1, 9), 1: (2, 6, 14), 2: (3, 3, 3), 7: (3, 7, 15), 42: (0, 0, 8), 2**63 - 1: (2, 6, 6)}
     for key, ids in expected.items():
-        assert tuple(_hash_prep(n, "u64be", "k")(key, None)[0] for n in (4, 8, 16)) == ids
-    assert tuple(_hash_prep(n, "utf8", "k")("hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
-    assert tuple(_hash_prep(n, "raw", "k")(b"hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
-    assert [_hash_prep(3, "u64be", "k")(k, None)[0] for k in range(10)] == [2, 2, 1, 1, 0, 2, 0, 2, 0, 0]
+        assert tuple(hash_locator(n, "u64be", "k")(key, None)[0] for n in (4, 8, 16)) == ids
+    assert tuple(hash_locator(n, "utf8", "k")("hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
+    assert tuple(hash_locator(n, "raw", "k")(b"hello", None)[0] for n in (4, 8, 16)) == (1, 5, 13)
+    assert [hash_locator(3, "u64be", "k")(k, None)[0] for k in range(10)] == [2, 2, 1, 1, 0, 2, 0, 2, 0, 0]
 
 
 # ---- packaging --------------------------------------------------------------------------------

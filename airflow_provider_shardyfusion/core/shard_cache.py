@@ -1,0 +1,293 @@
+"""A reader's local shard cache: each shard downloaded once, verified, and opened read-only.
+
+Layout: ``<root>/run_id=<run>/db=<id>/``. A shard is downloaded on first use (every file's size
+and checksum checked) into a private staging folder and renamed into place; a shard shipped as
+SST files only (``shard_layout`` "sst") is first ingested, in the manifest's file order, into a
+fresh database there. A marker file records what was verified, and a cached copy is re-checked
+against it on every reuse. The copy is opened with rocksdict in raw mode.
+
+Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
+only when no shard download of that run is in flight; otherwise the last such download deletes
+them when it ends. A download for a retired snapshot stops at its next file and raises
+``StaleSnapshot`` (the read retries on the current snapshot, or fails with "closed").
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict
+
+from . import layout
+from .checksum import file_checksum, verify_file
+from .errors import ChecksumMismatchError, ReaderError
+from .loaded_snapshot import LoadedSnapshot, StaleSnapshot
+from .manifest import SHARD_LAYOUT_SST, ShardEntry
+
+if TYPE_CHECKING:
+    from .storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# Written next to the shard files once every file is verified; a cached shard without a matching
+# marker (crash mid-download, another manifest) is downloaded again. RocksDB ignores the file.
+_MARKER = ".shardyfusion-shard.json"
+# "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
+_INCOMING = ".incoming"
+
+
+class ShardCache:
+    """Shards of one reader's snapshots on local disk.
+
+    ``cache_dir``: reused across readers and kept on ``close()``. None: a private temporary folder,
+    removed on ``close()`` (or when the cache is garbage-collected unclosed).
+    """
+
+    def __init__(self, store: ObjectStore, cache_dir: str | os.PathLike[str] | None):
+        self._store = store
+        # Guards the three below: cached files may be deleted only while no download writes there.
+        self._lock = threading.Lock()
+        self._downloads: collections.Counter[str] = collections.Counter()  # run_id -> shard downloads in flight
+        self._doomed_runs: set[str] = set()  # run folders to delete when their last download ends
+        self._close_pending = False  # the private cache goes when the last download ends
+        self._cleanup: weakref.finalize[Any, Any] | None
+        if cache_dir is None:
+            self.root = tempfile.mkdtemp(prefix="shardyfusion-reader-")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        else:
+            self.root = os.path.abspath(os.fspath(cache_dir))
+            os.makedirs(self.root, exist_ok=True)
+            self._cleanup = None
+
+    def open_shard(self, snapshot: LoadedSnapshot, db_id: int) -> Rdict | None:
+        """The open shard ``db_id`` of ``snapshot``, downloading it on first use; None if empty."""
+        db = snapshot.handles.get(db_id)
+        if db is not None:
+            return db
+        shard = snapshot.shards.get(db_id)
+        if shard is None:
+            return None
+        with snapshot.shard_locks[db_id]:
+            db = snapshot.handles.get(db_id)
+            if db is not None:
+                return db
+            self._begin_download(snapshot)
+            try:
+                path = self._local_copy(snapshot, shard)
+                try:
+                    db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
+                except Exception as exc:
+                    raise ReaderError(
+                        f"cannot open shard {db_id} of run {snapshot.run_id!r} ({shard.db_url}) from {path}: {exc}"
+                    ) from exc
+                try:
+                    snapshot.register(db_id, db)
+                except StaleSnapshot:
+                    db.close()  # never shared with another thread, so closing it cannot break a read
+                    raise
+                return db
+            except StaleSnapshot:
+                raise
+            except Exception as exc:
+                # Whatever went wrong for a snapshot nobody serves any more (e.g. its objects were
+                # already garbage-collected) is not the caller's problem: retry on the current one,
+                # which reports its own errors.
+                if snapshot.retired:
+                    raise StaleSnapshot() from exc
+                raise
+            finally:
+                self._end_download(snapshot.run_id)
+
+    def keep_run(self, run_id: str) -> None:
+        """Cancel a pending deletion of ``run_id``'s folder (a refresh back to that run)."""
+        with self._lock:
+            self._doomed_runs.discard(run_id)
+
+    def drop_run(self, run_id: str) -> None:
+        """Delete a retired run's folder, now or when its last download ends; call only after retiring it.
+
+        Only a private cache is ours to prune; a shared cache_dir may serve other readers. A read
+        still inside a retired handle is unaffected: its files stay open until it closes (POSIX).
+        """
+        if self._cleanup is None:
+            return
+        with self._lock:
+            busy = self._downloads[run_id] > 0
+            if busy:
+                self._doomed_runs.add(run_id)  # deleting now would pull files from under it
+        # Outside the lock, so cold reads of the new snapshot need not wait for the deletion: only a
+        # snapshot of this run could download here, and the reader's refresh() (which holds its swap
+        # lock around this call) is the only way one could become current again.
+        if not busy:
+            self._remove_run(run_id)
+
+    def close(self) -> None:
+        """Delete a private cache, now or when the last download ends; call only once every snapshot is retired."""
+        with self._lock:
+            self._close_pending = bool(self._downloads)
+        # Every snapshot is retired now, so no download can start to race this deletion.
+        if not self._close_pending:
+            self._remove_all()
+
+    def _begin_download(self, snapshot: LoadedSnapshot) -> None:
+        with self._lock:
+            # Checked under the lock drop_run takes after ``retired`` is set: either this download
+            # is counted before a retirement decides what to delete, or it sees the retirement.
+            if snapshot.retired:
+                raise StaleSnapshot()
+            self._downloads[snapshot.run_id] += 1
+
+    def _end_download(self, run_id: str) -> None:
+        # Deletes while holding the lock (a rare path): were it released first, a refresh() back
+        # to this run could start a download into the folder during the deletion.
+        with self._lock:
+            self._downloads[run_id] -= 1
+            if self._downloads[run_id] > 0:
+                return
+            del self._downloads[run_id]
+            if self._close_pending:
+                if not self._downloads:
+                    self._remove_all()
+            elif run_id in self._doomed_runs:
+                self._doomed_runs.discard(run_id)
+                self._remove_run(run_id)
+
+    def _local_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:
+        """A verified local copy of ``shard``: reused if already cached, else downloaded."""
+        run_id = snapshot.run_id
+        final = layout.local_cache_dir(self.root, run_id, shard.db_id)
+        ingest = snapshot.manifest.shard_layout == SHARD_LAYOUT_SST
+        entry: dict[str, Any] = {"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}
+        if ingest:
+            entry["shard_layout"] = SHARD_LAYOUT_SST
+        marker = json.dumps(entry, sort_keys=True)
+        if os.path.isdir(final):
+            if _cached_copy_ok(final, marker, shard, run_id):
+                return final
+            log.info("shard %s of run %s: cached copy at %s is stale, incomplete or corrupt; downloading again",
+                     shard.db_id, run_id, final)
+            shutil.rmtree(final, ignore_errors=True)
+        if not shard.files:
+            raise ReaderError(f"shard {shard.db_id} of run {run_id!r} ({shard.db_url}) lists no files in the manifest")
+        parent = os.path.dirname(final)
+        os.makedirs(parent, exist_ok=True)
+        # Download into a private folder and rename it into place: a half-downloaded or unverified
+        # shard is never visible under its final name (to this or another process sharing cache_dir).
+        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        try:
+            base_key = self._store.key_of(shard.db_url)
+            fetched = os.path.join(staging, _INCOMING) if ingest else staging
+            local_files: list[str] = []
+            for f in shard.files:
+                if snapshot.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
+                    raise StaleSnapshot()
+                local = os.path.join(fetched, *f.name.split("/"))
+                local_files.append(local)
+                source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {run_id!r})"
+                self._store.download_file(f"{base_key}/{f.name}", local)
+                try:
+                    verify_file(local, f.size, f.checksum, source=source)
+                except ChecksumMismatchError:
+                    os.unlink(local)  # never leave a bad file where anything could open it
+                    raise
+            if ingest and snapshot.retired:
+                raise StaleSnapshot()
+            written = _ingest_into_db(staging, local_files, entry, shard, run_id) if ingest else marker
+            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
+                fh.write(written)
+            if snapshot.retired:
+                raise StaleSnapshot()
+            try:
+                os.rename(staging, final)
+            except OSError:
+                # Another reader sharing cache_dir won the race; use its copy if it is sound.
+                if not _cached_copy_ok(final, marker, shard, run_id):
+                    raise
+            log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
+            return final
+        finally:
+            if os.path.isdir(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _remove_run(self, run_id: str) -> None:
+        shutil.rmtree(os.path.join(self.root, f"run_id={run_id}"), ignore_errors=True)
+
+    def _remove_all(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup()
+
+
+def _db_file_read(name: str) -> bool:
+    """Files of a closed database that a read-only open reads (LOG, LOCK, OPTIONS, WAL: not needed)."""
+    return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
+
+
+def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str) -> str:
+    """Create a database in ``folder`` from the verified ``ssts`` (moved in); return its marker.
+
+    One ingestion per file, in the manifest's order: sort runs of one shard may overlap, and a
+    later run must win as it did in the writer. The marker records every file the database reads
+    with its size and checksum as they are after ingestion (RocksDB may rename a file and stamp a
+    sequence number into it), so a later reuse re-checks exactly what it will open.
+    """
+    opts = Options(raw_mode=True)
+    opts.set_disable_auto_compactions(True)  # the files must stay as the marker records them
+    try:
+        db = Rdict(folder, opts)
+        try:
+            how = IngestExternalFileOptions()
+            how.set_move_files(True)
+            for path in ssts:
+                db.ingest_external_file([path], how)
+        finally:
+            db.close()
+    except Exception as exc:
+        raise ReaderError(
+            f"cannot ingest the SST files of shard {shard.db_id} of run {run_id!r} ({shard.db_url}) into a local "
+            f"database in {folder}: {exc}"
+        ) from exc
+    shutil.rmtree(os.path.join(folder, _INCOMING), ignore_errors=True)
+    local = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if _db_file_read(name) and os.path.isfile(path):
+            local.append({"name": name, "size": os.path.getsize(path), "checksum": file_checksum(path)})
+    return json.dumps(dict(entry, local_files=local), sort_keys=True)
+
+
+def _cached_copy_ok(path: str, marker: str, shard: ShardEntry, run_id: str) -> bool:
+    """A cached copy is reused only if it was verified for this very shard entry and still checks out.
+
+    The marker says a download was verified once, maybe by another process; the files may have
+    rotted or been edited since, so sizes and checksums are checked again on every reuse (hashing
+    runs at disk speed, far cheaper than the download it saves). An ingested shard ("sst") is
+    checked against the files its marker recorded after ingestion.
+    """
+    try:
+        with open(os.path.join(path, _MARKER), encoding="utf-8") as fh:
+            text = fh.read()
+        if text == marker:
+            expected = [(f.name, f.size, f.checksum) for f in shard.files]
+        else:
+            recorded = json.loads(text)
+            local = recorded.pop("local_files", None) if isinstance(recorded, dict) else None
+            if not local or json.dumps(recorded, sort_keys=True) != marker:
+                return False
+            expected = [(str(f["name"]), int(f["size"]), str(f["checksum"])) for f in local]
+        for name, size, checksum in expected:
+            local_path = os.path.join(path, *name.split("/"))
+            verify_file(local_path, size, checksum, source=f"cached {local_path} (shard {shard.db_id} of run {run_id!r})")
+    except ChecksumMismatchError as exc:
+        log.warning("%s", exc)
+        return False
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or malformed marker: download again
+        return False
+    return True
