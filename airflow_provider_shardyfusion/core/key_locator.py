@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .encoding import PACK_INT_KEY, encode_key
 from .errors import ConfigError, ManifestValidationError, ReaderError
-from .routing import CelRouter, CelSpec, hash64, pack_int_key, route_key
+from .routing import CelRouter, hash64, pack_int_key, route_key
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -51,18 +51,14 @@ class KeyLocator:
             if manifest.key_encoding in ("u64be", "u32be"):
                 group = int_key_grouper(manifest.num_dbs, manifest.key_encoding, sharding.key_column)
             return cls(hash_locator(manifest.num_dbs, manifest.key_encoding, sharding.key_column), group, None)
-        columns = dict(sharding.cel_columns or {})
-        unresolved = sorted(c for c, t in columns.items() if t is None)
+        unresolved = sorted(c for c, t in (sharding.cel_columns or {}).items() if t is None)
         if unresolved:
             raise ManifestValidationError(
                 f"manifest of run {run_id!r}: cel_columns {unresolved} have no CEL type; "
                 "the writer must record resolved types"
             )
         try:
-            router = CelRouter(CelSpec(
-                expr=sharding.cel_expr or "", columns=columns, mode=sharding.cel_mode or "direct",
-                num_dbs=manifest.num_dbs, routing_values=sharding.routing_values,
-            ))
+            router = CelRouter(sharding.cel_spec(manifest.num_dbs))
         except ConfigError as exc:
             raise ManifestValidationError(f"manifest of run {run_id!r}: CEL routing cannot be rebuilt: {exc}") from None
         locate = cel_locator(router, run_id, manifest.key_encoding, sharding.key_column, sharding.cel_expr or "")
