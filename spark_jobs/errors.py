@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NoReturn
 
-from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError, error_type_by_name
+from airflow_provider_shardyfusion.core.errors import (
+    ShardWriteError,
+    ShardyfusionError,
+    SparkSubmitError,
+    error_type_by_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,6 +37,12 @@ def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | No
         return error_type_by_name(match.group(1))(match.group(2))
     if WORKER_CRASHED in text:
         return _worker_died(text, shards_of_task)
+    if _jvm_gone(exc):
+        return SparkSubmitError(
+            f"the Spark JVM this Python driver talks to (spark-submit's process) is gone: it was killed or crashed "
+            f"while the write ran ({type(exc).__name__}: {exc}); nothing was published. Run the write again; if the "
+            "JVM ran out of memory, give it more (spark.driver.memory)"
+        )
     return exc
 
 
@@ -41,6 +52,20 @@ def raise_translated(exc: BaseException, *, shards_of_task: Callable[[int], rang
     if translated is exc:
         raise exc
     raise translated from exc
+
+
+def _jvm_gone(exc: BaseException) -> bool:
+    """A lost Py4J connection: the driver JVM died under us (a raw ConnectionRefusedError otherwise)."""
+    if not isinstance(exc, (ConnectionError, EOFError)) and not type(exc).__module__.startswith("py4j"):
+        return False
+    if type(exc).__name__ == "Py4JNetworkError":
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("py4j."):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _worker_died(text: str, shards_of_task: Callable[[int], range] | None) -> ShardWriteError:

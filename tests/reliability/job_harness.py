@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
@@ -112,6 +113,27 @@ def submit(config, log_dir: Path, *, master: str = "local[2]", faults: dict[str,
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     return Job(proc, config.run_id, log_path)
+
+
+def old_snapshot(root: str) -> tuple[str, dict[int, bytes]]:
+    """The snapshot live before the fault (built without Spark): its run id and its exact values."""
+    expected = {k: f"old-{k}".encode() for k in range(0, 3000, 3)}
+    return build_snapshot(root, expected.items(), num_dbs=3, key_column="id").run_id, expected
+
+
+def rerun(root: str, work: Path, num_dbs: int = 4) -> tuple[str, dict[int, bytes], int]:
+    """After the fault, a new write of new values publishes and reads back exactly.
+
+    Returns its run id, its values and how many keys were read back.
+    """
+    input_path, expected = write_input(work / "rerun", range(0, 5000, 2), "rerun")
+    job = submit(job_config(root, input_path, num_dbs=num_dbs, run_id=layout.new_run_id()), work)
+    try:
+        assert job.wait() == 0, job.output()[-3000:]
+    finally:
+        job.stop()
+    assert live_run(root) == job.run_id
+    return job.run_id, expected, read_exactly(root, expected)
 
 
 def held_pid(marker: Path, job: Job, timeout: float = 120) -> int:

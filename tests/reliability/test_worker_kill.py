@@ -18,7 +18,6 @@ from datetime import timedelta
 
 import psutil
 import pytest
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import make_plan
@@ -30,8 +29,10 @@ from .job_harness import (
     held_pid,
     job_config,
     live_run,
+    old_snapshot,
     read_exactly,
     reclaim,
+    rerun,
     run_objects,
     submit,
     write_input,
@@ -42,17 +43,10 @@ KILLED_SHARD = 2
 NUM_DBS = 4
 
 
-@pytest.fixture
-def old_snapshot(tmp_path):
-    root = f"file://{tmp_path}/snap"
-    expected = {k: f"old-{k}".encode() for k in range(0, 3000, 3)}
-    built = build_snapshot(root, expected.items(), num_dbs=3, key_column="id")
-    return root, built.run_id, expected
-
-
 @pytest.mark.parametrize("retries", [True, False], ids=["with_task_retries", "no_task_retries"])
-def test_killed_python_worker(tmp_path, old_snapshot, figure, retries):
-    root, old_run, old_expected = old_snapshot
+def test_killed_python_worker(tmp_path, figure, retries):
+    root = f"file://{tmp_path}/snap"
+    old_run, old_expected = old_snapshot(root)
     input_path, expected = write_input(tmp_path / "input", range(4000), "new")
     marker = tmp_path / "worker.pid"
     faults = {"hold_shard_write": {"db_id": KILLED_SHARD, "attempt": 0, "marker": str(marker), "seconds": 90}}
@@ -102,16 +96,10 @@ def test_killed_python_worker(tmp_path, old_snapshot, figure, retries):
         rerun_of = config.run_id
 
     # A rerun (new run id, new values) publishes exactly over whatever the fault left.
-    rerun_input, rerun_expected = write_input(tmp_path / "rerun", range(0, 5000, 2), "rerun")
-    rerun = submit(job_config(root, rerun_input, num_dbs=NUM_DBS, run_id=layout.new_run_id()), tmp_path)
-    try:
-        assert rerun.wait() == 0, rerun.output()[-3000:]
-    finally:
-        rerun.stop()
-    assert live_run(root) == rerun.run_id
-    checked += read_exactly(root, rerun_expected)
+    rerun_id, _, rows = rerun(root, tmp_path, NUM_DBS)
+    checked += rows
     if rerun_of is not None:
-        reclaimed = reclaim(root, rerun_of, "failed_runs", keep=(old_run, rerun.run_id))
+        reclaimed = reclaim(root, rerun_of, "failed_runs", keep=(old_run, rerun_id))
     else:
         plan = make_plan(snapshots, grace_period=timedelta(0))
         assert config.run_id not in {i.run_id for i in plan.items}  # nothing of the retried run is left
