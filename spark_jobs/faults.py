@@ -10,8 +10,8 @@ Python workers were started before the variable was set. Keys:
   hold_shard_write: {"db_id": int, "attempt": int, <hold>}  the Python worker writing that shard attempt
                                                           holds after its files were uploaded
   hold_before_publish: {<hold>}                           the driver holds just before publishing
-A hold: {"marker": path, "seconds": float, "release": path}: the process writes its pid to marker
-("{run_id}" in the path is replaced), then waits until the release file exists or seconds pass.
+A hold: {"marker": path, "seconds": float, "release": path}: the process writes its pid to marker,
+then waits until the release file exists or seconds pass ("{run_id}" in either path is replaced).
 Tests use the pid to kill that process at that point, and the release file to let several
 writers go on at once.
 """
@@ -47,7 +47,7 @@ def _hold(spec: dict[str, Any], run_id: str) -> None:
         fh.write(str(os.getpid()))
     os.replace(marker + ".tmp", marker)
     deadline = time.monotonic() + float(spec.get("seconds", 30))
-    release = spec.get("release")
+    release = spec["release"].replace("{run_id}", run_id) if spec.get("release") else None
     while time.monotonic() < deadline and not (release and os.path.exists(release)):
         time.sleep(0.05)
 
