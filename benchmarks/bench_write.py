@@ -61,15 +61,14 @@ def main() -> None:
     def noop_pass(stage: str) -> float:
         """The sharded job's Spark side up to the writer, into Spark's noop sink (per-phase split)."""
         from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-        from spark_jobs.driver import _routed
-        from spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan
+        from spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
 
         df = spark.read.parquet(src)
         if stage == "shuffle":
             df = df.repartition(args.num_dbs)
         else:
             plan = RoutingPlan(ShardingInfo(strategy="hash", key_column="id"), args.num_dbs, "int")
-            df = _routed(df, plan).repartitionById(args.num_dbs, SHARD_ID_COL)
+            df = with_shard_id(df, plan).repartitionById(args.num_dbs, SHARD_ID_COL)
             if stage == "route_shuffle_sort":
                 df = df.sortWithinPartitions("id")
         t = time.perf_counter()

@@ -30,7 +30,7 @@ from . import errors as job_errors
 from . import faults as fault_injection
 from . import spark_types
 from .conf_overrides import spark_conf_overrides
-from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, shard_id_column
+from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
@@ -253,10 +253,6 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
     )
 
 
-def _routed(df, plan: RoutingPlan):
-    return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
-
-
 # Beyond this many tasks per core, one task writes several shards (SPEC §10): each task costs a
 # launch, a Python round trip and a result, ~40 ms that 1000s of small shards paid one by one.
 TASKS_PER_CORE = 8
@@ -271,7 +267,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
     from pyspark.sql import functions as F
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
-    routed = _routed(df, plan)
+    routed = with_shard_id(df, plan)
     if num_tasks < plan.num_dbs:
         # Partition t holds the contiguous ids shards_of_task(t); sorted by id the shards of a
         # partition arrive one after another (and in key order when Spark sorts the shards).
@@ -307,7 +303,7 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
         # pruning the routing UDF away, as it would for a column that is only dropped.
-        df = _routed(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
+        df = with_shard_id(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
     # The range-partitioned sort's partitions, streamed in index order, are the global order. No
     # coalesce: its partition coalescer groups parents by locality, not by index, and interleaved
     # them (caught by the writer's order check). AQE already merges small sorted partitions, and
