@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
-# An error raised by a Spark expression (raise_error, in JVM routing) carries this suffix on its line.
-_SQLSTATE_SUFFIX = re.compile(r" SQLSTATE: \w+$")
 # Spark's text when a Python worker's connection ends without a result: the process died
 # (SIGKILL from the kernel's out-of-memory killer, a signal, a segfault in native code).
 WORKER_CRASHED = "Python worker exited unexpectedly"
@@ -36,7 +34,7 @@ def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | No
     text = str(exc)
     match = _ERROR_LINE.search(text)
     if match:
-        return error_type_by_name(match.group(1))(_SQLSTATE_SUFFIX.sub("", match.group(2)))
+        return error_type_by_name(match.group(1))(match.group(2))
     if WORKER_CRASHED in text:
         return _worker_died(text, shards_of_task)
     if _jvm_gone(exc):
@@ -78,9 +76,7 @@ def _worker_died(text: str, shards_of_task: Callable[[int], range] | None) -> Sh
         task, stage, times = (int(g) for g in failed.groups())
         trace = _TASK_TRACE.search(text)
         # The writing tasks are the action's result tasks; a shuffle-map task reads and routes input rows.
-        writing = shards_of_task is not None and trace is not None and "ResultTask" in trace.group(1)
-        if writing:
-            assert shards_of_task is not None
+        if shards_of_task is not None and trace is not None and "ResultTask" in trace.group(1):
             ids = shards_of_task(task)
             what = f"shard {ids.start}" if len(ids) == 1 else f"shards {ids.start}..{ids.stop - 1}"
             where = f"while writing {what} (task {task} of Spark stage {stage})"
@@ -90,7 +86,7 @@ def _worker_died(text: str, shards_of_task: Callable[[int], range] | None) -> Sh
     return ShardWriteError(
         f"a Spark Python worker died {where}: it exited unexpectedly, most likely killed by the operating "
         f"system's out-of-memory killer or by a signal{tries}; nothing was published. Let Spark retry the task "
-        "(spark.task.maxFailures > 1; in local mode the master local[N,F]) and, if memory ran out, give the "
+        "(raise spark.task.maxFailures; in local mode the master local[N,F]) and, if memory ran out, give the "
         "Python workers more memory (spark.executor.memory, spark.executor.memoryOverhead, "
         "spark.executor.pyspark.memory) or lower sort_run_rows / batch_size"
     )
