@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
+# An error raised by a Spark expression (raise_error, in JVM routing) carries this suffix on its line.
+_SQLSTATE_SUFFIX = re.compile(r" SQLSTATE: \w+$")
 # Spark's text when a Python worker's connection ends without a result: the process died
 # (SIGKILL from the kernel's out-of-memory killer, a signal, a segfault in native code).
 WORKER_CRASHED = "Python worker exited unexpectedly"
@@ -34,7 +36,7 @@ def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | No
     text = str(exc)
     match = _ERROR_LINE.search(text)
     if match:
-        return error_type_by_name(match.group(1))(match.group(2))
+        return error_type_by_name(match.group(1))(_SQLSTATE_SUFFIX.sub("", match.group(2)))
     if WORKER_CRASHED in text:
         return _worker_died(text, shards_of_task)
     if _jvm_gone(exc):
