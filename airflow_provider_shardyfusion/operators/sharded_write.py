@@ -25,7 +25,7 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout, write_args
-from airflow_provider_shardyfusion.core.errors import ConfigError, RunRecordError, SparkSubmitError
+from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError, RunRecordError, SparkSubmitError
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.write_run import (
@@ -34,6 +34,7 @@ from airflow_provider_shardyfusion.operators.write_run import (
     candidate_run_ids,
     choose_run,
     interpret_outcome,
+    not_live_message,
     resolve_deferral_timeout,
     same_try,
     snapshot_summary,
@@ -365,7 +366,7 @@ class ShardedWriteOperator(BaseOperator):
         record = self._wait_in_worker(hook, config, timeout)
         self._persist_link(context, record)
         if record.status == SUCCEEDED:
-            return self._succeeded(context, snapshot_summary(record, published=self.publish is True))
+            return self._succeeded_run(context, hook, record)
         err = record.error
         raise writer_exception(err.type if err else RunRecordError.__name__,
                                f"{err.message if err else 'failed without an error in its run record'} "
@@ -410,7 +411,8 @@ class ShardedWriteOperator(BaseOperator):
             except Exception as exc:  # the run's own error below matters more than the bookkeeping
                 self.log.warning("Run %s: could not mark the run record failed: %s", config.run_id, exc)
         if outcome.summary is not None:
-            return self._succeeded(context, outcome.summary)
+            assert record is not None  # a summary comes only from a succeeded record
+            return self._succeeded_run(context, hook, record)
         if outcome.traceback_tail:
             self.log.error("Run %s failed in the Spark job; traceback tail:\n%s", config.run_id, outcome.traceback_tail)
         outcome.raise_error()
@@ -422,13 +424,24 @@ class ShardedWriteOperator(BaseOperator):
         if event.get("status") == "success":
             record = RunRecord.from_dict(event["run_record"])
             self._persist_link(context, record)
-            return self._succeeded(context, snapshot_summary(record, published=self.publish is True))
+            from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+            return self._succeeded_run(context, ShardyfusionHook(aws_conn_id=self.aws_conn_id), record)
         if event.get("run_record"):
             with contextlib.suppress(Exception):  # the link is a convenience; the error below is what matters
                 self._persist_link(context, RunRecord.from_dict(event["run_record"]))
         error_type = event.get("error_type") or "ShardyfusionError"
         message = event.get("writer_message") or event.get("message") or f"run record trigger failed: {event!r}"
         raise writer_exception(error_type, message)
+
+    def _succeeded_run(self, context: Context, hook: ShardyfusionHook, record: RunRecord) -> dict[str, Any]:
+        publish = self.publish is True
+        if publish and record.published_at is None:
+            live = hook.read_current(record.output_uri)
+            problem = not_live_message(record, publish=publish, live_run_id=live.run_id if live else None)
+            if problem is not None:
+                raise PublishManifestError(problem)
+        return self._succeeded(context, snapshot_summary(record, published=publish))
 
     def _succeeded(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"],

@@ -27,7 +27,13 @@ from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.config import WriteConfig, build_write_config
-from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, RunRecordError, ShardyfusionError
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError,
+    InputDataError,
+    PublishManifestError,
+    RunRecordError,
+    ShardyfusionError,
+)
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import bundle as bundle_mod
@@ -690,3 +696,25 @@ def test_a_reattached_run_whose_writer_dies_fails_this_try_without_marking_the_r
     with pytest.raises(RunRecordError, match="writer lost"):
         make_op(root, run_id="daily", poll_interval=1).execute(make_context())
     assert seen.calls == [] and read_run_record(open_store(root), "daily").status == RUNNING
+
+
+def test_a_publish_refused_as_backwards_fails_the_task_instead_of_reporting_published(monkeypatch, tmp_path):
+    """Two writers raced and the newer one went live first: this run's record says succeeded, but
+    _CURRENT never moved to it. The task must not say ``published`` nor emit the snapshot's event."""
+    connections(monkeypatch)
+
+    def newer_run_went_live_first(config: WriteConfig):
+        store = open_store(config.output_uri)
+        publish_snapshot(store, "newer-run")
+        job_record(config, SUCCEEDED, manifest_ref=store.uri(layout.manifest_key(config.run_id, layout.utc_now())))
+
+    stub_submit(monkeypatch, newer_run_went_live_first)
+    root = f"file://{tmp_path}/snap"
+    ctx = make_context()
+    with pytest.raises(PublishManifestError) as info:
+        make_op(root, run_id="older-run").execute(ctx)
+    message = str(info.value)
+    assert "run 'older-run' was written completely" in message and "names run 'newer-run'" in message
+    assert "PublishSnapshotOperator(run_id='older-run', allow_older=True)" in message
+    assert Asset(root) not in ctx["outlet_events"]
+    assert json.loads(open_store(root).get(layout.CURRENT_KEY).data)["run_id"] == "newer-run"
