@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from polling import wait_for
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled, RunRecordError, ShardWriteError, StorageError
@@ -24,16 +25,6 @@ from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 
 LEASE, BEAT = 2.0, 0.2
-
-
-def wait_until(predicate, timeout=10.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 class FlakyPuts:
@@ -119,12 +110,12 @@ def test_heartbeat_renews_lease(store):
     lc = lifecycle(store).start()
     try:
         first = read_run_record(store, "run-1")
-        later = wait_until(lambda: (r := read_run_record(store, "run-1")).updated_at > first.updated_at and r)
+        later = wait_for(lambda: (r := read_run_record(store, "run-1")).updated_at > first.updated_at and r)
         assert later.lease_expires_at > first.lease_expires_at
         assert later.lease_expires_at - later.updated_at == timedelta(seconds=LEASE)
         assert later.started_at == first.started_at and later.status == RUNNING
         # ...and keeps renewing.
-        wait_until(lambda: read_run_record(store, "run-1").updated_at > later.updated_at)
+        wait_for(lambda: read_run_record(store, "run-1").updated_at > later.updated_at)
         assert not read_run_record(store, "run-1").lease_expired(layout.utc_now())
     finally:
         lc.succeed(manifest_ref(store))
@@ -161,15 +152,15 @@ def test_failed_heartbeat_write_is_not_fatal(flaky_store):
     lc = lifecycle(store).start()
     try:
         store.failing.set()
-        wait_until(lambda: store.injected >= 1)  # from now on every background beat fails
+        wait_for(lambda: store.injected >= 1)  # from now on every background beat fails
         frozen = read_run_record(store, "run-1")
         seen = store.injected
-        wait_until(lambda: store.injected >= seen + 3)  # several more heartbeats failed, thread still alive
+        wait_for(lambda: store.injected >= seen + 3)  # several more heartbeats failed, thread still alive
         assert lc.heartbeat() is False  # a direct beat fails too, without raising
         assert not lc.lost
         assert read_run_record(store, "run-1").updated_at == frozen.updated_at
         store.failing.clear()
-        wait_until(lambda: read_run_record(store, "run-1").updated_at > frozen.updated_at)  # the thread kept going
+        wait_for(lambda: read_run_record(store, "run-1").updated_at > frozen.updated_at)  # the thread kept going
         assert lc.heartbeat() is True
         lc.succeed(manifest_ref(store))
     finally:
@@ -229,7 +220,7 @@ def test_context_manager_success(store):
 def test_mark_failed_from_outside_wins_over_lifecycle(store):
     lc = lifecycle(store).start()
     abandoned = RunAbandoned("lease expired: abandoned")
-    reaped = wait_until(lambda: (r := mark_failed(store, "run-1", abandoned)).status == FAILED and r)
+    reaped = wait_for(lambda: (r := mark_failed(store, "run-1", abandoned)).status == FAILED and r)
     assert reaped.error.type == "RunAbandoned" and reaped.error.message == "lease expired: abandoned"
     stored = read_run_record(store, "run-1")
     assert stored == reaped
@@ -246,8 +237,8 @@ def test_mark_failed_from_outside_wins_over_lifecycle(store):
 
 def test_heartbeat_notices_reaping(store):
     lc = lifecycle(store).start()
-    wait_until(lambda: mark_failed(store, "run-1", RunKilled("killed")).status == FAILED)
-    wait_until(lambda: lc.lost)  # the next heartbeat finds a foreign version and stops
+    wait_for(lambda: mark_failed(store, "run-1", RunKilled("killed")).status == FAILED)
+    wait_for(lambda: lc.lost)  # the next heartbeat finds a foreign version and stops
     rec = read_run_record(store, "run-1")
     assert rec.status == FAILED and rec.error.type == "RunKilled"
 
@@ -255,7 +246,7 @@ def test_heartbeat_notices_reaping(store):
 def test_context_manager_after_reaping_keeps_outside_error(store):
     def fail_after_reaping() -> None:
         with lifecycle(store):
-            wait_until(lambda: mark_failed(store, "run-1", RunAbandoned("abandoned")).status == FAILED)
+            wait_for(lambda: mark_failed(store, "run-1", RunAbandoned("abandoned")).status == FAILED)
             raise ValueError("late failure")
 
     with pytest.raises(ValueError, match="late failure"):

@@ -18,15 +18,15 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+from polling import wait_for
 from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
@@ -37,21 +37,8 @@ from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "spark_jobs" / "sharded_write_job.py"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def write_input(directory: Path, keys: range, tag: str) -> tuple[str, dict[int, bytes]]:
