@@ -37,7 +37,7 @@ from airflow_provider_shardyfusion.core.manifest import SHARD_LAYOUTS
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
 
-GET_P50_MAX_RATIO = 2.0
+GET_P50_MAX_RATIO = 1.5  # SPEC §10
 MULTI_GET_MIN_KEYS_PER_S = 200_000
 
 

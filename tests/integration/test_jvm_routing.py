@@ -41,12 +41,8 @@ def test_long_keys_route_exactly_like_core(spark):
     rnd = random.Random(7)
     keys = [0, 1, 2, 7, 42, -1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1, 2**32, -(2**32), 2**31 - 1]
     keys += [rnd.randint(INT64_MIN, INT64_MAX) for _ in range(5000)]
-    checked = 0
     for num_dbs in (1, 3, 4, 8, 16, 1000, 4096, 99_999):
-        got = routed(spark, keys, "long", num_dbs)
-        assert {k: route_key(k, num_dbs) for k in keys} == got
-        checked += len(got)
-    print(f"FIGURE jvm routing: keys checked={checked}")
+        assert routed(spark, keys, "long", num_dbs) == {k: route_key(k, num_dbs) for k in keys}
 
 
 @pytest.mark.parametrize(("ddl", "lo", "hi"), [("int", -(2**31), 2**31 - 1), ("short", -(2**15), 2**15 - 1),
