@@ -63,7 +63,7 @@ def test_refresh_keeps_the_old_snapshot_when_the_new_manifest_was_edited(publish
     figure(manifests_tampered=1, rows_checked=len(KEYS))
 
 
-def test_the_cli_and_the_current_sensor_refuse_it_too(file_root, capsys):
+def test_the_cli_refuses_it_too(file_root, capsys):
     from airflow_provider_shardyfusion.cli import main
 
     snapshots, _, old, _ = publish_two(file_root, None)
@@ -71,7 +71,14 @@ def test_the_cli_and_the_current_sensor_refuse_it_too(file_root, capsys):
     assert main(["manifest", snapshots.root]) == 1
     assert "changed after publishing" in capsys.readouterr().err
 
+
+# No capsys here: the first Airflow import configures logging onto whatever sys.stderr is then, and a
+# per-test capture stream is closed after its test (later log lines would fail to write).
+def test_the_current_sensor_refuses_it_too(file_root):
     from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
+
+    snapshots, _, old, _ = publish_two(file_root, None)
+    tamper(snapshots.store, old.manifest_key)
 
     sensor = CurrentSnapshotSensor(task_id="s", output_uri=snapshots.root, mode="exists", deferrable=False,
                                    aws_conn_id=None, timeout=5, poke_interval=1)
