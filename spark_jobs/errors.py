@@ -16,6 +16,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
+
+
+def error_line(exc: ShardyfusionError) -> str:
+    """``exc`` as the one line ``translate`` finds in a Spark failure (for errors raised by JVM expressions)."""
+    return f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+
+
 # An error raised by a Spark expression (raise_error, in JVM routing) carries this suffix on its line.
 _SQLSTATE_SUFFIX = re.compile(r" SQLSTATE: \w+$")
 # Spark's text when a Python worker's connection ends without a result: the process died

@@ -47,13 +47,14 @@ class RoutingPlan:
 def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None) -> np.ndarray:
     from airflow_provider_shardyfusion.core import routing
     from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
-    from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
+    from airflow_provider_shardyfusion.core.encoding import null_key_error
+    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
 
     key_column = plan.sharding.key_column
     if plan.sharding.strategy == "hash":
         keys = batch.column(key_column)
         if first_null_row(keys) is not None:
-            raise InputDataError(f"column {key_column!r}: null key (rule: keys must not be null)")
+            raise null_key_error(key_column)
         if plan.key_kind == "string":
             check_utf8(keys, column=key_column, rule=UTF8_RULE_KEY)
         # Hashed integer keys are routed on the JVM (with_shard_id); this path serves strings and bytes.
@@ -101,7 +102,6 @@ def _signed(u: int) -> int:
 # XXH3's constants as the signed longs Spark holds: secret bytes 8..16 ^ 16..24, and PRIME_MX2.
 _JVM_BITFLIP = _signed(0x1CAD21F72C81017C ^ 0xDB979083E96DD4DE)
 _JVM_PRIME_MX2 = _signed(0x9FB21C651E98DF25)
-_NULL_KEY = "airflow_provider_shardyfusion.core.errors.InputDataError: column {column!r}: null key (rule: keys must not be null)"
 
 
 def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: bool = False):
@@ -119,7 +119,11 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
     """
     from pyspark.sql import functions as F
 
-    spark = df.sparkSession
+    from airflow_provider_shardyfusion.core.encoding import null_key_error
+
+    from .conf_overrides import spark_conf_overrides
+    from .errors import error_line
+
     names = [f"__shardyfusion_h{i}" for i in range(4)]
 
     def rotl(c, r: int):
@@ -132,22 +136,15 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
 
     key = F.col(key_column)
     shift = 1 if wrong_router else 0  # test-only fault, as in shard_ids_for_batch
-    previous = spark.conf.get("spark.sql.ansi.enabled", None)
-    spark.conf.set("spark.sql.ansi.enabled", "false")
-    try:
+    with spark_conf_overrides(df.sparkSession, {"spark.sql.ansi.enabled": "false"}):
         h0, h1, h2, h3 = (F.col(n) for n in names)
         out = (df.withColumn(names[0], rotl(key.cast("bigint"), 32).bitwiseXOR(F.lit(_JVM_BITFLIP)))
                .withColumn(names[1], h0.bitwiseXOR(rotl(h0, 49).bitwiseXOR(rotl(h0, 24))) * F.lit(_JVM_PRIME_MX2))
                .withColumn(names[2], h1.bitwiseXOR(F.shiftrightunsigned(h1, 35) + F.lit(8)) * F.lit(_JVM_PRIME_MX2))
                .withColumn(names[3], h2.bitwiseXOR(F.shiftrightunsigned(h2, 28)))
-               .withColumn(SHARD_ID_COL, F.when(key.isNull(), F.raise_error(F.lit(_NULL_KEY.format(column=key_column))))
+               .withColumn(SHARD_ID_COL, F.when(key.isNull(), F.raise_error(F.lit(error_line(null_key_error(key_column)))))
                            .otherwise(F.pmod(unsigned_mod(h3, num_dbs) + shift, F.lit(num_dbs)).cast("int")))
                .drop(*names))
-    finally:
-        if previous is None:
-            spark.conf.unset("spark.sql.ansi.enabled")
-        else:
-            spark.conf.set("spark.sql.ansi.enabled", previous)
     return out
 
 

@@ -102,6 +102,3 @@ def first_null_row(array: pa.Array) -> int | None:
         return None
     return int(pc.index(pc.is_null(array), True).as_py())
 
-
-def raise_null_key(column: str, batch: pa.RecordBatch | None = None) -> None:
-    raise InputDataError(f"column {column!r}: null key (rule: keys must not be null)")

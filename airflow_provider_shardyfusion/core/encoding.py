@@ -49,9 +49,13 @@ def validate_key_encoding(encoding: object) -> KeyEncoding:
     return cast("KeyEncoding", encoding)
 
 
+def null_key_error(column: str) -> InputDataError:
+    return InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
+
+
 def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
     if key is None:
-        raise InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
+        raise null_key_error(column)
     if encoding == "u64be" or encoding == "u32be":
         if isinstance(key, bool) or not isinstance(key, int):
             raise KeyEncodingError(

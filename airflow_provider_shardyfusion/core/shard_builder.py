@@ -153,7 +153,7 @@ class ShardBuilder:
             return
         null_at = first_null_row(keys)
         if null_at is not None:
-            raise InputDataError(f"column {self.key_column!r}: null key (rule: keys must not be null)")
+            raise encoding.null_key_error(self.key_column)
         self._keys.append(keys)
         self._values.append(values)
         self._buffered += len(keys)
