@@ -315,6 +315,13 @@ def _healthy(d: Deployment) -> bool:
         return False
 
 
+def _failed_task_logs(d: Deployment, dag_id: str, run_id: str, states: dict[str, str | None]) -> str:
+    failed = [t for t, state in states.items() if state != "success"]
+    run_folder = d.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    logs = [p for t in failed for p in sorted(run_folder.glob(f"task_id={t}/*.log"))]
+    return "\n".join(f"--- {p.relative_to(d.home)}\n{p.read_text(errors='replace')[-6000:]}" for p in logs)
+
+
 def _service_logs(d: Deployment) -> str:
     return "\n".join(f"--- {s.name} (exit {s.proc.poll()})\n{s.text()[-4000:]}" for s in d.services)
 
@@ -379,7 +386,9 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     wait_for("every DAG run to finish", finished, RUN_TIMEOUT_S, 2.0, lambda: _service_logs(d))
     for dag_id, run_id in every_run:
         states = task_states(d, dag_id, run_id)
-        assert set(states.values()) == {"success"}, (dag_id, run_id, states, _service_logs(d))
+        if set(states.values()) != {"success"}:  # pytest.fail: the whole message, task log tails included
+            pytest.fail(f"{dag_id} {run_id}: {states}\n{_failed_task_logs(d, dag_id, run_id, states)}\n"
+                        f"{_service_logs(d)}")
 
     # Writes: each run read its own input (a shared folder would mix row counts), published, and
     # its XCom summary, asset event and extra link are served by the API.
