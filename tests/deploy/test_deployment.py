@@ -319,7 +319,12 @@ def _failed_task_logs(d: Deployment, dag_id: str, run_id: str, states: dict[str,
     failed = [t for t, state in states.items() if state != "success"]
     run_folder = d.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
     logs = [p for t in failed for p in sorted(run_folder.glob(f"task_id={t}/*.log"))]
-    return "\n".join(f"--- {p.relative_to(d.home)}\n{p.read_text(errors='replace')[-6000:]}" for p in logs)
+
+    def summary(text: str) -> str:  # the error lines first: a Java stack trace can fill any tail
+        errors = [line[:600] for line in text.splitlines() if re.search(r"\[error|Error\b|Exception\b", line)]
+        return "\n".join(errors[:40]) + "\n... log tail:\n" + text[-4000:]
+
+    return "\n".join(f"--- {p.relative_to(d.home)}\n{summary(p.read_text(errors='replace'))}" for p in logs)
 
 
 def _service_logs(d: Deployment) -> str:
@@ -387,8 +392,9 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     for dag_id, run_id in every_run:
         states = task_states(d, dag_id, run_id)
         if set(states.values()) != {"success"}:  # pytest.fail: the whole message, task log tails included
-            pytest.fail(f"{dag_id} {run_id}: {states}\n{_failed_task_logs(d, dag_id, run_id, states)}\n"
-                        f"{_service_logs(d)}")
+            # The failed tasks' own logs go last: a truncated report keeps its tail.
+            pytest.fail(f"{dag_id} {run_id}: {states}\n{_service_logs(d)}\n"
+                        f"{_failed_task_logs(d, dag_id, run_id, states)}\n{dag_id} {run_id}: {states}")
 
     # Writes: each run read its own input (a shared folder would mix row counts), published, and
     # its XCom summary, asset event and extra link are served by the API.
