@@ -1,6 +1,7 @@
 """Entry point: ``spark-submit [--py-files bundle.zip] sharded_write_job.py --config-b64 <base64 JSON>``.
 
-Exit codes: 0 published; 1 the write failed (error in the run record and on stderr);
+Exit codes: 0 written (published, or staged: ``publish=False`` or superseded by a run that started
+later and is live already); 1 the write failed (error in the run record and on stderr);
 2 the config was rejected before a run record existed.
 """
 
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = builder.getOrCreate()
     try:
         record = run_write(spark, config)
-        print(f"shardyfusion job published run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
+        done = "published" if record.get("published_at") else "staged"
+        print(f"shardyfusion job {done} run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
         return 0
     except Exception as exc:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)

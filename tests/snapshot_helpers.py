@@ -49,3 +49,21 @@ def publish_snapshot(store: ObjectStore, run_id: str | None = None) -> CurrentPo
     pointer = CurrentPointer(manifest_ref=manifest_ref, run_id=run_id, updated_at=now)
     store.put(layout.CURRENT_KEY, pointer.to_bytes())
     return pointer
+
+
+def publish_written_run(store: ObjectStore, run_id: str, *, started_minutes_ago: float = 0.0, live: bool = True,
+                        writer: dict[str, Any] | None = None) -> RunRecord:
+    """An empty 2-shard run through the writer's own two-phase publish (``core.publish.publish``),
+    as if its run had started ``started_minutes_ago``; ``live=False`` stages it."""
+    from airflow_provider_shardyfusion.core.publish import publish
+    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+
+    now = layout.utc_now()
+    manifest = Manifest(
+        run_id=run_id, created_at=now, output_uri=store.root, num_dbs=2,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        shards=(), stats={"rows": 0, "empty_shards": 2}, run_started_at=now - timedelta(minutes=started_minutes_ago),
+    ).validate()
+    lifecycle = RunRecordLifecycle(store, run_id, num_dbs=2, writer=writer).start()
+    return publish(store, manifest, lifecycle, live=live, sleep=lambda s: None)
+

@@ -54,6 +54,11 @@ class PublishManifestError(ShardyfusionError):
     """The manifest or the ``_CURRENT`` pointer could not be published."""
 
 
+class RunSupersededError(PublishManifestError):
+    """A run that started later is live already: ``_CURRENT`` never moves back to an older run
+    unless a rollback is asked for."""
+
+
 class ManifestValidationError(ShardyfusionError, ValueError):
     """A manifest or ``_CURRENT`` pointer is malformed or unsafe to follow."""
 

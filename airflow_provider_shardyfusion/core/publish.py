@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import layout
-from .errors import PublishManifestError, RunRecordError, StorageError
+from .errors import PublishManifestError, RunRecordError, RunSupersededError, StorageError
 from .pointer import CurrentPointer
 from .retry import call_with_retry
 from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
@@ -55,6 +55,12 @@ def publish(
         return record
     try:
         snapshots.move_pointer(ref, allow_older=allow_rollback, sleep=sleep)
+    except RunSupersededError as exc:
+        # Not a failure of this run: newer data is live, and failing would invite a retry that
+        # publishes this older input over it under a fresh (newer) run id.
+        log.warning("run %s: superseded, so it stays staged (written, recorded succeeded, not live): %s",
+                    manifest.run_id, exc)
+        return record
     except PublishManifestError as exc:
         raise PublishManifestError(
             f"run {manifest.run_id!r} is written and recorded succeeded, but _CURRENT was not moved to it: {exc}. "
@@ -97,6 +103,47 @@ def _stamp_published(snapshots: SnapshotRoot, run_id: str) -> RunRecord | None:
     except (StorageError, RunRecordError) as exc:
         log.warning("run %s is live but published_at could not be recorded: %s", run_id, exc)
         return None
+
+
+@dataclass(frozen=True)
+class PublishStatus:
+    """Where a run the writer was told to publish stands against ``_CURRENT``.
+
+    ``live``: ``_CURRENT`` names it, or did (``published_at``). ``superseded``: a run that started
+    later is live, so the never-backwards rule kept this one staged, which is not a failure of
+    this run. ``not_live``: neither; its pointer move failed, or has not happened yet (the writer
+    records ``succeeded`` before it moves ``_CURRENT``).
+    """
+
+    run_id: str
+    state: Literal["live", "superseded", "not_live"]
+    live: CurrentPointer | None
+    output_uri: str
+
+    def message(self) -> str:
+        where = f"_CURRENT at {self.output_uri} " + (f"names run {self.live.run_id!r}" if self.live else "does not exist")
+        if self.state == "superseded":
+            return (f"run {self.run_id!r} is written and recorded succeeded but stays staged: {where}, which started "
+                    "later, and _CURRENT never moves back to an older run. To make it live anyway, publish it with "
+                    f"PublishSnapshotOperator(run_id={self.run_id!r}, allow_older=True)")
+        if self.state == "not_live":
+            return (f"run {self.run_id!r} was written completely (run record succeeded) but did not go live: {where}. "
+                    f"Publish it with PublishSnapshotOperator(run_id={self.run_id!r}) or 'shardyfusion publish'")
+        return f"run {self.run_id!r} is live"
+
+
+def publish_status(snapshots: SnapshotRoot, record: RunRecord) -> PublishStatus:
+    """Where the succeeded run ``record`` stands; its record is read again for ``published_at``."""
+    fresh = snapshots.read_run(record.run_id) or record
+    live = snapshots.current()
+    if fresh.published_at is not None or (live is not None and live.run_id == record.run_id):
+        state: Literal["live", "superseded", "not_live"] = "live"
+    elif live is not None and record.manifest_ref and \
+            snapshots.started_after(live, snapshots.read_manifest(record.manifest_ref)) is not None:
+        state = "superseded"
+    else:
+        state = "not_live"
+    return PublishStatus(record.run_id, state, live, record.output_uri)
 
 
 @dataclass(frozen=True)
@@ -169,13 +216,7 @@ def publish_run(
     before = snapshots.current()
     pointer = snapshots.move_pointer(ref, allow_older=allow_older, sleep=sleep)
     moved = before is None or before.manifest_ref != pointer.manifest_ref
-    rollback = False
-    if moved and before is not None:
-        try:
-            live_started = snapshots.load_manifest(before).run_started_at
-        except Exception:  # an unreadable live manifest: the move was allowed, so it was not newer
-            live_started = None
-        rollback = bool(live_started and manifest.run_started_at and live_started > manifest.run_started_at)
+    rollback = moved and before is not None and snapshots.started_after(before, manifest) is not None
     if moved or (record is not None and record.published_at is None):
         _stamp_published(snapshots, ref.run_id)
     log.info("%s: _CURRENT %s run %s (was %s)", snapshots.root,

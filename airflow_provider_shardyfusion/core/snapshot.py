@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import layout
 from .checksum import bytes_checksum
-from .errors import ManifestValidationError, ObjectNotFoundError, PublishManifestError, RunRecordError, StorageError
+from .errors import (
+    ManifestValidationError,
+    ObjectNotFoundError,
+    PublishManifestError,
+    RunRecordError,
+    RunSupersededError,
+    StorageError,
+)
 from .manifest import Manifest
 from .pointer import CurrentPointer, parse_pointer
 from .retry import RetryPolicy, call_with_retry
@@ -126,18 +133,24 @@ class SnapshotRoot:
         )
 
     def _refuse_backwards(self, live: CurrentPointer, target: Manifest) -> None:
+        theirs = self.started_after(live, target)
+        if theirs is not None and target.run_started_at is not None:
+            raise RunSupersededError(
+                f"_CURRENT names run {live.run_id!r}, which started at {layout.format_ts(theirs)}, after run "
+                f"{target.run_id!r} ({layout.format_ts(target.run_started_at)}); refusing to move it backwards. "
+                "To roll back on purpose use PublishSnapshotOperator(allow_older=True) or "
+                "'shardyfusion publish --allow-older'"
+            )
+
+    def started_after(self, live: CurrentPointer, target: Manifest) -> datetime | None:
+        """When the live run started, if that was after ``target``'s run; else None."""
         try:
             theirs = self.load_manifest(live).run_started_at
         except (StorageError, ManifestValidationError) as exc:
             log.warning("live manifest %s is unreadable (%s); treating it as older", live.manifest_ref, exc)
-            return
+            return None
         ours = target.run_started_at
-        if theirs is not None and ours is not None and theirs > ours:
-            raise PublishManifestError(
-                f"_CURRENT names run {live.run_id!r}, which started at {layout.format_ts(theirs)}, after run "
-                f"{target.run_id!r} ({layout.format_ts(ours)}); refusing to move it backwards. To roll back on "
-                "purpose use PublishSnapshotOperator(allow_older=True) or 'shardyfusion publish --allow-older'"
-            )
+        return theirs if theirs is not None and ours is not None and theirs > ours else None
 
     # -- manifests ------------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ from airflow_provider_shardyfusion.operators.write_run import (
     candidate_run_ids,
     choose_run,
     interpret_outcome,
-    not_live_message,
     resolve_deferral_timeout,
     same_try,
     snapshot_summary,
@@ -59,6 +58,8 @@ __all__ = ["ShardedWriteOperator", "SparkApplicationLink", "SparkSubmitError", "
 # A cluster-mode driver may sit in a queue before it writes its run record; past this the
 # deferred task gives up instead of waiting for a driver that was never started.
 _RUN_RECORD_MISSING_TIMEOUT_S = 3600.0
+# Longer than the writer's pointer move with its retries (1 s, 2 s, 4 s; SPEC §6).
+_POINTER_SETTLE_S = 30.0
 _ALIAS_PREFIX = "shardyfusion-snapshot:"
 
 
@@ -435,13 +436,25 @@ class ShardedWriteOperator(BaseOperator):
         raise writer_exception(error_type, message)
 
     def _succeeded_run(self, context: Context, hook: ShardyfusionHook, record: RunRecord) -> dict[str, Any]:
-        publish = self.publish is True
-        if publish and record.published_at is None:
-            live = hook.read_current(record.output_uri)
-            problem = not_live_message(record, publish=publish, live_run_id=live.run_id if live else None)
-            if problem is not None:
-                raise PublishManifestError(problem)
-        return self._succeeded(context, snapshot_summary(record, published=publish))
+        if self.publish is not True:
+            return self._succeeded(context, snapshot_summary(record, published=False))
+        if record.published_at is not None:
+            return self._succeeded(context, snapshot_summary(record))
+        from airflow_provider_shardyfusion.core.publish import publish_status
+
+        # The writer records `succeeded` just before it moves _CURRENT: a waiter woken by the
+        # record may look in between, so "not live" is only believed once the writer had time.
+        snapshots = hook.get_snapshots(record.output_uri)
+        deadline = time.monotonic() + _POINTER_SETTLE_S
+        while (status := publish_status(snapshots, record)).state == "not_live" and time.monotonic() < deadline:
+            time.sleep(min(float(self.poll_interval), 2.0))
+        if status.state == "not_live":
+            raise PublishManifestError(status.message())
+        if status.state == "superseded":
+            self.log.warning("Run %s: %s", record.run_id, status.message())
+            return self._succeeded(context, dict(snapshot_summary(record, published=False),
+                                                 superseded_by=status.live.run_id if status.live else None))
+        return self._succeeded(context, snapshot_summary(record))
 
     def _succeeded(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"],

@@ -145,23 +145,6 @@ def snapshot_summary(record: RunRecord, *, published: bool = True) -> dict[str, 
     }
 
 
-def not_live_message(record: RunRecord, *, publish: bool, live_run_id: str | None) -> str | None:
-    """Why a succeeded run written with ``publish=True`` is not the live snapshot, or None if it is.
-
-    The writer records ``succeeded`` before it moves ``_CURRENT`` (so a failed run can never be
-    live); a move refused by the never-backwards rule, because a newer run went live first, leaves
-    a complete run that nobody reads. ``published_at`` is stamped after the move, so a run that
-    ``_CURRENT`` names counts as live even if that stamp was lost.
-    """
-    if not publish or record.published_at is not None or live_run_id == record.run_id:
-        return None
-    live = f"names run {live_run_id!r}" if live_run_id else "does not exist"
-    return (f"run {record.run_id!r} was written completely (run record succeeded) but did not go live: _CURRENT at "
-            f"{record.output_uri} {live}, and _CURRENT never moves back to an older run. Its data stays until "
-            "the cleanup removes it; to make it live anyway, publish it with "
-            f"PublishSnapshotOperator(run_id={record.run_id!r}, allow_older=True)")
-
-
 def writer_exception(type_name: str, message: str) -> ShardyfusionError:
     """The writer's error as the same class (by name) and message it had in the Spark job."""
     cls = error_type_by_name(type_name)

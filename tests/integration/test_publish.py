@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, StorageError
+from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, RunSupersededError, StorageError
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish, publish_status
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle, mark_failed, read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
@@ -119,15 +119,41 @@ def test_current_write_gives_up_after_three_retries_and_leaves_current_alone(sto
 
 def test_current_never_moves_to_an_older_run_unless_rollback_is_asked(store):
     newer = publish(store, manifest_for(store, "run-new", 1), running(store, "run-new"), sleep=lambda s: None)
-    older_lc = running(store, "run-older")
-    older = manifest_for(store, "run-older", 30)
-    with pytest.raises(PublishManifestError, match=r"refusing to move it backwards.*allow_older=True"):
-        publish(store, older, older_lc, sleep=lambda s: None)
+    # Superseded: the older writer ends succeeded and staged instead of failing (a failed task's
+    # retry would publish the older input over the newer snapshot under a fresh run id).
+    older = publish(store, manifest_for(store, "run-older", 30), running(store, "run-older"), sleep=lambda s: None)
+    assert older.status == "succeeded" and older.published_at is None
+    assert read_current(store)[0].manifest_ref == newer.manifest_ref
+    snapshots = SnapshotRoot(store)
+    with pytest.raises(RunSupersededError, match=r"refusing to move it backwards.*allow_older=True"):
+        snapshots.move_pointer(snapshots.manifest_ref(older.manifest_ref), sleep=lambda s: None)
     assert read_current(store)[0].manifest_ref == newer.manifest_ref
     ref = publish(store, manifest_for(store, "run-older2", 30), running(store, "run-older2"), allow_rollback=True,
                   sleep=lambda s: None).manifest_ref
     assert read_current(store)[0].manifest_ref == ref
     assert read_current(store)[0].previous_run_id == "run-new"
+
+
+def test_publish_status_tells_live_superseded_and_not_live_apart(store):
+    snapshots = SnapshotRoot(store)
+    staged = publish(store, manifest_for(store, "run-staged", 60), running(store, "run-staged"), live=False)
+    status = publish_status(snapshots, staged)
+    assert (status.state, status.live) == ("not_live", None)
+    assert "did not go live" in status.message() and "does not exist" in status.message()
+
+    live = publish(store, manifest_for(store, "run-live", 30), running(store, "run-live"), sleep=lambda s: None)
+    assert publish_status(snapshots, live).state == "live"
+    status = publish_status(snapshots, staged)  # older than the live run
+    assert status.state == "superseded" and status.live.run_id == "run-live"
+    assert "PublishSnapshotOperator(run_id='run-staged', allow_older=True)" in status.message()
+
+    newer = publish(store, manifest_for(store, "run-newer", 1), running(store, "run-newer"), live=False)
+    status = publish_status(snapshots, newer)  # staged, newer than the live run: its move failed or is due
+    assert status.state == "not_live" and "names run 'run-live'" in status.message()
+    # Was live once (published_at), since superseded: still reported live.
+    assert publish_status(snapshots, live).state == "live"
+    publish(store, manifest_for(store, "run-newest", 0), running(store, "run-newest"), sleep=lambda s: None)
+    assert publish_status(snapshots, live).state == "live"
 
 
 def test_delete_losing_attempts_keeps_only_winners(store):

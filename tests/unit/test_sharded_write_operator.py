@@ -39,7 +39,7 @@ from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import bundle as bundle_mod
 from airflow_provider_shardyfusion.operators import sharded_write as sw
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator, SparkSubmitError
-from tests.snapshot_helpers import publish_snapshot, write_run_record
+from tests.snapshot_helpers import publish_snapshot, publish_written_run, write_run_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "UnitTestSecretKey/4f1c9e0b7a"
@@ -259,6 +259,62 @@ def test_publish_false_stages_the_run_without_an_asset_event(monkeypatch, tmp_pa
     assert summary["manifest_ref"].startswith(f"{root}/manifests/")
     assert not ctx["outlet_events"]
     assert not open_store(root).exists(layout.CURRENT_KEY)
+
+
+def test_a_write_superseded_by_a_newer_live_run_succeeds_staged_without_an_event(monkeypatch, tmp_path, caplog):
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+
+    def newer_run_goes_live_first(config: WriteConfig):
+        store = open_store(config.output_uri)
+        publish_written_run(store, "run-newer", started_minutes_ago=0)
+        # This run started earlier: the never-backwards rule keeps it staged, and its job ends well.
+        publish_written_run(store, config.run_id, started_minutes_ago=10, writer={"airflow": config.airflow_context})
+
+    stub_submit(monkeypatch, newer_run_goes_live_first)
+    ctx = make_context()
+    summary = make_op(root, run_id="run-older").execute(ctx)
+    assert summary["published"] is False and summary["superseded_by"] == "run-newer"
+    assert summary["run_id"] == "run-older"
+    assert not ctx["outlet_events"]  # the snapshot did not change with this run
+    assert json.loads(open_store(root).get(layout.CURRENT_KEY).data)["run_id"] == "run-newer"
+    assert "stays staged" in caplog.text and "allow_older=True" in caplog.text
+
+
+def test_a_succeeded_run_that_never_went_live_fails_after_the_pointer_settle_time(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    monkeypatch.setattr(sw, "_POINTER_SETTLE_S", 0.5)
+    root = f"file://{tmp_path}/snap"
+    stub_submit(monkeypatch, lambda config: publish_written_run(
+        open_store(config.output_uri), config.run_id, live=False, writer={"airflow": config.airflow_context}))
+    with pytest.raises(PublishManifestError, match=r"run 'run-lost' was written completely .* did not go live: "
+                                                   r"_CURRENT at .* does not exist"):
+        make_op(root, run_id="run-lost", poll_interval=0.1).execute(make_context())
+
+
+def test_a_waiter_that_sees_succeeded_before_the_pointer_moved_waits_for_the_move(monkeypatch, tmp_path):
+    """The writer records ``succeeded`` just before moving ``_CURRENT``; a deferred or re-attached
+    operator may read the record in between and must not call the run a failure."""
+    import threading
+
+    from airflow_provider_shardyfusion.core.publish import publish_run
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+
+    def record_then_move_later(config: WriteConfig):
+        store = open_store(config.output_uri)
+        publish_written_run(store, config.run_id, live=False, writer={"airflow": config.airflow_context})
+        mover = threading.Timer(1.0, lambda: publish_run(SnapshotRoot(store), run_id=config.run_id))
+        mover.start()
+
+    stub_submit(monkeypatch, record_then_move_later)
+    ctx = make_context()
+    summary = make_op(root, run_id="run-slow", poll_interval=0.2).execute(ctx)
+    assert summary["published"] is True and "superseded_by" not in summary
+    assert ctx["outlet_events"][Asset(root)].extra == summary
+    assert json.loads(open_store(root).get(layout.CURRENT_KEY).data)["run_id"] == "run-slow"
 
 
 def test_templated_publish_emits_the_event_through_an_alias_only_when_published(monkeypatch, tmp_path):
@@ -696,25 +752,3 @@ def test_a_reattached_run_whose_writer_dies_fails_this_try_without_marking_the_r
     with pytest.raises(RunRecordError, match="writer lost"):
         make_op(root, run_id="daily", poll_interval=1).execute(make_context())
     assert seen.calls == [] and read_run_record(open_store(root), "daily").status == RUNNING
-
-
-def test_a_publish_refused_as_backwards_fails_the_task_instead_of_reporting_published(monkeypatch, tmp_path):
-    """Two writers raced and the newer one went live first: this run's record says succeeded, but
-    _CURRENT never moved to it. The task must not say ``published`` nor emit the snapshot's event."""
-    connections(monkeypatch)
-
-    def newer_run_went_live_first(config: WriteConfig):
-        store = open_store(config.output_uri)
-        publish_snapshot(store, "newer-run")
-        job_record(config, SUCCEEDED, manifest_ref=store.uri(layout.manifest_key(config.run_id, layout.utc_now())))
-
-    stub_submit(monkeypatch, newer_run_went_live_first)
-    root = f"file://{tmp_path}/snap"
-    ctx = make_context()
-    with pytest.raises(PublishManifestError) as info:
-        make_op(root, run_id="older-run").execute(ctx)
-    message = str(info.value)
-    assert "run 'older-run' was written completely" in message and "names run 'newer-run'" in message
-    assert "PublishSnapshotOperator(run_id='older-run', allow_older=True)" in message
-    assert Asset(root) not in ctx["outlet_events"]
-    assert json.loads(open_store(root).get(layout.CURRENT_KEY).data)["run_id"] == "newer-run"

@@ -21,7 +21,6 @@ from airflow_provider_shardyfusion.operators.write_run import (
     candidate_run_ids,
     choose_run,
     interpret_outcome,
-    not_live_message,
     resolve_deferral_timeout,
     retry_run_id,
     short_submit_error,
@@ -189,23 +188,3 @@ def test_deferral_timeout_resolution():
     for bad in (0, -1, True, "1h", timedelta(0)):
         with pytest.raises(ConfigError, match="deferral_timeout"):
             resolve_deferral_timeout(bad, None)
-
-
-# ---- not_live_message ------------------------------------------------------------------------------
-
-
-def test_a_succeeded_run_that_current_does_not_name_is_not_live():
-    done = record("older", SUCCEEDED)
-    message = not_live_message(done, publish=True, live_run_id="newer")
-    assert message is not None
-    assert "run 'older' was written completely" in message and "names run 'newer'" in message
-    assert "never moves back" in message and "PublishSnapshotOperator(run_id='older', allow_older=True)" in message
-    assert "does not exist" in (not_live_message(done, publish=True, live_run_id=None) or "")
-
-
-def test_live_staged_or_stamped_runs_need_no_message():
-    done = record("r1", SUCCEEDED)
-    assert not_live_message(done, publish=True, live_run_id="r1") is None  # live, published_at lost
-    assert not_live_message(done, publish=False, live_run_id="other") is None  # staged on purpose
-    stamped = dataclasses.replace(done, published_at=NOW)
-    assert not_live_message(stamped, publish=True, live_run_id="newer") is None  # was live, since superseded
