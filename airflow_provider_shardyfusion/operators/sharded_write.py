@@ -457,11 +457,15 @@ class ShardedWriteOperator(BaseOperator):
         return self._succeeded(context, snapshot_summary(record))
 
     def _succeeded(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
-        self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"],
-                      "published" if summary["published"] else "staged (publish=False, _CURRENT untouched)",
-                      summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
         if summary["published"]:
-            _emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary)
+            how = "published"
+        elif summary.get("superseded_by"):
+            how = f"staged (superseded by live run {summary['superseded_by']})"
+        else:
+            how = "staged (publish=False, _CURRENT untouched)"
+        self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"], how,
+                      summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
+        _emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary, live=summary["published"])
         self._lineage_summary = dict(summary)
         return summary
 
@@ -536,7 +540,7 @@ def _snapshot_asset(output_uri: Any) -> Asset | None:
 
 
 def _with_snapshot_outlet(outlets: list[Any], output_uri: Any, publish: Any) -> list[Any]:
-    """The snapshot's asset as an outlet, so Airflow emits its event only when a write goes live.
+    """The snapshot's asset as an outlet, so Airflow emits its event only for writes meant to go live.
 
     Airflow emits an event for every ``Asset`` outlet of a successful task, so a staging write
     (``publish=False``) gets none: ``PublishSnapshotOperator`` emits it when the run goes live. A
@@ -553,12 +557,16 @@ def _with_snapshot_outlet(outlets: list[Any], output_uri: Any, publish: Any) -> 
     return [*outlets, AssetAlias(name=f"{_ALIAS_PREFIX}{asset.uri}")]
 
 
-def _emit_snapshot_event(context: Context, outlets: Sequence[Any], output_uri: str, summary: Mapping[str, Any]) -> None:
+def _emit_snapshot_event(context: Context, outlets: Sequence[Any], output_uri: str, summary: Mapping[str, Any], *,
+                         live: bool = True) -> None:
+    """The summary as the event's extra. Airflow emits a declared ``Asset`` outlet's event on every
+    success, so a superseded run's event cannot be withheld: its extra says ``published: false``
+    and ``superseded_by``. Through the alias, only a run that went ``live`` emits."""
     asset = _snapshot_asset(output_uri)
     if asset is None:
         return
     for outlet in outlets:
         if isinstance(outlet, Asset) and outlet.uri == asset.uri:
             context["outlet_events"][outlet].extra = dict(summary)
-        elif isinstance(outlet, AssetAlias) and outlet.name == f"{_ALIAS_PREFIX}{asset.uri}":
+        elif isinstance(outlet, AssetAlias) and outlet.name == f"{_ALIAS_PREFIX}{asset.uri}" and live:
             context["outlet_events"][outlet].add(asset, extra=dict(summary))
