@@ -203,8 +203,9 @@ def build_venv(scratch: Path, base_env: dict[str, str]) -> Path:
     pyspark = f"pyspark=={constraint_pin('pyspark-client')}"
     run([uv, "pip", "install", "--quiet", "--python", python, "-c", CONSTRAINTS,
          f"{wheel}[spark]", "apache-airflow[postgres]", pyspark], env=base_env, timeout=1200)
-    run([uv, "pip", "install", "--quiet", "--python", python, "--reinstall", "--no-deps", pyspark], env=base_env,
-        timeout=1200)
+    # Uninstall + install reuses the wheel just built (--reinstall would build it from its sdist again).
+    run([uv, "pip", "uninstall", "--quiet", "--python", python, "pyspark"], env=base_env)
+    run([uv, "pip", "install", "--quiet", "--python", python, "--no-deps", pyspark], env=base_env, timeout=1200)
     return venv
 
 

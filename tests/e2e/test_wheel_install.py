@@ -53,8 +53,9 @@ def wheel_venv(tmp_path_factory):
     python = venv / "bin" / "python"
     _run([uv, "pip", "install", "--python", python, wheels[0], PYSPARK_PIN], env=base_env, cwd=scratch, timeout=1800)
     # pyspark-client (pulled by the spark provider) shares the pyspark/ folder: put pyspark's files back last.
-    _run([uv, "pip", "install", "--python", python, "--reinstall", "--no-deps", PYSPARK_PIN], env=base_env, cwd=scratch,
-         timeout=1800)
+    # Uninstall + install reuses the wheel just built (--reinstall would build it from its sdist again).
+    _run([uv, "pip", "uninstall", "--python", python, "pyspark"], env=base_env, cwd=scratch)
+    _run([uv, "pip", "install", "--python", python, "--no-deps", PYSPARK_PIN], env=base_env, cwd=scratch, timeout=1800)
 
     home = scratch / "airflow_home"
     dags = scratch / "dags"
