@@ -120,6 +120,11 @@ class PublishStatus:
     live: CurrentPointer | None
     output_uri: str
 
+    @property
+    def superseded_by(self) -> str | None:
+        """The live run that started later, when this run was superseded."""
+        return self.live.run_id if self.state == "superseded" and self.live is not None else None
+
     def message(self) -> str:
         where = f"_CURRENT at {self.output_uri} " + (f"names run {self.live.run_id!r}" if self.live else "does not exist")
         if self.state == "superseded":

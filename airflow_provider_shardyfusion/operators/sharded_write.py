@@ -453,7 +453,7 @@ class ShardedWriteOperator(BaseOperator):
         if status.state == "superseded":
             self.log.warning("Run %s: %s", record.run_id, status.message())
             return self._succeeded(context, dict(snapshot_summary(record, published=False),
-                                                 superseded_by=status.live.run_id if status.live else None))
+                                                 superseded_by=status.superseded_by))
         return self._succeeded(context, snapshot_summary(record))
 
     def _succeeded(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
