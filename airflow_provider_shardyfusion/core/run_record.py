@@ -73,6 +73,13 @@ class RunRecord:
     stats: dict[str, Any] = field(default_factory=dict)
     published_at: datetime | None = None  # last time _CURRENT was moved to this run; None while staged
     deleted_at: datetime | None = None  # set by cleanup when the run's data is gone (the record stays)
+    # The cleanup/publish fence (README, reliability): each side claims the record with a
+    # conditional put before it acts, so a publish and a deletion of one run never interleave.
+    deleting_at: datetime | None = None  # cleanup claimed the run's data for deletion
+    publishing_at: datetime | None = None  # a publisher claimed the run to move _CURRENT to it
+    # The manifest the writer finished with: publish and validation refuse any other bytes.
+    manifest_checksum: str | None = None
+    manifest_size: int | None = None
     format_version: int = RUN_RECORD_FORMAT_VERSION
 
     @property
