@@ -88,7 +88,7 @@ def _memory_dir() -> str | None:
     return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else None
 
 
-def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
+def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,  # noqa: C901 - the write hot path of one Spark task, step by step as SPEC §6.8 lists it
                     task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
     from airflow_provider_shardyfusion.core import layout

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import encoding, layout, routing
 from . import serialization as ser
 from .errors import ManifestValidationError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MANIFEST_FORMAT_VERSION = 1
 # How a shard's files are laid out, recorded as storage_engine["shard_layout"]: "db", a RocksDB
@@ -109,42 +112,54 @@ class Manifest:
         """Reject every unsafe or inconsistent manifest (SPEC §7); return self for chaining."""
         if self.format_version > MANIFEST_FORMAT_VERSION or self.format_version < 1:
             raise _ERR(f"{_WHAT}: format_version {self.format_version} is not supported (max {MANIFEST_FORMAT_VERSION})")
+        root = self._checked(self._validate_fields)
+        self._validate_sharding()
+        self._validate_shards(root)
+        return self
+
+    def _checked(self, check: Callable[[], Any]) -> Any:
+        """``check()``, its error restated as this manifest's (naming the run)."""
         try:
-            layout.validate_run_id(self.run_id)
-            root = layout.normalize_root(self.output_uri)
-            routing.validate_num_dbs(self.num_dbs)
-            encoding.validate_key_encoding(self.key_encoding)
-            encoding.validate_value_format(self.value_format)
+            return check()
         except Exception as exc:
             raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
-        if self.sharding.hash_algorithm != routing.HASH_ALGORITHM:
+
+    def _validate_fields(self) -> str:
+        layout.validate_run_id(self.run_id)
+        root = layout.normalize_root(self.output_uri)
+        routing.validate_num_dbs(self.num_dbs)
+        encoding.validate_key_encoding(self.key_encoding)
+        encoding.validate_value_format(self.value_format)
+        return root
+
+    def _validate_sharding(self) -> None:
+        sharding = self.sharding
+        if sharding.hash_algorithm != routing.HASH_ALGORITHM:
             raise _ERR(
-                f"{_WHAT}: hash_algorithm {self.sharding.hash_algorithm!r} is unknown (expected {routing.HASH_ALGORITHM!r})"
+                f"{_WHAT}: hash_algorithm {sharding.hash_algorithm!r} is unknown (expected {routing.HASH_ALGORITHM!r})"
             )
-        if self.sharding.strategy not in routing.STRATEGIES:
-            raise _ERR(f"{_WHAT}: sharding strategy {self.sharding.strategy!r} is unknown")
-        if self.sharding.strategy == "cel":
-            if not self.sharding.cel_expr or self.sharding.cel_mode not in routing.CEL_MODES or not self.sharding.cel_columns:
-                raise _ERR(f"{_WHAT}: CEL sharding needs cel_expr, cel_columns and cel_mode in {list(routing.CEL_MODES)}")
-            try:
-                columns = routing.normalize_cel_columns(self.sharding.cel_columns)
-            except Exception as exc:
-                raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
-            # The writer resolves every type from the Spark schema; a reader cannot.
-            untyped = sorted(name for name, typ in columns.items() if typ is None)
-            if untyped:
-                raise _ERR(f"{_WHAT}: cel_columns {untyped} have no CEL type (expected one of {list(routing.CEL_TYPES)})")
-        if self.sharding.routing_values is not None:
-            try:
-                routing.validate_routing_values(self.sharding.routing_values)
-            except Exception as exc:
-                raise _ERR(f"{_WHAT} of run {self.run_id!r}: {exc}") from None
-        if self.sharding.routing_values is not None and len(self.sharding.routing_values) != self.num_dbs:
-            raise _ERR(
-                f"{_WHAT}: routing_values has {len(self.sharding.routing_values)} values but num_dbs is {self.num_dbs}"
-            )
-        if self.sharding.cel_mode == "categorical" and self.sharding.routing_values is None:
+        if sharding.strategy not in routing.STRATEGIES:
+            raise _ERR(f"{_WHAT}: sharding strategy {sharding.strategy!r} is unknown")
+        if sharding.strategy == "cel":
+            self._validate_cel()
+        if sharding.routing_values is not None:
+            self._checked(lambda: routing.validate_routing_values(sharding.routing_values))
+            if len(sharding.routing_values) != self.num_dbs:
+                raise _ERR(f"{_WHAT}: routing_values has {len(sharding.routing_values)} values but num_dbs is {self.num_dbs}")
+        if sharding.cel_mode == "categorical" and sharding.routing_values is None:
             raise _ERR(f"{_WHAT}: categorical CEL sharding needs routing_values")
+
+    def _validate_cel(self) -> None:
+        sharding = self.sharding
+        if not sharding.cel_expr or sharding.cel_mode not in routing.CEL_MODES or not sharding.cel_columns:
+            raise _ERR(f"{_WHAT}: CEL sharding needs cel_expr, cel_columns and cel_mode in {list(routing.CEL_MODES)}")
+        columns = self._checked(lambda: routing.normalize_cel_columns(sharding.cel_columns))
+        # The writer resolves every type from the Spark schema; a reader cannot.
+        untyped = sorted(name for name, typ in columns.items() if typ is None)
+        if untyped:
+            raise _ERR(f"{_WHAT}: cel_columns {untyped} have no CEL type (expected one of {list(routing.CEL_TYPES)})")
+
+    def _validate_shards(self, root: str) -> None:
         own_prefix = layout.join(root, layout.shards_prefix(self.run_id))
         seen: set[int] = set()
         for shard in self.shards:
@@ -161,7 +176,6 @@ class Manifest:
                 )
             if shard.row_count < 0 or shard.byte_size < 0:
                 raise _ERR(f"{_WHAT}: shard {shard.db_id} has negative row_count or byte_size")
-        return self
 
     @property
     def shard_layout(self) -> str:

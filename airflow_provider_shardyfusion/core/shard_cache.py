@@ -160,6 +160,24 @@ class ShardCache:
                 self._doomed_runs.discard(run_id)
                 self._remove_run(run_id)
 
+    def _download_verified(self, snapshot: LoadedSnapshot, shard: ShardEntry, into: str) -> list[str]:
+        """Download every file of ``shard`` into ``into``, each checked against the manifest."""
+        base_key = self._store.key_of(shard.db_url)
+        local_files: list[str] = []
+        for f in shard.files:
+            if snapshot.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
+                raise StaleSnapshot()
+            local = os.path.join(into, *f.name.split("/"))
+            local_files.append(local)
+            source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {snapshot.run_id!r})"
+            self._store.download_file(f"{base_key}/{f.name}", local)
+            try:
+                verify_file(local, f.size, f.checksum, source=source)
+            except ChecksumMismatchError:
+                os.unlink(local)  # never leave a bad file where anything could open it
+                raise
+        return local_files
+
     def _local_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:
         """A verified local copy of ``shard``: reused if already cached, else downloaded."""
         run_id = snapshot.run_id
@@ -183,21 +201,7 @@ class ShardCache:
         # shard is never visible under its final name (to this or another process sharing cache_dir).
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
         try:
-            base_key = self._store.key_of(shard.db_url)
-            fetched = os.path.join(staging, _INCOMING) if ingest else staging
-            local_files: list[str] = []
-            for f in shard.files:
-                if snapshot.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
-                    raise StaleSnapshot()
-                local = os.path.join(fetched, *f.name.split("/"))
-                local_files.append(local)
-                source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {run_id!r})"
-                self._store.download_file(f"{base_key}/{f.name}", local)
-                try:
-                    verify_file(local, f.size, f.checksum, source=source)
-                except ChecksumMismatchError:
-                    os.unlink(local)  # never leave a bad file where anything could open it
-                    raise
+            local_files = self._download_verified(snapshot, shard, os.path.join(staging, _INCOMING) if ingest else staging)
             if ingest and snapshot.retired:
                 raise StaleSnapshot()
             written = _ingest_into_db(staging, local_files, entry, shard, run_id) if ingest else marker
