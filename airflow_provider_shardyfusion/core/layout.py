@@ -160,12 +160,16 @@ def attempt_key(run_id: str, db_id: int, attempt: int, task_attempt_id: int | No
 
 @dataclass(frozen=True)
 class ManifestKey:
+    """What a manifest's key says: when the run was published and which run it is."""
+
     published_at: datetime
     run_id: str
 
 
 @dataclass(frozen=True)
 class ShardKey:
+    """What a key under ``shards/`` says: run, shard, attempt and the rest of the path (parsed, never guessed)."""
+
     run_id: str
     db_id: int | None
     attempt: int | None

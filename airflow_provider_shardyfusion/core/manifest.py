@@ -26,6 +26,8 @@ _ERR = ManifestValidationError
 
 @dataclass(frozen=True)
 class ShardFile:
+    """One file of a shard as the writer uploaded it: name relative to ``db_url``, size and checksum."""
+
     name: str
     size: int
     checksum: str  # "<algorithm>:<hex>", see core.checksum
@@ -44,6 +46,8 @@ class ShardFile:
 
 @dataclass(frozen=True)
 class ShardEntry:
+    """One non-empty shard of a snapshot: where its winning attempt lives, its rows, bytes, key range and files."""
+
     db_id: int
     db_url: str
     attempt: int
@@ -92,6 +96,8 @@ class ShardingInfo:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The immutable description of one written run (SPEC §7): routing, encodings, the sparse shard list, stats."""
+
     run_id: str
     created_at: datetime
     output_uri: str

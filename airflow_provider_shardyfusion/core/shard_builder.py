@@ -72,6 +72,8 @@ def _rocksdb_options() -> Any:
 
 @dataclass(frozen=True)
 class BuiltShard:
+    """A shard written to local disk: its folder, row count, key range and files, ready to upload."""
+
     db_dir: str  # the folder holding ``files``: the database ("db") or the SSTs ("sst")
     row_count: int
     min_key: bytes
@@ -92,6 +94,8 @@ class _Run:
 
 
 class ShardBuilder:
+    """Build one shard from batches of rows: encode, sort by encoded key in bounded sort runs, write SST(s)."""
+
     def __init__(
         self,
         workdir: str,

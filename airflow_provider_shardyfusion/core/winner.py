@@ -62,6 +62,8 @@ class ShardResult:
 
 @dataclass(frozen=True)
 class WinnerSelection:
+    """The deterministic outcome of winner selection: one winning attempt per non-empty shard, and the rest."""
+
     winners: dict[int, ShardResult]  # non-empty shards only (the manifest is sparse)
     losers: tuple[ShardResult, ...]
     empty_db_ids: tuple[int, ...]
