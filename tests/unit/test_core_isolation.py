@@ -97,3 +97,32 @@ def test_blocker_really_blocks():
         """
     )
     assert run_isolated(probe) == {"blocked": True}
+
+
+HEAVY = ("pyspark", "py4j", "rocksdict", "pyarrow", "celpy", "boto3", "botocore")
+
+PARSE_TIME = textwrap.dedent(
+    """
+    import importlib, json, pkgutil, sys
+
+    import airflow_provider_shardyfusion as pkg
+
+    imported = []
+    for sub in ("hooks", "operators", "sensors", "triggers"):
+        package = importlib.import_module(f"{{pkg.__name__}}.{{sub}}")
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            importlib.import_module(info.name)
+            imported.append(info.name)
+    heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r}))
+    print(json.dumps({{"imported": imported, "heavy": heavy}}))
+    """
+).format(heavy=HEAVY)
+
+
+def test_dag_parse_time_imports_stay_light():
+    # What a DAG file imports (every hook, operator, sensor and trigger module) must not pull Spark,
+    # RocksDB, Arrow, CEL or boto3: managed Airflow parses DAGs often and may not even have them.
+    out = run_isolated(PARSE_TIME)
+    assert any(m.endswith("operators.sharded_write") for m in out["imported"]), out["imported"]
+    assert any(m.endswith("triggers.run_record") for m in out["imported"]), out["imported"]
+    assert out["heavy"] == [], f"heavy modules imported at parse time: {out['heavy']}"
