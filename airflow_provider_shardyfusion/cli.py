@@ -153,10 +153,8 @@ def _cmd_runs(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 def _cmd_publish(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     from .core.publish import publish_run
-    from .core.validation import check_storage
 
-    result = publish_run(snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, allow_older=args.allow_older,
-                         check=lambda ref, manifest: check_storage(snapshots, manifest))
+    result = publish_run(snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, allow_older=args.allow_older)
     return result.to_dict()
 
 

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import layout
+from . import integrity, layout
+from .checksum import bytes_checksum
 from .errors import PublishManifestError, RunRecordError, RunSupersededError, StorageError
 from .pointer import CurrentPointer
 from .retry import call_with_retry
-from .run_record import SUCCEEDED, RunRecord, RunRecordLifecycle
+from .run_record import PUBLISH_CLAIM_TTL, RunRecord, RunRecordLifecycle
 from .snapshot import POINTER_RETRY, ManifestRef, SnapshotRoot
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+    from datetime import datetime
 
     from .manifest import Manifest
     from .storage.base import ObjectStore
@@ -49,7 +51,9 @@ def publish(
     snapshots = SnapshotRoot(store)
     ref = snapshots.write_manifest(manifest)
     log.info("run %s: manifest written to %s", manifest.run_id, ref.uri)
-    record = mark_succeeded(lifecycle, ref.uri, stats if stats is not None else dict(manifest.stats), sleep=sleep)
+    data = manifest.to_bytes()  # what write_manifest stored: its identity goes into the record
+    record = mark_succeeded(lifecycle, ref.uri, stats if stats is not None else dict(manifest.stats), sleep=sleep,
+                            manifest_checksum=bytes_checksum(data), manifest_size=len(data), publishing=live)
     if not live:
         log.info("run %s: staged (publish=False); _CURRENT left unchanged", manifest.run_id)
         return record
@@ -71,14 +75,18 @@ def publish(
 
 
 def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict[str, Any], *,
-                   sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+                   sleep: Callable[[float], None] = time.sleep, manifest_checksum: str | None = None,
+                   manifest_size: int | None = None, publishing: bool = False) -> RunRecord:
     """Turn our running record ``succeeded``; transient storage errors are retried (1 s, 2 s, 4 s).
 
     A record someone else changed (killed, reaped) is never overwritten: the run cannot publish.
+    The record keeps the manifest's checksum and size, so a manifest edited later is refused by
+    publish and validation; ``publishing`` claims the run for the pointer move that follows.
     """
     def attempt() -> RunRecord:
         try:
-            return lifecycle.succeed(manifest_ref, stats)
+            return lifecycle.succeed(manifest_ref, stats, manifest_checksum=manifest_checksum,
+                                     manifest_size=manifest_size, publishing=publishing)
         except RunRecordError as exc:
             raise PublishManifestError(
                 f"run record of {lifecycle.record.run_id!r} is no longer 'running' (killed, or reaped as "
@@ -177,7 +185,13 @@ def resolve_manifest(snapshots: SnapshotRoot, *, run_id: str | None = None,
         raise PublishManifestError("give run_id or manifest_ref")
     record = snapshots.read_run(run_id)
     if record is not None and record.manifest_ref:
-        return snapshots.manifest_ref(record.manifest_ref)
+        ref = snapshots.manifest_ref(record.manifest_ref)
+        if ref.run_id != run_id:
+            raise PublishManifestError(
+                f"the run record of {run_id!r} names manifest {record.manifest_ref!r}, which is run {ref.run_id!r}'s; "
+                "refusing to publish another run in its name"
+            )
+        return ref
     found = snapshots.find_manifest(run_id)
     if found is None:
         raise PublishManifestError(
@@ -192,42 +206,68 @@ def publish_run(
     run_id: str | None = None,
     manifest_ref: str | None = None,
     allow_older: bool = False,
-    check: Callable[[ManifestRef, Manifest], list[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], datetime] = layout.utc_now,
 ) -> PublishResult:
-    """Make a staged (or older) run live: checks, then a conditional move of ``_CURRENT``.
+    """Make a staged (or older) run live: claim, check, then a conditional move of ``_CURRENT``.
 
-    ``check`` returns problems with the manifest's storage (``core.validation.check_storage``);
-    any problem, a run record that is not ``succeeded`` or names another manifest, or a run older
-    than the live one without ``allow_older`` refuses the publish with everything that is wrong.
-    Publishing the run that is already live is a no-op success.
+    The run record is claimed first (``publishing_at``, conditional put), so a cleanup that has not
+    begun deleting the run leaves it alone, and one that has is seen here (``deleting_at``). Then
+    ``core.integrity`` always checks the record, the manifest bytes and the files; any problem, or
+    a run older than the live one without ``allow_older``, refuses the publish with everything that
+    is wrong. Publishing the run that is already live is a no-op success.
     """
     ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
-    manifest = snapshots.read_manifest(ref)
-    problems = list(check(ref, manifest)) if check is not None else []
-    record = snapshots.read_run(ref.run_id)
-    if record is None:
-        problems.append(f"run {ref.run_id!r} has no run record")
-    elif record.status != SUCCEEDED:
-        problems.append(f"run record of {ref.run_id!r} is {record.status!r}, not 'succeeded'")
-    elif record.manifest_ref != ref.uri:
-        problems.append(f"run record of {ref.run_id!r} names manifest {record.manifest_ref!r}, not {ref.uri!r}")
-    elif record.deleted_at is not None:
-        problems.append(f"run {ref.run_id!r} was deleted by cleanup at {layout.format_ts(record.deleted_at)}")
-    if problems:
-        raise PublishManifestError(
-            f"refusing to publish run {ref.run_id!r} ({ref.uri}): " + "; ".join(problems) + "; _CURRENT unchanged"
-        )
+    claimed = _claim_for_publish(snapshots, ref, clock)
+    data = snapshots.store.get(ref.key).data
+    problems = integrity.manifest_problems(claimed, ref, data)
+    manifest = None if problems else snapshots.read_manifest(ref)
+    if manifest is not None:
+        problems = integrity.check_storage(snapshots, manifest)
+    if problems or manifest is None:
+        raise PublishManifestError(_refusal(ref, problems))
+    if clock() - (claimed.publishing_at or clock()) > PUBLISH_CLAIM_TTL:
+        # Cleanup ignores a claim older than this: past it, the run's data may be going.
+        raise PublishManifestError(_refusal(ref, [f"checking took longer than the claim holds ({PUBLISH_CLAIM_TTL})"]))
     before = snapshots.current()
     pointer = snapshots.move_pointer(ref, allow_older=allow_older, sleep=sleep)
     moved = before is None or before.manifest_ref != pointer.manifest_ref
+    # The pointer this publish replaced is the one its successful conditional put read, which
+    # differs from ``before`` when a concurrent publisher moved it in between.
+    previous = pointer.previous_run_id if moved else (before.run_id if before else None)
     rollback = moved and before is not None and snapshots.started_after(before, manifest) is not None
-    if moved or (record is not None and record.published_at is None):
+    if moved or claimed.published_at is None:
         _stamp_published(snapshots, ref.run_id)
     log.info("%s: _CURRENT %s run %s (was %s)", snapshots.root,
-             "now names" if moved else "already named", ref.run_id, before.run_id if before else None)
-    return PublishResult(pointer=pointer, previous_run_id=before.run_id if before else None, moved=moved,
-                         rollback=rollback)
+             "now names" if moved else "already named", ref.run_id, previous)
+    return PublishResult(pointer=pointer, previous_run_id=previous, moved=moved, rollback=rollback)
+
+
+def _refusal(ref: ManifestRef, problems: list[str]) -> str:
+    return f"refusing to publish run {ref.run_id!r} ({ref.uri}): " + "; ".join(problems) + "; _CURRENT unchanged"
+
+
+def _claim_for_publish(snapshots: SnapshotRoot, ref: ManifestRef, clock: Callable[[], datetime]) -> RunRecord:
+    """Stamp ``publishing_at`` on the run's record by a conditional put, refusing an unpublishable run.
+
+    The rules are checked on the record the put replaces: a cleanup that claimed the run first
+    (``deleting_at``) makes the put fail, the record is read again, and the publish is refused.
+    """
+    where = f"run record {snapshots.run_record_ref(ref.run_id)}"
+    problems: list[str] = []
+
+    def claim(record: RunRecord) -> RunRecord | None:
+        problems[:] = integrity.record_problems(record, ref, where)
+        if record.manifest_ref is None:
+            problems.append(f"{where}: names no manifest")
+        return None if problems else replace(record, publishing_at=clock())
+
+    stored = snapshots.update_run(ref.run_id, claim)
+    if stored is None:
+        problems = [f"{where} does not exist"]
+    if problems or stored is None:
+        raise PublishManifestError(_refusal(ref, problems))
+    return stored
 
 
 def delete_losing_attempts(store: ObjectStore, run_id: str, winner_urls: Iterable[str]) -> tuple[int, list[tuple[str, str]]]:

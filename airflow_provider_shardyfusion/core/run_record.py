@@ -34,6 +34,9 @@ STATUSES: tuple[str, ...] = get_args(RunStatus)
 _WHAT = "run record"
 _ERR = RunRecordError
 _TRACEBACK_TAIL_CHARS = 2000
+# How long a publisher's claim (``publishing_at``) holds: a publish must move _CURRENT within it,
+# and cleanup leaves a run claimed more recently alone.
+PUBLISH_CLAIM_TTL = timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -221,8 +224,12 @@ class RunRecordLifecycle:
         current = read_run_record(self.store, self.record.run_id)
         return current is not None and current.status == RUNNING and not self.lost
 
-    def succeed(self, manifest_ref: str, stats: dict[str, Any] | None = None) -> RunRecord:
-        self._finish(status=SUCCEEDED, manifest_ref=manifest_ref, stats=dict(stats or self.record.stats))
+    def succeed(self, manifest_ref: str, stats: dict[str, Any] | None = None, *, manifest_checksum: str | None = None,
+                manifest_size: int | None = None, publishing: bool = False) -> RunRecord:
+        """Finish the run ``succeeded`` with its manifest's identity; ``publishing`` claims the pointer move."""
+        self._finish(status=SUCCEEDED, manifest_ref=manifest_ref, stats=dict(stats or self.record.stats),
+                     manifest_checksum=manifest_checksum, manifest_size=manifest_size,
+                     publishing_at=self.clock() if publishing else None)
         log.info("run %s: run record marked succeeded (manifest %s)", self.record.run_id, manifest_ref)
         return self.record
 

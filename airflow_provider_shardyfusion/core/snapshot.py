@@ -191,7 +191,7 @@ class SnapshotRoot:
 
     @staticmethod
     def _manifest_from_bytes(where: str, data: bytes) -> Manifest:
-        return _parse_manifest(where, data)
+        return parse_manifest_bytes(where, data)
 
     def write_manifest(self, manifest: Manifest) -> ManifestRef:
         """Write a new, immutable manifest object for its run."""
@@ -265,7 +265,8 @@ class SnapshotRoot:
         return sorted(out, key=lambda p: p.updated_at, reverse=True)
 
 
-def _parse_manifest(where: str, data: bytes) -> Manifest:
+def parse_manifest_bytes(where: str, data: bytes) -> Manifest:
+    """Parse and validate manifest bytes read from ``where`` (named in the error)."""
     try:
         return Manifest.from_bytes(data)
     except ManifestValidationError as exc:
@@ -280,7 +281,7 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
     them against the manifest's own ``output_uri``, which a tampered manifest could change too.
     """
     pointer.check_manifest_bytes(data)
-    manifest = _parse_manifest(pointer.manifest_ref, data)
+    manifest = parse_manifest_bytes(pointer.manifest_ref, data)
     if manifest.run_id != pointer.run_id:
         raise ManifestValidationError(
             f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"

@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from . import layout
-from .checksum import verify_file
+from . import integrity, layout
 from .encoding import decode_key
 from .errors import ConfigError, ManifestValidationError, ShardyfusionError, show_value
 from .pointer import CurrentPointer
@@ -115,54 +111,6 @@ class ValidationReport:
 
 
 # ---- storage ------------------------------------------------------------------------------------
-
-
-def check_storage(snapshots: SnapshotRoot, manifest: Manifest, *, verify_checksums: bool = False) -> list[str]:
-    """Problems with the manifest's winning files on storage (empty: every file is there as recorded).
-
-    One listing per shard folder gives presence and size of all its files; ``verify_checksums``
-    also downloads each file (one at a time, into a temporary folder) and checks its checksum.
-    """
-    store = snapshots.store
-    problems: list[str] = []
-    scratch = tempfile.mkdtemp(prefix="shardyfusion-validate-") if verify_checksums else None
-    try:
-        for shard in sorted(manifest.shards, key=lambda s: s.db_id):
-            where = f"shard {shard.db_id} of run {manifest.run_id!r}"
-            if not shard.files:
-                problems.append(f"{where} ({shard.db_url}): the manifest lists no files")
-                continue
-            try:
-                base = store.key_of(shard.db_url).rstrip("/")
-                listed = {info.key: info.size for info in store.list(base + "/")}
-            except ShardyfusionError as exc:
-                problems.append(f"{where}: cannot list {shard.db_url}: {exc}")
-                continue
-            for f in shard.files:
-                key = layout.join(base, f.name)
-                size = listed.get(key)
-                if size is None:
-                    problems.append(f"{where}: file {store.uri(key)} is missing (manifest records {f.size} bytes)")
-                    continue
-                if size != f.size:
-                    problems.append(
-                        f"{where}: file {store.uri(key)} has {size} bytes on storage, the manifest records {f.size}"
-                    )
-                    continue
-                if scratch is not None:
-                    local = os.path.join(scratch, "file")
-                    try:
-                        store.download_file(key, local)
-                        verify_file(local, f.size, f.checksum, source=f"{where}: file {store.uri(key)}")
-                    except ShardyfusionError as exc:
-                        problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
-                    finally:
-                        if os.path.exists(local):
-                            os.unlink(local)
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return problems
 
 
 # ---- thresholds (pure) --------------------------------------------------------------------------
@@ -354,7 +302,7 @@ def validate_snapshot(
     manifest = _structure(snapshots, target, checks) if target.ref is not None else None
     if manifest is not None:
         try:
-            problems = check_storage(snapshots, manifest, verify_checksums=verify_checksums)
+            problems = integrity.check_storage(snapshots, manifest, verify_checksums=verify_checksums)
         except ShardyfusionError as exc:
             problems = [f"storage of run {manifest.run_id!r}: {exc}"]
         files = sum(len(s.files) for s in manifest.shards)
@@ -456,17 +404,18 @@ def _run_record_check(snapshots: SnapshotRoot, target: _Target) -> Check:
         return Check("run_record", False, detail="unreadable", problems=(f"{where}: {exc}",))
     if record is None:
         return Check("run_record", False, detail="missing", problems=(f"{where} does not exist",))
-    problems = []
-    if record.status != SUCCEEDED:
-        why = f" ({record.error.type}: {record.error.message})" if record.error else ""
-        problems.append(f"{where}: status is {record.status!r}, not 'succeeded'{why}")
-    if target.ref is not None and record.manifest_ref != target.ref.uri:
-        problems.append(f"{where}: names manifest {record.manifest_ref!r}, not the validated {target.ref.uri!r}")
-    if record.deleted_at is not None:
-        problems.append(f"{where}: the run's data was deleted by cleanup at {layout.format_ts(record.deleted_at)}")
+    problems = integrity.record_problems(record, target.ref, where) if target.ref is not None else []
+    if target.ref is not None and record.manifest_ref is None:
+        problems.append(f"{where}: names no manifest, not the validated {target.ref.uri!r}")
+    if target.ref is not None and not problems:
+        try:
+            problems = integrity.manifest_problems(record, target.ref, snapshots.store.get(target.ref.key).data)
+        except ShardyfusionError as exc:
+            problems = [f"manifest {target.ref.uri}: {exc}"]
+    identity = "checksum recorded by the writer" if record.manifest_checksum else "no manifest checksum recorded"
     return Check("run_record", not problems, figure=record.status,
                  detail=f"status {record.status}, published_at "
-                        f"{layout.format_ts(record.published_at) if record.published_at else None}",
+                        f"{layout.format_ts(record.published_at) if record.published_at else None}; {identity}",
                  problems=tuple(problems))
 
 

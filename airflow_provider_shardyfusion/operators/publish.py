@@ -63,7 +63,6 @@ class PublishSnapshotOperator(BaseOperator):
         from airflow_provider_shardyfusion.core import layout
         from airflow_provider_shardyfusion.core.errors import ConfigError
         from airflow_provider_shardyfusion.core.publish import publish_run
-        from airflow_provider_shardyfusion.core.validation import check_storage
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         where = f"PublishSnapshotOperator {self.task_id!r}"
@@ -80,7 +79,6 @@ class PublishSnapshotOperator(BaseOperator):
         snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
         result = publish_run(
             snapshots, run_id=self.run_id, manifest_ref=self.manifest_ref, allow_older=self.allow_older,
-            check=lambda ref, manifest: check_storage(snapshots, manifest),
         )
         pointer = result.pointer
         if result.moved:

@@ -13,11 +13,12 @@ from airflow_provider_shardyfusion.cli import main
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.encoding import encode_key
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+from airflow_provider_shardyfusion.core.integrity import check_storage
 from airflow_provider_shardyfusion.core.routing import route_key
 from airflow_provider_shardyfusion.core.run_record import FAILED, RunError
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.validation import check_storage, validate_snapshot, value_digest
+from airflow_provider_shardyfusion.core.validation import validate_snapshot, value_digest
 
 
 def _value(i: int) -> bytes:
