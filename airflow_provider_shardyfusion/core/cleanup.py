@@ -13,20 +13,22 @@ data is gone keeps its record with ``deleted_at`` set, so the history stays audi
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
-from .errors import ConfigError, ManifestValidationError, RunAbandoned, RunRecordError, StorageError
+from .errors import CleanupRefusedError, ConfigError, ManifestValidationError, RunAbandoned, RunRecordError, StorageError
 from .pointer import CurrentPointer
-from .run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
+from .run_record import FAILED, PUBLISH_CLAIM_TTL, RUNNING, SUCCEEDED, RunError, RunRecord
+from .snapshot import SnapshotRoot
 from .storage.base import ObjectInfo
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Mapping
+    from collections.abc import Iterable
 
-    from .snapshot import ManifestRef, SnapshotRoot
+    from .snapshot import ManifestRef
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class PlanItem:
     objects: tuple[PlannedObject, ...]
     mark_deleted: bool = False
     expect_updated_at: datetime | None = None
+    rule: str | None = None  # the rule of the plan that decided it
 
     @property
     def bytes(self) -> int:
@@ -65,7 +68,7 @@ class PlanItem:
     def to_dict(self) -> dict[str, Any]:
         return {
             "category": self.category, "run_id": self.run_id, "objects": len(self.objects), "bytes": self.bytes,
-            "mark_deleted": self.mark_deleted,
+            "mark_deleted": self.mark_deleted, "rule": self.rule,
             "expect_updated_at": layout.format_ts(self.expect_updated_at) if self.expect_updated_at else None,
             # Capped: the plan travels as XCom, and a run of 4000 shards has tens of thousands of keys.
             "keys": [o.key for o in self.objects[:MAX_KEYS_LISTED]],
@@ -75,11 +78,14 @@ class PlanItem:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A run (or some of its objects) the plan leaves alone, why, and which rule said so."""
+
     run_id: str
     reason: str
+    rule: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "reason": self.reason}
+        return {"run_id": self.run_id, "reason": self.reason, "rule": self.rule}
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,189 @@ def runs_needing_winners(runs: Mapping[str, RunRecord | None], keep_runs: int) -
     return _succeeded_by_age(runs)[:keep_runs]
 
 
+@dataclass(frozen=True)
+class RunData:
+    """What the listing holds of one run: its shard objects and its manifest(s)."""
+
+    run_id: str
+    known: bool  # a run record exists (readable or not)
+    record: RunRecord | None
+    shards: tuple[ObjectInfo, ...]
+    manifests: tuple[ObjectInfo, ...]
+
+    @property
+    def data(self) -> list[ObjectInfo]:
+        return [*self.shards, *self.manifests]
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """Everything a rule may consult besides the run itself (fixed for one plan)."""
+
+    now: datetime
+    cutoff: datetime  # now - grace period: anything newer is left alone
+    pointer: CurrentPointer | None
+    pinned: frozenset[str]
+    kept: frozenset[str]  # the newest keep_runs succeeded runs
+    winners: Mapping[str, Collection[str]]
+    live_until: Mapping[str, datetime]  # when each run that was ever live stopped being live (at the latest)
+
+    def old(self, objs: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+        # An object without a modification time is treated as young: never delete what we cannot date.
+        return [o for o in objs if o.last_modified is not None and o.last_modified <= self.cutoff]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rule's verdict on one run: skip it (``reason``), or delete ``objects`` as ``category``."""
+
+    rule: str
+    reason: str | None = None
+    category: Category | None = None
+    objects: tuple[ObjectInfo, ...] = ()
+    every: tuple[ObjectInfo, ...] = ()  # all of the run's data: its record is marked deleted only if all goes
+    record: RunRecord | None = None
+    expect_updated_at: datetime | None = None
+
+
+Rule = Callable[[RunData, PlanContext], "Decision | None"]
+
+
+def _skip(rule: str, reason: str) -> Decision:
+    return Decision(rule, reason=reason)
+
+
+def _delete(rule: str, category: Category, run: RunData, objs: Iterable[ObjectInfo], *,
+            record: RunRecord | None = None, expect: datetime | None = None) -> Decision:
+    return Decision(rule, category=category, objects=tuple(objs), every=tuple(run.data), record=record,
+                    expect_updated_at=expect)
+
+
+def rule_live(run: RunData, ctx: PlanContext) -> Decision | None:
+    """The run ``_CURRENT`` names is never touched."""
+    if ctx.pointer is not None and run.run_id == ctx.pointer.run_id:
+        return _skip("live", "named by _CURRENT")
+    return None
+
+
+def rule_pinned(run: RunData, ctx: PlanContext) -> Decision | None:
+    """Runs pinned by ``keep_run_ids`` are never touched."""
+    return _skip("pinned", "pinned (keep_run_ids)") if run.run_id in ctx.pinned else None
+
+
+def rule_recently_live(run: RunData, ctx: PlanContext) -> Decision | None:
+    """Every run that was live within the grace period stays: readers may not have refreshed yet."""
+    until = ctx.live_until.get(run.run_id)
+    if until is not None and until > ctx.cutoff:
+        return _skip("recently_live", f"live until {layout.format_ts(until)}, less than the grace period ago")
+    pointer = ctx.pointer
+    if pointer is not None and run.run_id == pointer.previous_run_id and pointer.updated_at > ctx.cutoff:
+        return _skip("recently_live", "named by _CURRENT less than the grace period ago")
+    return None
+
+
+def rule_orphan(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A shard folder without a run record is an orphan once all of it is past the grace period.
+
+    A manifest without a record is left alone: only shard folders are orphans.
+    """
+    if run.known:
+        return None
+    if not run.shards:
+        return Decision("orphan")
+    if len(ctx.old(run.shards)) < len(run.shards):
+        return _skip("orphan", "orphan shard folder younger than the grace period")
+    return _delete("orphan", "orphans", replace(run, manifests=()), run.shards)
+
+
+def rule_unreadable(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A run whose record cannot be read is left alone."""
+    return _skip("unreadable", "run record cannot be read") if run.record is None else None
+
+
+def rule_running(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A running run goes only once its lease expired more than the grace period ago (abandoned)."""
+    record = run.record
+    if record is None or record.status != RUNNING:
+        return None
+    if not record.lease_expired(ctx.now):
+        return _skip("running", "running with a valid lease")
+    if record.lease_expires_at > ctx.cutoff:
+        return _skip("running", "lease expired less than the grace period ago")
+    return _delete("running", "abandoned_runs", run, run.data, record=record, expect=record.updated_at)
+
+
+def rule_young(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A run active (started, finished, published) within the grace period stays."""
+    if run.record is not None and _last_activity(run.record) > ctx.cutoff:
+        return _skip("young", "younger than the grace period") if run.data else Decision("young")
+    return None
+
+
+def rule_failed(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A failed run's data goes."""
+    if run.record is not None and run.record.status == FAILED:
+        return _delete("failed", "failed_runs", run, run.data, record=run.record)
+    return None
+
+
+def rule_expired(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A succeeded run beyond the newest ``keep_runs`` (or already marked deleted) goes."""
+    record = run.record
+    if record is not None and (record.deleted_at is not None or run.run_id not in ctx.kept):
+        return _delete("expired", "expired_snapshots", run, run.data, record=record)
+    return None
+
+
+def rule_losing_attempts(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A kept run keeps its winning attempts; the others go (kept whole when the winners are unknown)."""
+    if run.run_id not in ctx.winners:
+        return _skip("losing_attempts", "winning attempts unknown (manifest unreadable); attempts kept") \
+            if run.shards else Decision("losing_attempts")
+    keep = tuple(w.rstrip("/") + "/" for w in ctx.winners[run.run_id])
+    losing = [o for o in run.shards if not o.key.startswith(keep)]
+    return _delete("losing_attempts", "losing_attempts", run, losing) if losing else Decision("losing_attempts")
+
+
+# Evaluated in order; the first rule with a verdict decides. Keep-rules come first, so nothing
+# later can delete what they protect.
+RULES: tuple[Rule, ...] = (
+    rule_live, rule_pinned, rule_recently_live, rule_orphan, rule_unreadable, rule_running, rule_young,
+    rule_failed, rule_expired, rule_losing_attempts,
+)
+
+
+def live_until(runs: Mapping[str, RunRecord | None], pointer: CurrentPointer | None) -> dict[str, datetime]:
+    """When each run ever published stopped being live, at the latest.
+
+    Every pointer move stamps ``published_at`` on the run it names (a rollback stamps it again),
+    so a run stopped being live by the first move after its own stamp; the pointer's own
+    ``updated_at`` is a move too. Without a later move the run's own stamp is the best bound.
+    """
+    stamps = sorted((r.published_at, rid) for rid, r in runs.items() if r is not None and r.published_at is not None)
+    moves = sorted([t for t, _ in stamps] + ([pointer.updated_at] if pointer is not None else []))
+    out = {}
+    for stamp, run_id in stamps:
+        later = [m for m in moves if m > stamp]
+        out[run_id] = later[0] if later else stamp
+    return out
+
+
+def refuse_without_pointer(runs: Mapping[str, RunRecord | None], pointer: CurrentPointer | None, root: str) -> None:
+    """With ``_CURRENT`` missing but runs once published, deleting could lose the last snapshot."""
+    if pointer is not None:
+        return
+    published = sorted(((r.published_at, rid) for rid, r in runs.items()
+                        if r is not None and r.published_at is not None and r.deleted_at is None), reverse=True)
+    if published:
+        last = published[0][1]
+        raise CleanupRefusedError(
+            f"_CURRENT is missing at {root or 'the root'} although run {last!r} was published (published_at "
+            f"{layout.format_ts(published[0][0])}); refusing to delete anything. Restore the pointer first: "
+            f"'shardyfusion publish {root or '<output_uri>'} --run-id {last}' (or PublishSnapshotOperator(run_id={last!r}))"
+        )
+
+
 def plan_cleanup(
     listing: Iterable[ObjectInfo],
     runs: Mapping[str, RunRecord | None],
@@ -201,7 +390,7 @@ def plan_cleanup(
     winners: Mapping[str, Collection[str]] | None = None,
     root: str = "",
 ) -> CleanupPlan:
-    """Decide what a cleanup deletes. No I/O.
+    """Decide what a cleanup deletes. No I/O: each run is judged by ``RULES``, first verdict wins.
 
     ``listing``: objects under ``shards/`` and ``manifests/`` (sizes, last_modified); ``runs``: every
     run record by run id (``None``: the record exists but cannot be read, so the run is left alone);
@@ -209,10 +398,24 @@ def plan_cleanup(
     (``layout.attempt_key`` form); a run missing from it keeps all its attempts.
     """
     keep_runs, grace_period, pinned = check_settings(keep_runs, grace_period, tuple(keep_run_ids))
-    winners = winners or {}
-    cutoff = now - grace_period
-    live_run = pointer.run_id if pointer is not None else None
+    refuse_without_pointer(runs, pointer, root)
+    ctx = PlanContext(now=now, cutoff=now - grace_period, pointer=pointer, pinned=frozenset(pinned),
+                      kept=frozenset(_succeeded_by_age(runs)[:keep_runs]), winners=winners or {},
+                      live_until=live_until(runs, pointer))
+    items: list[PlanItem] = []
+    skipped: list[Skipped] = []
+    for run in _runs_in(listing, runs, manifests):
+        decision = next((d for rule in RULES if (d := rule(run, ctx)) is not None), None)
+        if decision is not None:
+            _apply(decision, run, ctx, items, skipped)
+    order = {c: n for n, c in enumerate(CATEGORIES)}
+    items.sort(key=lambda i: (order[i.category], i.run_id))
+    return CleanupPlan(root=root, made_at=now, current=pointer, keep_runs=keep_runs, grace_period=grace_period,
+                       keep_run_ids=pinned, items=tuple(items), skipped=tuple(skipped))
 
+
+def _runs_in(listing: Iterable[ObjectInfo], runs: Mapping[str, RunRecord | None],
+             manifests: Iterable[ManifestRef]) -> list[RunData]:
     shard_objects: dict[str, list[ObjectInfo]] = {}
     sizes: dict[str, ObjectInfo] = {}
     for info in listing:
@@ -222,83 +425,30 @@ def plan_cleanup(
             shard_objects.setdefault(parsed.run_id, []).append(info)
     manifests_of: dict[str, list[ObjectInfo]] = {}
     for ref in manifests:
-        info = sizes.get(ref.key) or ObjectInfo(ref.key, 0, ref.published_at)
-        manifests_of.setdefault(ref.run_id, []).append(info)
+        manifests_of.setdefault(ref.run_id, []).append(sizes.get(ref.key) or ObjectInfo(ref.key, 0, ref.published_at))
+    return [RunData(run_id, run_id in runs, runs.get(run_id), tuple(shard_objects.get(run_id, ())),
+                    tuple(manifests_of.get(run_id, ())))
+            for run_id in sorted(set(runs) | set(shard_objects) | set(manifests_of))]
 
-    kept = set(_succeeded_by_age(runs)[:keep_runs])
-    items: list[PlanItem] = []
-    skipped: list[Skipped] = []
 
-    def old(objs: Iterable[ObjectInfo]) -> list[ObjectInfo]:
-        # An object without a modification time is treated as young: never delete what we cannot date.
-        return [o for o in objs if o.last_modified is not None and o.last_modified <= cutoff]
-
-    def add(category: Category, run_id: str, objs: list[ObjectInfo], every: list[ObjectInfo],
-            record: RunRecord | None, expect: datetime | None = None) -> None:
-        doomed = old(objs)
-        young = len(objs) - len(doomed)
-        if young:
-            skipped.append(Skipped(run_id, f"{young} object(s) younger than the grace period kept ({category})"))
-        # The record says "deleted" only when nothing of the run is left behind.
-        mark = record is not None and record.deleted_at is None and len(doomed) == len(every)
-        if doomed or mark or expect is not None:
-            planned = tuple(PlannedObject(o.key, o.size) for o in sorted(doomed, key=lambda o: o.key))
-            items.append(PlanItem(category, run_id, planned,
-                                  mark_deleted=mark, expect_updated_at=expect))
-
-    for run_id in sorted(set(runs) | set(shard_objects) | set(manifests_of)):
-        shards = shard_objects.get(run_id, [])
-        data = shards + manifests_of.get(run_id, [])
-        if run_id == live_run:
-            skipped.append(Skipped(run_id, "named by _CURRENT"))
-            continue
-        if run_id in pinned:
-            skipped.append(Skipped(run_id, "pinned (keep_run_ids)"))
-            continue
-        if pointer is not None and run_id == pointer.previous_run_id and pointer.updated_at > cutoff:
-            # Live until the last move: readers that have not refreshed yet still read it.
-            skipped.append(Skipped(run_id, "named by _CURRENT less than the grace period ago"))
-            continue
-        if run_id not in runs:
-            # A manifest without a record is left alone: only shard folders are orphans. The whole
-            # folder waits until its newest object is past the grace period.
-            if shards and len(old(shards)) == len(shards):
-                add("orphans", run_id, shards, shards, None)
-            elif shards:
-                skipped.append(Skipped(run_id, "orphan shard folder younger than the grace period"))
-            continue
-        record = runs[run_id]
-        if record is None:
-            skipped.append(Skipped(run_id, "run record cannot be read"))
-            continue
-        if record.status == RUNNING:
-            if not record.lease_expired(now):
-                skipped.append(Skipped(run_id, "running with a valid lease"))
-            elif record.lease_expires_at > cutoff:
-                skipped.append(Skipped(run_id, "lease expired less than the grace period ago"))
-            else:
-                add("abandoned_runs", run_id, data, data, record, expect=record.updated_at)
-            continue
-        if _last_activity(record) > cutoff:
-            if data:
-                skipped.append(Skipped(run_id, "younger than the grace period"))
-            continue
-        if record.status == FAILED:
-            add("failed_runs", run_id, data, data, record)
-        elif record.deleted_at is not None or run_id not in kept:
-            add("expired_snapshots", run_id, data, data, record)
-        elif run_id in winners:
-            keep = tuple(w.rstrip("/") + "/" for w in winners[run_id])
-            losing = [o for o in shards if not o.key.startswith(keep)]
-            if losing:
-                add("losing_attempts", run_id, losing, data, None)
-        elif shards:
-            skipped.append(Skipped(run_id, "winning attempts unknown (manifest unreadable); attempts kept"))
-
-    order = {c: n for n, c in enumerate(CATEGORIES)}
-    items.sort(key=lambda i: (order[i.category], i.run_id))
-    return CleanupPlan(root=root, made_at=now, current=pointer, keep_runs=keep_runs, grace_period=grace_period,
-                       keep_run_ids=pinned, items=tuple(items), skipped=tuple(skipped))
+def _apply(decision: Decision, run: RunData, ctx: PlanContext, items: list[PlanItem], skipped: list[Skipped]) -> None:
+    if decision.reason is not None:
+        skipped.append(Skipped(run.run_id, decision.reason, rule=decision.rule))
+        return
+    if decision.category is None:
+        return
+    doomed = ctx.old(decision.objects)
+    young = len(decision.objects) - len(doomed)
+    if young:
+        skipped.append(Skipped(run.run_id, f"{young} object(s) younger than the grace period kept ({decision.category})",
+                               rule=decision.rule))
+    record = decision.record
+    # The record says "deleted" only when nothing of the run is left behind.
+    mark = record is not None and record.deleted_at is None and len(doomed) == len(decision.every)
+    if doomed or mark or decision.expect_updated_at is not None:
+        planned = tuple(PlannedObject(o.key, o.size) for o in sorted(doomed, key=lambda o: o.key))
+        items.append(PlanItem(decision.category, run.run_id, planned, mark_deleted=mark,
+                              expect_updated_at=decision.expect_updated_at, rule=decision.rule))
 
 
 # ---- reading and executing -------------------------------------------------------------------
@@ -376,82 +526,148 @@ def _mark_deleted(snapshots: SnapshotRoot, run_id: str) -> bool:
     return marked
 
 
-def execute_cleanup(snapshots: SnapshotRoot, plan: CleanupPlan, *, dry_run: bool = False) -> CleanupReport:
-    """Carry ``plan`` out; ``dry_run`` writes and deletes nothing and reports the plan as is.
+def _claim_for_deletion(snapshots: SnapshotRoot, run_id: str) -> str | None:
+    """Stamp ``deleting_at`` on the run's record (conditional put); the reason it was refused, if so.
 
-    Abandoned runs are marked failed first (skipped if their record changed since planning).
-    ``_CURRENT`` is re-read before each run's deletions: if it moved since the plan was made, the
-    rest of the plan is abandoned (a publish or rollback raced the cleanup; plan again). A deletion
-    failure is reported and the rest goes on; a run whose data is all gone gets ``deleted_at``.
+    The cleanup side of the fence with publish: a publisher claims ``publishing_at`` the same way
+    before it checks the files and moves ``_CURRENT``, and refuses a run claimed for deletion. A
+    claim younger than ``PUBLISH_CLAIM_TTL`` means a publish may be under way: the run is left alone.
     """
-    if dry_run:
-        log.info("cleanup of %s: dry run; would delete %d object(s), %d bytes", plan.root,
-                 sum(len(i.objects) for i in plan.items), sum(i.bytes for i in plan.items))
-        return CleanupReport(plan=plan, dry_run=True)
-    store = snapshots.store
-    deleted = {c: {"objects": 0, "bytes": 0} for c in CATEGORIES}
-    errors: list[tuple[str, str]] = []
-    marked_failed: list[str] = []
-    marked_deleted: list[str] = []
-    skipped: list[Skipped] = []
+    refusal: list[str] = []
 
-    runnable: list[PlanItem] = []
-    for item in plan.items:
-        if item.category != "abandoned_runs":
-            runnable.append(item)
-            continue
-        try:
-            if _mark_abandoned(snapshots, item):
-                marked_failed.append(item.run_id)
-                log.info("cleanup: run %s marked failed (abandoned: lease expired)", item.run_id)
-                runnable.append(item)
-            else:
-                skipped.append(Skipped(item.run_id, "run record changed since planning (writer alive?); kept"))
-        except (StorageError, RunRecordError) as exc:
-            errors.append((item.run_id, f"could not mark the run failed: {exc}"))
+    def claim(record: RunRecord) -> RunRecord | None:
+        refusal.clear()
+        now = layout.utc_now()
+        if record.publishing_at is not None and now - record.publishing_at < PUBLISH_CLAIM_TTL:
+            refusal.append(f"a publish claimed it at {layout.format_ts(record.publishing_at)}; kept")
+            return None
+        return replace(record, deleting_at=now)
 
-    expected = plan.current.to_dict() if plan.current is not None else None
+    snapshots.update_run(run_id, claim)
+    return refusal[0] if refusal else None
 
-    def report(abandon_reason: str | None = None) -> CleanupReport:
-        for category, d in deleted.items():
+
+def _release_claim(snapshots: SnapshotRoot, run_id: str) -> None:
+    try:
+        snapshots.update_run(run_id, lambda r: replace(r, deleting_at=None) if r.deleted_at is None else None)
+    except (StorageError, RunRecordError) as exc:
+        log.warning("cleanup: run %s is live; could not clear its deleting_at: %s", run_id, exc)
+
+
+@dataclass
+class _Execution:
+    """What one ``execute_cleanup`` has done so far (mutable while it runs)."""
+
+    snapshots: SnapshotRoot
+    plan: CleanupPlan
+    deleted: dict[str, dict[str, int]] = field(default_factory=lambda: {c: {"objects": 0, "bytes": 0} for c in CATEGORIES})
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    marked_failed: list[str] = field(default_factory=list)
+    marked_deleted: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def report(self, abandon_reason: str | None = None) -> CleanupReport:
+        for category, d in self.deleted.items():
             if d["objects"]:
-                log.info("cleanup of %s: %s: %d object(s), %d bytes deleted", plan.root, category, d["objects"], d["bytes"])
-        return CleanupReport(plan=plan, dry_run=False, deleted=deleted, errors=tuple(errors),
-                             marked_failed=tuple(marked_failed), marked_deleted=tuple(marked_deleted),
-                             skipped_runs=tuple(skipped), abandoned=abandon_reason is not None,
+                log.info("cleanup of %s: %s: %d object(s), %d bytes deleted", self.plan.root, category, d["objects"],
+                         d["bytes"])
+        return CleanupReport(plan=self.plan, dry_run=False, deleted=self.deleted, errors=tuple(self.errors),
+                             marked_failed=tuple(self.marked_failed), marked_deleted=tuple(self.marked_deleted),
+                             skipped_runs=tuple(self.skipped), abandoned=abandon_reason is not None,
                              abandon_reason=abandon_reason)
 
-    for item in runnable:
+    def pointer_moved(self) -> str | None:
+        """Why the plan no longer holds (``_CURRENT`` unreadable or moved since planning), if so."""
+        plan = self.plan
         try:
-            now_current = snapshots.current()
+            now_current = self.snapshots.current()
         except (StorageError, ManifestValidationError) as exc:
-            return report(f"_CURRENT could not be re-read before deleting ({exc}); nothing more deleted")
-        if (now_current.to_dict() if now_current is not None else None) != expected:
-            reason = (f"_CURRENT moved since the plan was made (was run "
-                      f"{plan.current.run_id if plan.current else None}, now "
-                      f"{now_current.run_id if now_current else None}); the rest of the plan is abandoned")
-            log.warning("cleanup of %s: %s", plan.root, reason)
-            return report(reason)
+            return f"_CURRENT could not be re-read before deleting ({exc}); nothing more deleted"
+        expected = plan.current.to_dict() if plan.current is not None else None
+        if (now_current.to_dict() if now_current is not None else None) == expected:
+            return None
+        return (f"_CURRENT moved since the plan was made (was run {plan.current.run_id if plan.current else None}, "
+                f"now {now_current.run_id if now_current else None}); the rest of the plan is abandoned")
+
+    def mark_abandoned(self, item: PlanItem) -> bool:
+        try:
+            if _mark_abandoned(self.snapshots, item):
+                self.marked_failed.append(item.run_id)
+                log.info("cleanup: run %s marked failed (abandoned: lease expired)", item.run_id)
+                return True
+            self.skipped.append(Skipped(item.run_id, "run record changed since planning (writer alive?); kept"))
+        except (StorageError, RunRecordError) as exc:
+            self.errors.append((item.run_id, f"could not mark the run failed: {exc}"))
+        return False
+
+    def claim(self, item: PlanItem) -> bool:
+        """Claim a whole succeeded run before deleting it; False: leave it alone."""
+        if item.category != "expired_snapshots":
+            return True  # only a succeeded run can be published; the others are refused by publish anyway
+        try:
+            refused = _claim_for_deletion(self.snapshots, item.run_id)
+        except (StorageError, RunRecordError) as exc:
+            self.errors.append((item.run_id, f"could not claim the run for deletion: {exc}"))
+            return False
+        if refused is not None:
+            self.skipped.append(Skipped(item.run_id, refused, rule="fence"))
+            return False
+        return True
+
+    def delete(self, item: PlanItem) -> str | None:
+        """Delete one item's objects in batches, re-checking ``_CURRENT`` before each batch."""
         failed: dict[str, str] = {}
         objs = list(item.objects)
         for start in range(0, len(objs), _DELETE_BATCH):
+            moved = self.pointer_moved() if start else None  # the caller checked before the first batch
+            if moved is not None:
+                return moved
             batch = objs[start:start + _DELETE_BATCH]
             try:
-                failed.update(store.delete_many([o.key for o in batch]))
+                failed.update(self.snapshots.store.delete_many([o.key for o in batch]))
             except Exception as exc:  # delete_many should report per key; a whole-batch failure still must not stop the rest
                 failed.update({o.key: f"{type(exc).__name__}: {exc}" for o in batch})
             log.info("cleanup: %s of run %s: %d/%d object(s) processed", item.category, item.run_id,
                      min(start + _DELETE_BATCH, len(objs)), len(objs))
         for o in objs:
             if o.key in failed:
-                errors.append((o.key, failed[o.key]))
+                self.errors.append((o.key, failed[o.key]))
             else:
-                deleted[item.category]["objects"] += 1
-                deleted[item.category]["bytes"] += o.size
+                self.deleted[item.category]["objects"] += 1
+                self.deleted[item.category]["bytes"] += o.size
         if item.mark_deleted and not failed:
             try:
-                if _mark_deleted(snapshots, item.run_id):
-                    marked_deleted.append(item.run_id)
+                if _mark_deleted(self.snapshots, item.run_id):
+                    self.marked_deleted.append(item.run_id)
             except (StorageError, RunRecordError) as exc:
-                errors.append((item.run_id, f"data deleted but deleted_at not recorded: {exc}"))
-    return report()
+                self.errors.append((item.run_id, f"data deleted but deleted_at not recorded: {exc}"))
+        return None
+
+
+def execute_cleanup(snapshots: SnapshotRoot, plan: CleanupPlan, *, dry_run: bool = False) -> CleanupReport:
+    """Carry ``plan`` out; ``dry_run`` writes and deletes nothing and reports the plan as is.
+
+    Abandoned runs are marked failed first (skipped if their record changed since planning). A
+    succeeded run is claimed (``deleting_at``) before its data goes, and left alone if a publish
+    claimed it; ``_CURRENT`` is re-read after the claim and before every batch of deletions: if it
+    moved since the plan was made, the rest of the plan is abandoned (a publish or rollback raced
+    the cleanup; plan again). A deletion failure is reported and the rest goes on; a run whose data
+    is all gone gets ``deleted_at``.
+    """
+    if dry_run:
+        log.info("cleanup of %s: dry run; would delete %d object(s), %d bytes", plan.root,
+                 sum(len(i.objects) for i in plan.items), sum(i.bytes for i in plan.items))
+        return CleanupReport(plan=plan, dry_run=True)
+    run = _Execution(snapshots, plan)
+    runnable = [i for i in plan.items if i.category != "abandoned_runs" or run.mark_abandoned(i)]
+    for item in runnable:
+        if not run.claim(item):
+            continue
+        stop = run.pointer_moved()
+        if stop is not None and item.category == "expired_snapshots":
+            _release_claim(snapshots, item.run_id)  # nothing of it deleted yet: publishable again
+        stop = stop or run.delete(item)
+        if stop is not None:
+            log.warning("cleanup of %s: %s", plan.root, stop)
+            return run.report(stop)
+    return run.report()

@@ -82,6 +82,10 @@ class WriterLost(RunRecordError):
     """A ``running`` run record's lease expired: the writer died without marking the run failed."""
 
 
+class CleanupRefusedError(ShardyfusionError):
+    """Cleanup would risk a snapshot that may still be needed (e.g. ``_CURRENT`` is missing); nothing deleted."""
+
+
 class SparkSubmitError(ShardyfusionError):
     """spark-submit failed, or ended without the writer finishing its run record."""
 

@@ -26,7 +26,7 @@ DAY = timedelta(days=1)
 
 
 def record(run_id: str, status: str = SUCCEEDED, *, started: timedelta = DAY, lease_left: timedelta | None = None,
-           published: bool = True, deleted: bool = False) -> RunRecord:
+           published: bool = False, deleted: bool = False) -> RunRecord:
     started_at = NOW - started
     finished = None if status == RUNNING else started_at + timedelta(minutes=5)
     lease = NOW + lease_left if lease_left is not None else started_at + timedelta(minutes=10)
