@@ -210,7 +210,12 @@ def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
     plan = make_plan(snapshots, keep_runs=args.keep_runs, grace_period=args.grace_period_seconds,
                      keep_run_ids=args.keep_run_ids)
-    return execute_cleanup(snapshots, plan, dry_run=args.dry_run).to_dict()
+    report = execute_cleanup(snapshots, plan, dry_run=args.dry_run)
+    try:
+        report.raise_if_nothing_deleted()
+    except ShardyfusionError as exc:
+        raise _FailedWithReport(report.to_dict(), exc) from exc
+    return report.to_dict()
 
 
 def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
@@ -245,12 +250,26 @@ _COMMANDS = {
 }
 
 
+class _FailedWithReport(Exception):
+    """The command failed, but its report is still printed (e.g. a cleanup whose deletions all failed)."""
+
+    def __init__(self, report: Any, error: ShardyfusionError):
+        super().__init__(str(error))
+        self.report = report
+        self.error = error
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
         snapshots = SnapshotRoot.open(args.uri, _storage_options(args))
         result = _COMMANDS[args.command](snapshots, args)
+    except _FailedWithReport as failed:
+        json.dump(failed.report, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
+        sys.stdout.write("\n")
+        print(f"{PROG}: error: {type(failed.error).__name__}: {_one_line(failed.error)}", file=sys.stderr)
+        return 1
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

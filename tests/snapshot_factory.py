@@ -233,6 +233,7 @@ def build_snapshot(
             run_id=run_id, status=SUCCEEDED, started_at=published_at - timedelta(seconds=1), updated_at=published_at,
             lease_expires_at=published_at + timedelta(minutes=10), output_uri=store.root, finished_at=published_at,
             manifest_ref=store.uri(mkey), num_dbs=num_dbs, stats=dict(manifest.stats),
+            published_at=published_at if publish else None,  # as a real pointer move stamps it
         )
         store.put(layout.run_record_key(run_id), record.to_bytes())
     if publish:

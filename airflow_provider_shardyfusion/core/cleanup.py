@@ -138,6 +138,16 @@ class CleanupReport:
     abandoned: bool = False  # _CURRENT moved after planning: the rest of the plan was not executed
     abandon_reason: str | None = None
 
+    def raise_if_nothing_deleted(self) -> None:
+        """A cleanup that had work, deleted nothing and met errors failed (not a quiet success)."""
+        planned = sum(len(i.objects) for i in self.plan.items)
+        if self.dry_run or not self.errors or not planned or any(d["objects"] for d in self.deleted.values()):
+            return
+        listed = "; ".join(f"{target}: {error}" for target, error in self.errors[:10])
+        more = f" (and {len(self.errors) - 10} more)" if len(self.errors) > 10 else ""
+        raise StorageError(f"cleanup of {self.plan.root} deleted none of {planned} planned object(s): "
+                           f"{len(self.errors)} error(s): {listed}{more}")
+
     def to_dict(self) -> dict[str, Any]:
         deleted = {c: dict(self.deleted.get(c, {"objects": 0, "bytes": 0})) for c in CATEGORIES}
         return {

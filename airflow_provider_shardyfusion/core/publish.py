@@ -193,6 +193,10 @@ def resolve_manifest(snapshots: SnapshotRoot, *, run_id: str | None = None,
             )
         return ref
     found = snapshots.find_manifest(run_id)
+    if found is None and record is not None and record.error is not None:
+        raise PublishManifestError(
+            f"run {run_id!r} failed ({record.error.type}: {record.error.message}); it has no manifest to publish"
+        )
     if found is None:
         raise PublishManifestError(
             f"run {run_id!r} has no manifest under {snapshots.root}/{layout.MANIFESTS_DIR}/ (did its write finish?)"

@@ -88,6 +88,7 @@ class DeferredCleanupOperator(BaseOperator):
             f"; abandoned: {report.abandon_reason}" if report.abandoned else "",
         )
         self._lineage_report = out
+        report.raise_if_nothing_deleted()
         return out
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

@@ -83,7 +83,8 @@ def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
     from airflow_provider_shardyfusion.core.run_record import mark_failed
 
     mark_failed(snapshots.store, "run-b", RunAbandoned("abandoned: lease expired"))
-    with pytest.raises(PublishManifestError, match=r"run-b.*status is 'failed', not 'succeeded' \(RunAbandoned: abandoned: lease expired\).*_CURRENT unchanged"):
+    failed = r"run-b.*status is 'failed', not 'succeeded' \(RunAbandoned: abandoned: lease expired\).*_CURRENT unchanged"
+    with pytest.raises(PublishManifestError, match=failed):
         publish_run(snapshots, run_id="run-b", sleep=lambda s: None)
     assert snapshots.current().run_id == "run-a"
 

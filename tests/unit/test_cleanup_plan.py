@@ -7,13 +7,24 @@ The plan is pure, so each case states exactly what was read (listing, run record
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import check_settings, plan_cleanup, runs_needing_winners
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.cleanup import (
+    PlanContext,
+    RunData,
+    check_settings,
+    live_until,
+    plan_cleanup,
+    rule_live,
+    rule_pinned,
+    rule_unreadable,
+    runs_needing_winners,
+)
+from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, ConfigError
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
 from airflow_provider_shardyfusion.core.snapshot import ManifestRef
@@ -342,3 +353,55 @@ def test_settings_are_checked(keep_runs, grace, ids, message):
 
 def test_settings_accept_seconds_and_a_single_run_id():
     assert check_settings(0, 90, "only") == (0, timedelta(seconds=90), ("only",))
+
+
+# ---- rules added by the cleanup/publish fence (issue 22) ---------------------------------------
+
+
+def test_every_run_live_within_the_grace_period_is_kept_not_only_the_previous_one():
+    root = Root()
+    root.run(record("v1", started=9 * DAY, published=True))
+    stamps = {"v2": NOW - timedelta(minutes=2, seconds=1), "v3": NOW - timedelta(minutes=2)}
+    for run_id, stamp in stamps.items():
+        root.runs[run_id] = replace(record(run_id, started=timedelta(minutes=3)), published_at=stamp)
+        root.listing += shard_files(run_id)
+    root.pointer = CurrentPointer(manifest_ref=f"{ROOT}/manifests/x_run_id=v3/manifest.json", run_id="v3",
+                                  updated_at=stamps["v3"], previous_run_id="v2")
+    plan = root.plan(keep_runs=1)
+    assert "v1" not in {i.run_id for i in plan.items}
+    assert ("v1", "recently_live") in {(s.run_id, s.rule) for s in plan.skipped}
+    # An hour after v2 replaced it, readers had time to refresh: v1 goes.
+    later = root.plan(keep_runs=1, now=NOW + GRACE)
+    assert [i.run_id for i in later.of("expired_snapshots")] == ["v1"]
+    assert later.of("expired_snapshots")[0].rule == "expired"
+
+
+def test_live_until_is_the_first_pointer_move_after_a_runs_own_stamp():
+    t = NOW - DAY
+    runs = {"a": replace(record("a"), published_at=t), "b": replace(record("b"), published_at=t + GRACE),
+            "c": record("c")}
+    pointer = CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="b", updated_at=t + 2 * GRACE)
+    assert live_until(runs, pointer) == {"a": t + GRACE, "b": t + 2 * GRACE}
+
+
+def test_a_missing_pointer_with_published_runs_refuses_the_whole_plan():
+    root = Root()
+    root.run(record("old", started=5 * DAY, published=True))
+    root.run(record("last", started=2 * DAY, published=True))
+    with pytest.raises(CleanupRefusedError, match=r"_CURRENT is missing.*'last'.*--run-id last"):
+        root.plan(keep_runs=0)
+    # Never published anything: nothing to lose, the plan goes on.
+    fresh = Root()
+    fresh.run(record("staged", started=5 * DAY))
+    assert [i.run_id for i in fresh.plan(keep_runs=0).items] == ["staged"]
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    (rule_live, "live"), (rule_pinned, "pinned"), (rule_unreadable, "unreadable"),
+])
+def test_each_keep_rule_names_itself(rule, expected):
+    run = RunData("r", True, None, (), ())
+    ctx = PlanContext(now=NOW, cutoff=NOW - GRACE, pointer=CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="r",
+                      updated_at=NOW), pinned=frozenset({"r"}), kept=frozenset(), winners={}, live_until={})
+    decision = rule(run, ctx)
+    assert decision is not None and decision.rule == expected and decision.reason

@@ -1,0 +1,194 @@
+"""The cleanup/publish fence (issue 22): no run goes live while cleanup deletes it.
+
+Cleanup and a publish (a rollback to the run cleanup is deleting) are interleaved at every step of
+each: the storage calls of one side are counted, and before its k-th call the other side runs to
+its end. Forced by a hook on the store, never by sleeps. At every step `_CURRENT` must name a run
+whose files are all there, and a watching reader (refreshing at every step) must read the live
+snapshot exactly. Both stores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, PublishManifestError
+from airflow_provider_shardyfusion.core.integrity import check_storage
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_factory import build_snapshot
+
+NO_SLEEP = {"sleep": lambda s: None}
+STORE_CALLS = {"get", "put", "put_if_match", "put_if_absent", "list", "delete_many", "head", "exists"}
+KEYS = range(24)
+
+
+def values(run_id: str) -> dict[int, bytes]:
+    return {k: f"{run_id}:{k}".encode() for k in KEYS}
+
+
+class HookedStore:
+    """The store, with ``before(call_number)`` run before each of its storage calls."""
+
+    def __init__(self, inner, before):
+        self._inner = inner
+        self._before = before
+        self.calls = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in STORE_CALLS:
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            self._before(self.calls)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def build_root(root: str, options) -> None:
+    """run-a live two hours ago, then run-b live an hour ago: cleanup (keep_runs=1) deletes run-a."""
+    now = layout.utc_now()
+    for run_id, age in (("run-a", 2), ("run-b", 1)):
+        build_snapshot(root, sorted(values(run_id).items()), num_dbs=3, run_id=run_id, storage_options=options,
+                       published_at=now - timedelta(hours=age), shard_layout="sst")
+
+
+def cleanup(snapshots: SnapshotRoot) -> None:
+    execute_cleanup(snapshots, make_plan(snapshots, keep_runs=1, grace_period=0))
+
+
+def rollback(snapshots: SnapshotRoot) -> None:
+    # Refused when the fence or the integrity check saw cleanup at work: that is a right outcome.
+    with contextlib.suppress(PublishManifestError):
+        publish_run(snapshots, run_id="run-a", allow_older=True, **NO_SLEEP)
+
+
+class Watcher:
+    """Checks, at every step, that the live run is whole and reads back exactly."""
+
+    def __init__(self, root: str, options, tmp_path):
+        self.snapshots = SnapshotRoot(open_store(root, options))
+        self.reader = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "watcher")
+        self.checks = 0
+        self.rows = 0
+
+    def check(self) -> None:
+        live = self.snapshots.current()
+        manifest = self.snapshots.load_manifest(live)
+        assert check_storage(self.snapshots, manifest) == [], f"_CURRENT names {live.run_id} with missing data"
+        self.reader.refresh()
+        assert self.reader.manifest.run_id == live.run_id
+        got = self.reader.multi_get(list(KEYS))
+        assert dict(zip(KEYS, got, strict=True)) == values(live.run_id)
+        self.checks += 1
+        self.rows += len(got)
+
+
+def interleave(first, second, root: str, options, tmp_path) -> tuple[int, Watcher]:
+    """Run ``first`` with ``second`` forced in before its k-th storage call, for every k."""
+    store = open_store(root, options)
+    watcher = Watcher(root, options, tmp_path)
+    injected = False
+
+    def before(call: int) -> None:
+        nonlocal injected
+        if call == target and not injected:
+            injected = True
+            second(SnapshotRoot(store))
+        watcher.check()
+
+    hooked = HookedStore(store, before)
+    target = 0
+    first(SnapshotRoot(hooked))  # a dry pass counts first's calls (second never runs)
+    return hooked.calls, watcher
+
+
+@pytest.mark.parametrize(("first", "second"), [(cleanup, rollback), (rollback, cleanup)],
+                         ids=["publish-inside-cleanup", "cleanup-inside-publish"])
+def test_cleanup_and_rollback_interleaved_at_every_step(any_root, tmp_path, figure, first, second):
+    base, options = any_root
+    build_root(f"{base}/count", options)
+    steps, _ = interleave(first, second, f"{base}/count", options, tmp_path / "count")
+    outcomes = set()
+    checks = rows = 0
+    for k in range(1, steps + 2):  # k == steps + 1: second runs after first has finished
+        root = f"{base}/k{k:03d}"
+        build_root(root, options)
+        store = open_store(root, options)
+        watcher = Watcher(root, options, tmp_path / f"k{k}")
+        done = False
+
+        def before(call: int, k=k, store=store, watcher=watcher) -> None:
+            nonlocal done
+            if call == k and not done:
+                done = True
+                second(SnapshotRoot(store))
+            watcher.check()
+
+        first(SnapshotRoot(HookedStore(store, before)))
+        if not done:
+            second(SnapshotRoot(store))
+        watcher.check()
+        snapshots = SnapshotRoot(store)
+        live = snapshots.current().run_id
+        a_record = snapshots.read_run("run-a")
+        outcomes.add(f"live={live},run-a={'deleted' if a_record.deleted_at else 'kept'}")
+        # Never both: run-a live while cleanup deleted it.
+        assert not (live == "run-a" and a_record.deleted_at is not None)
+        checks += watcher.checks
+        rows += watcher.rows
+    assert len(outcomes) >= 2, outcomes  # the interleavings really reach both orders
+    figure(interleavings=steps + 1, live_checks=checks, rows_read=rows, outcomes=len(outcomes))
+
+
+def test_grace_covers_every_run_live_within_it(any_root, tmp_path, figure):
+    """v1 live for hours, v2 and v3 published a second apart: a reader still on v1 keeps reading it."""
+    root, options = any_root
+    now = layout.utc_now()
+    build_snapshot(root, sorted(values("v1").items()), num_dbs=3, run_id="v1", storage_options=options,
+                   published_at=now - timedelta(hours=5), shard_layout="sst")
+    reader = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "reader")
+    # v2 and v3 go live a second apart, an hour from now (the factory stamps published_at as a
+    # pointer move does); the plan is made half an hour after that, so every object is old enough.
+    for n, run_id in enumerate(("v2", "v3")):
+        build_snapshot(root, sorted(values(run_id).items()), num_dbs=3, run_id=run_id, storage_options=options,
+                       published_at=now + timedelta(hours=1, seconds=n), shard_layout="sst")
+    snapshots = SnapshotRoot(open_store(root, options))
+    plan = make_plan(snapshots, keep_runs=1, grace_period=timedelta(hours=1), now=now + timedelta(hours=1.5))
+    report = execute_cleanup(snapshots, plan)
+    assert "v1" not in {i.run_id for i in plan.items}
+    assert any(s.run_id == "v1" and s.rule == "recently_live" for s in plan.skipped), plan.skipped
+    assert dict(zip(KEYS, reader.multi_get(list(KEYS)), strict=True)) == values("v1")  # fresh shards too
+    reader.close()
+    later = make_plan(snapshots, keep_runs=1, grace_period=timedelta(hours=1), now=now + timedelta(hours=3))
+    assert {i.run_id for i in later.of("expired_snapshots")} == {"v1", "v2"}
+    figure(runs_kept_by_the_grace=len([s for s in plan.skipped if s.rule == "recently_live"]),
+           objects_deleted_now=report.to_dict()["deleted_objects"], runs_planned_after_the_grace=len(later.items),
+           rows_checked=len(KEYS))
+
+
+def test_missing_pointer_refuses_cleanup(any_root, figure):
+    root, options = any_root
+    now = layout.utc_now()
+    for n, run_id in enumerate(("old", "last")):
+        build_snapshot(root, sorted(values(run_id).items()), num_dbs=3, run_id=run_id, storage_options=options,
+                       published_at=now - timedelta(hours=5 - n), shard_layout="sst")
+    store = open_store(root, options)
+    store.delete_many([layout.CURRENT_KEY])
+    before = {o.key for o in store.list("")}
+    snapshots = SnapshotRoot(store)
+    with pytest.raises(CleanupRefusedError, match=r"_CURRENT is missing.*'last'.*shardyfusion publish .* --run-id last"):
+        make_plan(snapshots, keep_runs=0, grace_period=0)
+    assert {o.key for o in store.list("")} == before
+    publish_run(snapshots, run_id="last", **NO_SLEEP)  # what the error says restores the snapshot
+    assert snapshots.current().run_id == "last"
+    figure(objects_before=len(before), objects_deleted=0)
