@@ -61,14 +61,16 @@ def location_dataset(uri: str) -> tuple[str, str]:
         return "file", _clean_path(text)
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
+    # Never user info (credentials) in a namespace, whatever the caller let through.
+    host = parts.netloc.rpartition("@")[2]
     if not scheme:  # a relative path: resolved by Spark against its default file system
         return "file", _clean_path(text)
     if scheme in ("s3", "s3a", "s3n", "gs"):
         key = _clean_path(parts.path).lstrip("/")
-        return f"{'gs' if scheme == 'gs' else 's3'}://{parts.netloc}", key or "/"
+        return f"{'gs' if scheme == 'gs' else 's3'}://{host}", key or "/"
     if scheme == "file":
-        return (f"file://{parts.netloc}" if parts.netloc else "file"), _clean_path(parts.path or "/")
-    return f"{scheme}://{parts.netloc}", _clean_path(parts.path or "/")
+        return (f"file://{host}" if host else "file"), _clean_path(parts.path or "/")
+    return f"{scheme}://{host}", _clean_path(parts.path or "/")
 
 
 def table_dataset(table: str, spark_conf: Mapping[str, Any] | None = None) -> tuple[str, str]:

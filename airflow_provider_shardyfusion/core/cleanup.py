@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
+from .arguments import as_duration, as_int, as_list
 from .errors import CleanupRefusedError, ConfigError, ManifestValidationError, RunAbandoned, RunRecordError, StorageError
 from .pointer import CurrentPointer
 from .run_record import FAILED, PUBLISH_CLAIM_TTL, RUNNING, SUCCEEDED, RunError, RunRecord
@@ -166,23 +167,20 @@ class CleanupReport:
 
 
 def check_settings(keep_runs: object, grace_period: object, keep_run_ids: object) -> tuple[int, timedelta, tuple[str, ...]]:
-    """Validate cleanup settings; ``grace_period`` may be a timedelta or seconds, ``keep_run_ids`` one id or many."""
-    if isinstance(keep_runs, bool) or not isinstance(keep_runs, int) or keep_runs < 0:
-        raise ConfigError(f"keep_runs {keep_runs!r} must be an integer >= 0")
-    if isinstance(grace_period, (int, float)) and not isinstance(grace_period, bool):
-        grace_period = timedelta(seconds=grace_period)
-    if not isinstance(grace_period, timedelta) or grace_period < timedelta(0):
-        raise ConfigError(f"grace_period {grace_period!r} must be a timedelta (or seconds) >= 0")
+    """Validate cleanup settings (``core.arguments`` rules: rendered text is read as its value);
+    ``grace_period`` may be a timedelta or seconds, ``keep_run_ids`` one id or many."""
+    runs = as_int("keep_runs", keep_runs, minimum=0)
+    grace = as_duration("grace_period", grace_period)
     ids: Iterable[object]
     if keep_run_ids is None:
         ids = ()
     elif isinstance(keep_run_ids, str):
-        ids = (keep_run_ids,)
+        ids = as_list("keep_run_ids", keep_run_ids) if keep_run_ids.lstrip().startswith(("[", "(")) else (keep_run_ids,)
     elif isinstance(keep_run_ids, (list, tuple, set, frozenset)):
         ids = keep_run_ids
     else:
         raise ConfigError(f"keep_run_ids {keep_run_ids!r} must be a list of run ids")
-    return keep_runs, grace_period, tuple(sorted(layout.validate_run_id(r, what="keep_run_ids entry") for r in ids))
+    return runs, grace, tuple(sorted(layout.validate_run_id(r, what="keep_run_ids entry") for r in ids))
 
 
 def _last_activity(record: RunRecord) -> datetime:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
+from .arguments import as_bool, as_int, as_list, as_number
 from .errors import ConfigError, show_value, text_number_hint
+from .secrets import refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
 
@@ -89,6 +91,7 @@ class InputSpec:
             )
         if self.path is not None and self.format not in INPUT_FORMATS:
             raise ConfigError(f"input_format {self.format!r} is not supported; choose one of {list(INPUT_FORMATS)}")
+        refuse_userinfo(self.path, "input_path")
         for name, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)):
             if v is not None and not isinstance(v, str):
                 raise ConfigError(f"{name} {v!r} must be a string")
@@ -166,7 +169,7 @@ class ShardingSpec:
             return None
         return "categorical" if (self.routing_values is not None or self.infer_routing_values) else "direct"
 
-    def validate(self, key_column: str) -> None:
+    def validate(self, key_column: str) -> None:  # noqa: C901 - one check per sharding field, each with its own message
         if self.strategy == "hash":
             if self.cel_columns or self.routing_values is not None or self.infer_routing_values:
                 raise ConfigError("cel_columns, routing_values and infer_routing_values need cel_expr")
@@ -451,6 +454,10 @@ def build_write_config(
 
     The arguments, their defaults and docs are declared once in ``core.write_args.WRITE_ARGS``.
     """
+    rendered = _read_rendered_text(locals())
+    if rendered:
+        # Text that is the rendering of the expected type (core.arguments) is read as its value.
+        return build_write_config(**{**_write_call_args(locals()), **rendered})
     if isinstance(storage_options, StorageOptions):
         storage = storage_options
     else:
@@ -498,3 +505,23 @@ def build_write_config(
         airflow_context=dict(airflow_context) if airflow_context else None,
     )
     return config.validate()
+
+
+_TEXT_BOOLS = ("infer_routing_values", "verify_routing", "cache_input", "sort_within_partitions",
+               "allow_duplicate_keys", "publish")
+_TEXT_INTS = ("num_dbs", "max_keys_per_shard", "batch_size", "sample_size", "sort_run_rows")
+_TEXT_NUMBERS = ("max_writes_per_second", "max_write_bytes_per_second", "lease_seconds", "heartbeat_seconds")
+_TEXT_LISTS = ("value_columns", "routing_values")
+
+
+def _write_call_args(scope: Mapping[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    return {name: scope[name] for name in inspect.signature(build_write_config).parameters}
+
+
+def _read_rendered_text(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments given as text, read by the ``core.arguments`` rules (refused with the hint if unreadable)."""
+    readers = ([(n, as_bool) for n in _TEXT_BOOLS] + [(n, as_int) for n in _TEXT_INTS]
+               + [(n, as_number) for n in _TEXT_NUMBERS] + [(n, as_list) for n in _TEXT_LISTS])
+    return {name: read(name, scope[name]) for name, read in readers if isinstance(scope[name], str)}

@@ -7,6 +7,9 @@ type name a user will see in the Airflow task log.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 
 def show_value(value: object, limit: int = 80) -> str:
     """``repr`` of an offending value, truncated, for error messages that name it."""
@@ -60,7 +63,22 @@ class RunSupersededError(PublishManifestError):
 
 
 class ManifestValidationError(ShardyfusionError, ValueError):
-    """A manifest or ``_CURRENT`` pointer is malformed or unsafe to follow."""
+    """A manifest or ``_CURRENT`` pointer is malformed or unsafe to follow.
+
+    ``report``: the validation report (``core.validation.ValidationReport``) when a validation
+    found the problems; its ``failures`` lists each one.
+    """
+
+    report: Any = None
+
+    def __init__(self, message: str, *, report: Any = None):
+        super().__init__(message)
+        self.report = report
+
+    @property
+    def failures(self) -> list[str]:
+        """Every problem the validation found (empty without a report)."""
+        return list(self.report.failures) if self.report is not None else []
 
 
 class RunRecordError(ShardyfusionError):
@@ -80,6 +98,38 @@ class RunAbandoned(RunRecordError):
 
 class WriterLost(RunRecordError):
     """A ``running`` run record's lease expired: the writer died without marking the run failed."""
+
+
+class RunFailedError(RunRecordError):
+    """A run ended without a snapshot to use: the writer failed, was lost, or never went live.
+
+    ``error_type`` is the writer's own error type name, ``writer_message`` its message, ``reason``
+    what ended the wait (``failed``, ``writer_lost``, ``missing``, ``unreadable``, ``not_live``,
+    ``timed_out``) and ``run_id`` the run. ``RunFailedError.of`` returns an instance of a class
+    that derives from the writer's own class too, so ``except InputDataError`` catches it and
+    ``type(e).__name__`` is the writer's.
+    """
+
+    def __init__(self, message: str, *, error_type: str | None = None, reason: str | None = None,
+                 run_id: str | None = None, writer_message: str | None = None):
+        super().__init__(message)
+        self.error_type = error_type or type(self).__name__
+        self.reason = reason
+        self.run_id = run_id
+        self.writer_message = writer_message
+
+    @classmethod
+    def of(cls, error_type: str | None, message: str, *, reason: str | None = None, run_id: str | None = None,
+           writer_message: str | None = None) -> RunFailedError:
+        """The failure as the writer's own class (by name) with ``message``."""
+        name = error_type or cls.__name__
+        failure_cls = _failure_class(name)
+        if failure_cls is RunFailedError and name not in _ALL:
+            message = f"{name}: {message}"  # not one of ours (e.g. a Py4J error): keep its name visible
+        return failure_cls(message, error_type=name, reason=reason, run_id=run_id, writer_message=writer_message)
+
+    def __reduce__(self) -> Any:  # the dynamic classes are rebuilt by name, so the error pickles
+        return (_rebuild_failure, (self.error_type, str(self), self.reason, self.run_id, self.writer_message))
 
 
 class CleanupRefusedError(ShardyfusionError):
@@ -107,6 +157,25 @@ class ChecksumMismatchError(StorageError):
 
 class ReaderError(ShardyfusionError):
     """The reader cannot serve a request (closed, routing needs context, …)."""
+
+
+@functools.cache
+def _failure_class(name: str) -> type[RunFailedError]:
+    """``RunFailedError`` joined with the error class called ``name`` (created once per name)."""
+    base = _ALL.get(name)
+    if base is None or base is RunFailedError:
+        return RunFailedError
+    # A base of RunFailedError itself (RunRecordError, ShardyfusionError) cannot come first in the MRO.
+    bases: tuple[type, ...] = (RunFailedError,) if issubclass(RunFailedError, base) else (base, RunFailedError)
+    namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__,
+                 "__init__": RunFailedError.__init__, "__str__": Exception.__str__}
+    return type(base.__name__, bases, namespace)
+
+
+def _rebuild_failure(error_type: str, message: str, reason: str | None, run_id: str | None,
+                     writer_message: str | None) -> RunFailedError:
+    return _failure_class(error_type)(message, error_type=error_type, reason=reason, run_id=run_id,
+                                      writer_message=writer_message)
 
 
 def error_type_by_name(name: str) -> type[ShardyfusionError]:

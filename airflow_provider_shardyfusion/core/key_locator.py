@@ -8,6 +8,7 @@ may need other column values (``routing_context``).
 
 from __future__ import annotations
 
+import numbers
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -76,6 +77,8 @@ def hash_locator(num_dbs: int, key_encoding: str, key_column: str) -> Locate:  #
     xxh3 = hash64
 
     def generic(key: Any) -> tuple[int, bytes]:
+        if isinstance(key, numbers.Integral) and not isinstance(key, (bool, int)):
+            key = int(key)  # numpy / pandas integers (e.g. keys taken from a DataFrame) route as the int they are
         stored = encode_key(key, key_encoding, column=key_column)
         return route_key(key, n), stored
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .errors import ConfigError, ManifestValidationError
+from .secrets import refuse_userinfo
 
 CURRENT_KEY = "_CURRENT"
 MANIFESTS_DIR = "manifests"
@@ -68,6 +69,7 @@ def normalize_root(uri: object) -> str:
     """
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"output_uri {uri!r} is invalid: expected 's3://bucket/prefix' or 'file:///abs/dir'")
+    refuse_userinfo(uri, "output_uri")
     text = uri.strip()
     if text.startswith("/"):
         text = "file://" + text

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from . import integrity, layout
+from .arguments import as_int, as_list, as_number
 from .encoding import decode_key
 from .errors import ConfigError, ManifestValidationError, ShardyfusionError, show_value
 from .pointer import CurrentPointer
@@ -117,19 +117,10 @@ class ValidationReport:
 
 
 def _limit(name: str, value: Any, *, integer: bool) -> float | int | None:
-    """A threshold as given (numbers, or numeric text from a template); ``None`` means not asked."""
+    """A threshold as given (``core.arguments`` rules); ``None`` means not asked."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = int(value) if integer else float(value)
-        except ValueError:
-            raise ConfigError(f"{name} {value!r} is not a number") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise ConfigError(f"{name} {show_value(value)} must be {'an integer' if integer else 'a number'}")
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} {value!r} must be a finite number >= 0")
-    return value
+    return as_int(name, value, minimum=0) if integer else as_number(name, value, minimum=0)
 
 
 def threshold_checks(
@@ -291,7 +282,9 @@ def validate_snapshot(
     max_empty_shards = _limit("max_empty_shards", max_empty_shards, integer=True)  # type: ignore[assignment]
     max_shard_skew = _limit("max_shard_skew", max_shard_skew, integer=False)
     sample_lookups = _limit("sample_lookups", sample_lookups or 0, integer=True)  # type: ignore[assignment]
-    if expected_keys is not None and (isinstance(expected_keys, (str, bytes)) or not isinstance(expected_keys, Iterable)):
+    if isinstance(expected_keys, str):
+        expected_keys = as_list("expected_keys", expected_keys)
+    if expected_keys is not None and (isinstance(expected_keys, bytes) or not isinstance(expected_keys, Iterable)):
         raise ConfigError(f"expected_keys {show_value(expected_keys)} must be a list of keys")
     expected = list(expected_keys) if expected_keys is not None else []
     if run_id is not None:
@@ -301,17 +294,7 @@ def validate_snapshot(
     target = _resolve(snapshots, run_id, manifest_ref, checks)
     manifest = _structure(snapshots, target, checks) if target.ref is not None else None
     if manifest is not None:
-        try:
-            problems = integrity.check_storage(snapshots, manifest, verify_checksums=verify_checksums)
-        except ShardyfusionError as exc:
-            problems = [f"storage of run {manifest.run_id!r}: {exc}"]
-        files = sum(len(s.files) for s in manifest.shards)
-        checks.append(Check(
-            "storage", not problems, figure={"shards": len(manifest.shards), "files": files, "bytes": manifest.byte_size},
-            detail=("files present with their recorded sizes" + (" and checksums" if verify_checksums else ""))
-            if not problems else f"{len(problems)} problem(s)",
-            problems=tuple(problems),
-        ))
+        checks.append(_storage_check(snapshots, manifest, verify_checksums))
     if target.run_id is not None:
         checks.append(_run_record_check(snapshots, target))
     lookups: list[Lookup] = []
@@ -335,14 +318,26 @@ def validate_snapshot(
     if not report.ok:
         failures = report.failures
         what = f"run {report.run_id!r}" if report.run_id else "the snapshot"
-        error = ManifestValidationError(
+        raise ManifestValidationError(
             f"validation of {what} at {snapshots.root} failed with {len(failures)} problem(s):\n"
-            + "\n".join(f"- {p}" for p in failures)
+            + "\n".join(f"- {p}" for p in failures),
+            report=report,
         )
-        error.report = report  # type: ignore[attr-defined]
-        error.failures = failures  # type: ignore[attr-defined]
-        raise error
     return report
+
+
+def _storage_check(snapshots: SnapshotRoot, manifest: Manifest, verify_checksums: bool) -> Check:
+    try:
+        problems = integrity.check_storage(snapshots, manifest, verify_checksums=verify_checksums)
+    except ShardyfusionError as exc:
+        problems = [f"storage of run {manifest.run_id!r}: {exc}"]
+    files = sum(len(s.files) for s in manifest.shards)
+    return Check(
+        "storage", not problems, figure={"shards": len(manifest.shards), "files": files, "bytes": manifest.byte_size},
+        detail=("files present with their recorded sizes" + (" and checksums" if verify_checksums else ""))
+        if not problems else f"{len(problems)} problem(s)",
+        problems=tuple(problems),
+    )
 
 
 def _resolve(snapshots: SnapshotRoot, run_id: str | None, manifest_ref: str | None, checks: list[Check]) -> _Target:
@@ -457,6 +452,23 @@ def _baseline(snapshots: SnapshotRoot, target: _Target, manifest: Manifest) -> t
     return rows, f"older succeeded run {record.run_id!r}"
 
 
+def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any]) -> Check | None:
+    """The look-up check when the key alone cannot be routed (CEL over other columns), else None.
+
+    The routing context of each row is not in the manifest: sampled look-ups are skipped, but keys
+    the user asked for must not pass unchecked.
+    """
+    sharding = manifest.sharding
+    if sharding.strategy != "cel" or not set(sharding.cel_columns or {}) - {sharding.key_column}:
+        return None
+    why = f"CEL routing over columns {sorted(sharding.cel_columns or {})} needs more than the key"
+    if expected:
+        return Check("lookups", False, detail=why, problems=(
+            f"run {manifest.run_id!r}: expected_keys cannot be looked up by key alone: {why}; check them with "
+            "ShardedReader.get(key, routing_context=...) instead",))
+    return Check("lookups", True, skipped=True, detail=why)
+
+
 def _lookup_check(
     snapshots: SnapshotRoot,
     target: _Target,
@@ -469,11 +481,9 @@ def _lookup_check(
     from .reader import ShardedReader
 
     assert target.ref is not None
-    sharding = manifest.sharding
-    if sharding.strategy == "cel" and set(sharding.cel_columns or {}) - {sharding.key_column}:
-        # The key alone cannot be routed; the routing context of each row is not in the manifest.
-        return Check("lookups", True, skipped=True, detail=(
-            f"CEL routing over columns {sorted(sharding.cel_columns or {})} needs more than the key")), []
+    unroutable = _unroutable_by_key(manifest, expected)
+    if unroutable is not None:
+        return unroutable, []
     where = f"run {manifest.run_id!r}"
     problems: list[str] = []
     try:

@@ -65,6 +65,7 @@ class DeferredCleanupOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
+        from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.cleanup import check_settings, execute_cleanup, make_plan
         from airflow_provider_shardyfusion.core.errors import ConfigError
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
@@ -72,19 +73,18 @@ class DeferredCleanupOperator(BaseOperator):
         try:
             root = layout.normalize_root(self.output_uri)
             keep_runs, grace, pinned = check_settings(self.keep_runs, self.grace_period, self.keep_run_ids)
-            if not isinstance(self.dry_run, bool):
-                raise ConfigError(f"dry_run {self.dry_run!r} must be True or False")
+            dry_run = as_bool("dry_run", self.dry_run)
         except ConfigError as exc:
             raise ConfigError(f"DeferredCleanupOperator {self.task_id!r}: {exc}") from None
         snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
         plan = make_plan(snapshots, keep_runs=keep_runs, grace_period=grace, keep_run_ids=pinned)
-        report = execute_cleanup(snapshots, plan, dry_run=self.dry_run)
+        report = execute_cleanup(snapshots, plan, dry_run=dry_run)
         out = report.to_dict()
         self.log.info(
-            "Cleanup of %s%s: %d object(s), %d bytes %s; %d error(s)%s", root, " (dry run)" if self.dry_run else "",
-            out["plan"]["objects"] if self.dry_run else out["deleted_objects"],
-            out["plan"]["bytes"] if self.dry_run else out["deleted_bytes"],
-            "would be deleted" if self.dry_run else "deleted", len(out["errors"]),
+            "Cleanup of %s%s: %d object(s), %d bytes %s; %d error(s)%s", root, " (dry run)" if dry_run else "",
+            out["plan"]["objects"] if dry_run else out["deleted_objects"],
+            out["plan"]["bytes"] if dry_run else out["deleted_bytes"],
+            "would be deleted" if dry_run else "deleted", len(out["errors"]),
             f"; abandoned: {report.abandon_reason}" if report.abandoned else "",
         )
         self._lineage_report = out

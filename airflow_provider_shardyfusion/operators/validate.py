@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_shardyfusion.core.errors import ConfigError
-
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -88,13 +86,13 @@ class ValidateManifestOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
+        from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ManifestValidationError
         from airflow_provider_shardyfusion.core.validation import validate_snapshot
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         output_uri = layout.normalize_root(self.output_uri)
-        if not isinstance(self.verify_checksums, bool):
-            raise ConfigError(f"verify_checksums {self.verify_checksums!r} must be True or False")
+        self.verify_checksums = as_bool("verify_checksums", self.verify_checksums)
         run_id = self.run_id or None  # an empty rendered template means "not given"
         manifest_ref = self.manifest_ref or None
         hook = ShardyfusionHook(aws_conn_id=self.aws_conn_id)

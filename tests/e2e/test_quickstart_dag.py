@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from airflow_provider_shardyfusion import ShardedReader
@@ -37,6 +39,30 @@ def _load_quickstart():
 
 
 quickstart = _load_quickstart()
+
+
+class ProcessSampler:
+    """Collects the command line of every process, every 0.2 s, in a background thread."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for proc in psutil.process_iter(["cmdline"]):
+                cmdline = proc.info.get("cmdline")
+                if cmdline:
+                    self.seen.add(" ".join(cmdline))
+
+    def __enter__(self) -> ProcessSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def assert_snapshot_matches_input(output_uri: str, rows: int, storage_options=None) -> None:
@@ -108,10 +134,13 @@ def test_quickstart_on_s3_reads_back_and_never_leaks_the_secret(run_dag, airflow
     rows = 50_000
     aws_conn = {"conn_type": "aws", "login": FAKE_KEY_ID, "password": FAKE_SECRET,
                 "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}}
-    result = run_dag("shardyfusion_quickstart_s3", conf={"rows": rows}, extra_env={
-        "SHARDYFUSION_DEMO_DIR": str(tmp_path), "SHARDYFUSION_DEMO_S3_URI": s3_root,
-        "AIRFLOW_CONN_SPARK_DEFAULT": LOCAL_SPARK, "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
-    })
+    with ProcessSampler() as ps:  # every command line on the machine while the DAG runs (what `ps` shows)
+        result = run_dag("shardyfusion_quickstart_s3", conf={"rows": rows}, extra_env={
+            "SHARDYFUSION_DEMO_DIR": str(tmp_path), "SHARDYFUSION_DEMO_S3_URI": s3_root,
+            "AIRFLOW_CONN_SPARK_DEFAULT": LOCAL_SPARK, "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws_conn),
+        })
+    assert any("spark-submit" in c or "SparkSubmit" in c for c in ps.seen), "the sampler never saw spark-submit"
+    assert not [c for c in ps.seen if FAKE_SECRET in c], "secret found on a process command line"
     summary = result.xcoms["write_snapshot"]
     assert summary["output_uri"] == s3_root and summary["rows"] == rows
     assert summary["manifest_ref"].startswith(f"{s3_root}/manifests/")

@@ -884,3 +884,13 @@ def test_public_import_is_lazy():
         "assert not any(m == 'airflow' or m.startswith(('airflow.', 'pyspark')) for m in sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_numpy_integer_keys_are_read_as_the_int_they_are(tmp_path):
+    import numpy as np
+
+    root = f"file://{tmp_path}/snap"
+    build_snapshot(root, [(k, f"v{k}".encode()) for k in range(20)], num_dbs=4)
+    with ShardedReader(root, cache_dir=tmp_path / "cache") as reader:
+        assert reader.get(np.int64(7)) == b"v7" and reader.get(np.uint32(3)) == b"v3"
+        assert reader.multi_get([np.int64(1), 2, np.int16(19)]) == [b"v1", b"v2", b"v19"]

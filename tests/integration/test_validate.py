@@ -225,3 +225,15 @@ def test_operator_returns_the_report(file_root):
     failing = ValidateManifestOperator(task_id="validate_live", output_uri=file_root, min_rows=1000)
     with pytest.raises(ManifestValidationError, match=f"run '{live.run_id}': 100 rows, fewer than min_rows 1000"):
         failing.execute({})
+
+
+def test_expected_keys_on_a_snapshot_routed_by_other_columns_fail_instead_of_passing_unchecked(tmp_path):
+    root = f"file://{tmp_path}/snap"
+    build_snapshot(root, [(k, b"v") for k in range(12)], num_dbs=3, run_id="by-region", key_column="id",
+                   cel_expr="region", cel_columns={"id": "int", "region": "string"}, routing_values=("eu", "us", "ap"),
+                   routing_context=lambda k: {"region": ("eu", "us", "ap")[k % 3]})
+    snapshots = SnapshotRoot(open_store(root))
+    report = validate_snapshot(snapshots, run_id="by-region", sample_lookups=5)
+    assert report.check("lookups").skipped  # sampling cannot route by key alone: reported, not failed
+    with pytest.raises(ManifestValidationError, match=r"expected_keys cannot be looked up by key alone.*region"):
+        validate_snapshot(snapshots, run_id="by-region", expected_keys=[1, 2])

@@ -420,9 +420,12 @@ def test_publish_defaults_to_true_and_survives_json():
     assert WriteConfig.from_json(staged.to_json()).options.publish is False
 
 
-def test_publish_must_be_a_bool():
-    with pytest.raises(ConfigError, match=r"^publish 'False' must be True or False$"):
-        build(publish="False")
+def test_publish_must_be_a_bool_or_its_rendering():
+    assert build(publish="False").options.publish is False  # what a template renders a boolean to
+    with pytest.raises(ConfigError, match=r"^publish 'no' must be True or False; .*render_template_as_native_obj=True"):
+        build(publish="no")
+    with pytest.raises(ConfigError, match=r"^publish 1 must be True or False$"):
+        build(publish=1)
 
 
 def test_a_config_written_before_publish_existed_still_publishes():
@@ -431,8 +434,58 @@ def test_a_config_written_before_publish_existed_still_publishes():
     assert WriteConfig.from_dict(data).options.publish is True
 
 
-@pytest.mark.parametrize(("name", "value"), [("num_dbs", "4"), ("batch_size", "100"), ("max_writes_per_second", "5.0")])
-def test_a_number_given_as_text_names_the_template_setting(name, value):
-    with pytest.raises(ConfigError, match=rf"{name} '{value}' must be .*render_template_as_native_obj=True"):
-        build_write_config(output_uri="file:///tmp/x", input_path="/in", key_column="id", value_column="v",
-                           **({"num_dbs": 4} | {name: value}))
+@pytest.mark.parametrize(("name", "value", "read"), [("num_dbs", "4", 4), ("batch_size", "100", 100),
+                                                     ("max_writes_per_second", "5.0", 5.0)])
+def test_a_number_rendered_as_text_is_read_and_other_text_names_the_template_setting(name, value, read):
+    args = {"output_uri": "file:///tmp/x", "input_path": "/in", "key_column": "id", "value_column": "v", "num_dbs": 4}
+    config = build_write_config(**(args | {name: value}))
+    assert (config.to_dict() | {}) and config == build_write_config(**(args | {name: read, "run_id": config.run_id}))
+    with pytest.raises(ConfigError, match=rf"{name} 'four' must be .*render_template_as_native_obj=True"):
+        build_write_config(**(args | {name: "four"}))
+
+
+# ---- no credentials in URIs or Spark settings (issue 22) -------------------------------------------
+
+CANARY = "CANARY-s3cr3t-9f2"
+
+
+@pytest.mark.parametrize(("where", "kwargs"), [
+    ("input_path", {"input_path": f"s3a://AKIAX:{CANARY}@lake/x/"}),
+    ("output_uri", {"output_uri": f"s3://AKIAX:{CANARY}@bucket/out"}),
+])
+def test_credentials_in_a_uri_are_refused_without_repeating_them(where, kwargs):
+    from airflow_provider_shardyfusion.core.config import build_write_config
+
+    args = {"output_uri": "file:///tmp/out", "input_path": "/in", "value_column": "v", "num_dbs": 2, **kwargs}
+    with pytest.raises(ConfigError, match=rf"{where} .*carries credentials.*aws_conn_id") as err:
+        build_write_config(**args)
+    assert CANARY not in str(err.value) and "***@" in str(err.value)
+
+
+def test_credentials_in_an_endpoint_url_and_a_broken_one_name_the_setting():
+    from airflow_provider_shardyfusion.core.storage import StorageOptions
+
+    with pytest.raises(ConfigError, match=r"storage_options.endpoint_url .*carries credentials") as err:
+        StorageOptions(endpoint_url=f"http://user:{CANARY}@127.0.0.1:9000").validate()
+    assert CANARY not in str(err.value)
+    with pytest.raises(ConfigError, match=r"storage_options.endpoint_url 'http://\[::1' is not a valid URL"):
+        StorageOptions(endpoint_url="http://[::1").validate()
+
+
+def test_spark_conf_keys_named_like_credentials_are_refused_without_their_values():
+    from airflow_provider_shardyfusion.submission.plan import SparkSettings
+
+    conf = {"spark.hadoop.fs.s3a.secret.key": CANARY, "spark.hadoop.fs.s3a.access.key": "AKIAX",
+            "spark.executor.memory": "2g"}
+    with pytest.raises(ConfigError, match=r"spark_conf keys \['spark.hadoop.fs.s3a.access.key', "
+                                          r"'spark.hadoop.fs.s3a.secret.key'\] look like credentials") as err:
+        SparkSettings(conf=conf).validate()
+    assert CANARY not in str(err.value)
+    SparkSettings(conf={"spark.executor.memory": "2g"}).validate()  # ordinary settings pass
+
+
+def test_lineage_namespaces_never_carry_user_info():
+    from airflow_provider_shardyfusion.openlineage import location_dataset
+
+    assert location_dataset(f"s3a://AKIAX:{CANARY}@lake/x/") == ("s3://lake", "x")
+    assert location_dataset(f"hdfs://u:{CANARY}@nn:8020/data") == ("hdfs://nn:8020", "/data")

@@ -42,8 +42,8 @@ class StorageOptions:
             )
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigError(f"storage_options.max_attempts {self.max_attempts!r} must be an integer >= 1")
-        if self.endpoint_url is not None and not str(self.endpoint_url).startswith(("http://", "https://")):
-            raise ConfigError(f"storage_options.endpoint_url {self.endpoint_url!r} must start with http:// or https://")
+        if self.endpoint_url is not None:
+            _check_endpoint_url(self.endpoint_url)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._PUBLIC if getattr(self, k) is not None}
@@ -154,3 +154,22 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def download_file(self, key: str, local_path: str) -> None:
         """Raise ``ObjectNotFoundError`` if absent, ``StorageError`` if ``local_path`` cannot be written."""
+
+
+def _check_endpoint_url(url: object) -> None:
+    """An http(s) URL with a host, and no credentials in it; the error names the setting."""
+    from urllib.parse import urlsplit
+
+    from ..secrets import refuse_userinfo
+
+    what = "storage_options.endpoint_url"
+    refuse_userinfo(url, what)
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{what} {url!r} must start with http:// or https://")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is the check (ValueError when invalid)
+    except ValueError as exc:
+        raise ConfigError(f"{what} {url!r} is not a valid URL: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{what} {url!r} names no host")

@@ -1,0 +1,93 @@
+"""One rule for operator arguments that may arrive as text.
+
+Airflow renders a templated argument to text unless the DAG sets
+``render_template_as_native_obj=True``: ``{{ params.n }}`` gives ``"16"``, a boolean ``"True"``, a
+list ``"['a', 'b']"``, a timedelta ``"1:00:00"``. Every operator reads such values through these
+functions, so text that is exactly the rendering of a value of the expected type is accepted
+everywhere, and anything else is refused with one error that names the argument and the setting.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from datetime import timedelta
+from typing import Any
+
+from .errors import ConfigError, show_value
+
+_HINT = ("; a templated argument renders as text unless the DAG sets render_template_as_native_obj=True "
+         "(or pass a literal value)")
+_DURATION = re.compile(r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)$")
+
+
+def _refuse(name: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{name} {show_value(value)} must be {expected}" + (_HINT if isinstance(value, str) else ""))
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """``True``/``False``, or their rendering (``"True"``, ``"false"``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _refuse(name, value, "True or False")
+
+
+def as_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """An integer (not a bool), or its rendering; at least ``minimum`` when given."""
+    parsed = value
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        parsed = int(value)
+    if isinstance(parsed, bool) or not isinstance(parsed, int):
+        raise _refuse(name, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+    if minimum is not None and parsed < minimum:
+        raise ConfigError(f"{name} {parsed!r} must be an integer >= {minimum}")
+    return parsed
+
+
+def as_number(name: str, value: Any, *, minimum: float | None = None) -> float | int:
+    """A finite number (not a bool), or its rendering; at least ``minimum`` when given."""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = int(value) if re.fullmatch(r"\s*-?\d+\s*", value) else float(value)
+        except ValueError:
+            raise _refuse(name, value, "a number") from None
+    if isinstance(parsed, bool) or not isinstance(parsed, (int, float)):
+        raise _refuse(name, value, "a number")
+    if not math.isfinite(parsed):
+        raise ConfigError(f"{name} {value!r} must be a finite number")
+    if minimum is not None and parsed < minimum:
+        raise ConfigError(f"{name} {parsed!r} must be >= {minimum}")
+    return parsed
+
+
+def as_duration(name: str, value: Any) -> timedelta:
+    """A ``timedelta`` >= 0, seconds, or the rendering of either (``"3600"``, ``"1:00:00"``, ``"1 day, 2:00:00"``)."""
+    if isinstance(value, timedelta):
+        parsed = value
+    elif isinstance(value, str) and (m := _DURATION.match(value.strip())):
+        parsed = timedelta(days=int(m["days"] or 0), hours=int(m["h"]), minutes=int(m["m"]), seconds=float(m["s"]))
+    else:
+        try:
+            parsed = timedelta(seconds=as_number(name, value))
+        except ConfigError:
+            raise _refuse(name, value, "a timedelta or a number of seconds") from None
+    if parsed < timedelta(0):
+        raise ConfigError(f"{name} {value!r} must be a timedelta (or seconds) >= 0")
+    return parsed
+
+
+def as_list(name: str, value: Any) -> list[Any]:
+    """A list or tuple, or its rendering (``"['a', 'b']"``, ``'[1, 2]'``). A bare string is not a list."""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise _refuse(name, value, "a list") from None
+    if not isinstance(parsed, (list, tuple)):
+        raise _refuse(name, value, "a list")
+    return list(parsed)
