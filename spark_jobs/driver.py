@@ -81,7 +81,7 @@ def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
         "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
         "spark_version": spark.version, "python_version": platform.python_version(),
         "spark_app_id": spark.sparkContext.applicationId, "spark_ui_url": spark.sparkContext.uiWebUrl,
-        "airflow": config.airflow_context,
+        "airflow": config.airflow_context, "publish": config.options.publish is True,
     }
 
 

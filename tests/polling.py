@@ -19,3 +19,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "t
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class FakeClock:
+    """UTC time that moves only when the code under test sleeps (``clock=``/``sleep=`` of
+    ``core.run_outcome.wait_for_run``); ``on_sleep(n)`` plays the world after the n-th sleep."""
+
+    def __init__(self, on_sleep: Callable[[int], Any] | None = None):
+        from airflow_provider_shardyfusion.core import layout
+
+        self.now = layout.utc_now()
+        self.slept: list[float] = []
+        self.on_sleep = on_sleep
+
+    def __call__(self) -> Any:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        from datetime import timedelta
+
+        self.slept.append(seconds)
+        self.now += timedelta(seconds=seconds)
+        if self.on_sleep is not None:
+            self.on_sleep(len(self.slept))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from . import integrity, layout
 from .checksum import bytes_checksum
@@ -111,52 +111,6 @@ def _stamp_published(snapshots: SnapshotRoot, run_id: str) -> RunRecord | None:
     except (StorageError, RunRecordError) as exc:
         log.warning("run %s is live but published_at could not be recorded: %s", run_id, exc)
         return None
-
-
-@dataclass(frozen=True)
-class PublishStatus:
-    """Where a run the writer was told to publish stands against ``_CURRENT``.
-
-    ``live``: ``_CURRENT`` names it, or did (``published_at``). ``superseded``: a run that started
-    later is live, so the never-backwards rule kept this one staged, which is not a failure of
-    this run. ``not_live``: neither; its pointer move failed, or has not happened yet (the writer
-    records ``succeeded`` before it moves ``_CURRENT``).
-    """
-
-    run_id: str
-    state: Literal["live", "superseded", "not_live"]
-    live: CurrentPointer | None
-    output_uri: str
-
-    @property
-    def superseded_by(self) -> str | None:
-        """The live run that started later, when this run was superseded."""
-        return self.live.run_id if self.state == "superseded" and self.live is not None else None
-
-    def message(self) -> str:
-        where = f"_CURRENT at {self.output_uri} " + (f"names run {self.live.run_id!r}" if self.live else "does not exist")
-        if self.state == "superseded":
-            return (f"run {self.run_id!r} is written and recorded succeeded but stays staged: {where}, which started "
-                    "later, and _CURRENT never moves back to an older run. To make it live anyway, publish it with "
-                    f"PublishSnapshotOperator(run_id={self.run_id!r}, allow_older=True)")
-        if self.state == "not_live":
-            return (f"run {self.run_id!r} was written completely (run record succeeded) but did not go live: {where}. "
-                    f"Publish it with PublishSnapshotOperator(run_id={self.run_id!r}) or 'shardyfusion publish'")
-        return f"run {self.run_id!r} is live"
-
-
-def publish_status(snapshots: SnapshotRoot, record: RunRecord) -> PublishStatus:
-    """Where the succeeded run ``record`` stands; its record is read again for ``published_at``."""
-    fresh = snapshots.read_run(record.run_id) or record
-    live = snapshots.current()
-    if fresh.published_at is not None or (live is not None and live.run_id == record.run_id):
-        state: Literal["live", "superseded", "not_live"] = "live"
-    elif live is not None and record.manifest_ref and \
-            snapshots.started_after(live, snapshots.read_manifest(record.manifest_ref)) is not None:
-        state = "superseded"
-    else:
-        state = "not_live"
-    return PublishStatus(record.run_id, state, live, record.output_uri)
 
 
 @dataclass(frozen=True)

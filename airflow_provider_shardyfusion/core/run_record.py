@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
 from . import serialization as ser
-from .errors import ObjectNotFoundError, RunRecordError, WriterLost
+from .errors import ObjectNotFoundError, RunRecordError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -282,69 +282,3 @@ def mark_failed(store: ObjectStore, run_id: str, error: RunRecordError, *,
     if store.put_if_match(key, failed.to_bytes(), obj.etag) is None:
         return read_run_record(store, run_id)
     return failed
-
-
-OutcomeKind = Literal["running", "succeeded", "failed", "writer_lost", "missing"]
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """What a run record (or its absence) means to someone waiting on the run.
-
-    One rule for the sensor's poke, the trigger and the write operator, so every waiter ends a
-    run the same way. ``payload()`` is the trigger event / XCom form.
-    """
-
-    kind: OutcomeKind
-    run_id: str
-    record: RunRecord | None = None
-    message: str = ""
-    error_type: str | None = None  # the writer's own error type when kind == "failed"
-    writer_message: str | None = None
-
-    @property
-    def is_final(self) -> bool:
-        return self.kind != "running"
-
-    @classmethod
-    def of(cls, record: RunRecord, run_id: str, now: datetime) -> RunOutcome:
-        if record.run_id != run_id:
-            raise RunRecordError(
-                f"run record at {layout.run_record_key(run_id)} names run {record.run_id!r}, expected {run_id!r}"
-            )
-        if record.status == SUCCEEDED:
-            return cls("succeeded", run_id, record)
-        if record.status == FAILED:
-            err = record.error
-            error_type = err.type if err else "RunRecordError"
-            message = err.message if err else "no error recorded"
-            return cls("failed", run_id, record, f"run {run_id!r} failed: {error_type}: {message}", error_type, message)
-        if record.lease_expired(now):
-            return cls(
-                "writer_lost", run_id, record,
-                f"writer lost: run {run_id!r} is still 'running' but its lease expired at "
-                f"{layout.format_ts(record.lease_expires_at)} (last heartbeat {layout.format_ts(record.updated_at)}); "
-                "the writer (Spark driver) probably died without marking the run failed",
-                WriterLost.__name__,
-            )
-        return cls("running", run_id, record)
-
-    @classmethod
-    def missing(cls, run_id: str, output_uri: str, waited: float, missing_timeout: float) -> RunOutcome:
-        return cls(
-            "missing", run_id, None,
-            f"run record of run {run_id!r} does not exist under {output_uri} after {waited:.0f}s "
-            f"(missing_timeout={missing_timeout}s); did the writer start, and is output_uri right?",
-            RunRecordError.__name__,
-        )
-
-    def payload(self) -> dict[str, Any]:
-        if self.kind == "succeeded":
-            return {"status": "success", "run_record": self.record.to_dict() if self.record else None}
-        out: dict[str, Any] = {"status": "error", "message": self.message, "error_type": self.error_type,
-                               "reason": self.kind, "run_id": self.run_id}
-        if self.writer_message is not None:
-            out["writer_message"] = self.writer_message
-        if self.record is not None:
-            out["run_record"] = self.record.to_dict()
-        return out

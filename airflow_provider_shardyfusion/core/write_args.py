@@ -2,8 +2,8 @@
 
 Each argument has one entry here: name, annotation, default, whether Airflow templates it, where
 it goes (``ShardedWriteOperator``, ``build_write_config`` or both) and its one-line doc. The
-operator's signature, ``template_fields``, ``template_fields_renderers`` and ``:param:`` docs and
-``build_write_config``'s signature are built from or checked against this table
+operator's signature, ``template_fields``, ``template_fields_renderers`` and its static ``:param:``
+docs, and ``build_write_config``'s signature, are built from or checked against this table
 (``tests/unit/test_write_args.py`` fails when they drift).
 
 Pure Python: core never imports Airflow, so an Airflow-configured default (``deferrable``) is
@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
 
 
 class _Required:
@@ -170,12 +170,3 @@ class _Defaults:
 
 
 DEFAULTS: Final[Any] = _Defaults()
-
-
-def param_docs(args: Iterable[WriteArg], indent: str = "    ") -> str:
-    """Sphinx ``:param:`` lines of ``args`` (``(templated)`` as Airflow's own operators mark it)."""
-    lines = []
-    for arg in args:
-        suffix = " (templated)" if arg.templated and arg.operator else ""
-        lines.append(f"{indent}:param {arg.name}: {arg.doc}{suffix}")
-    return "\n".join(lines)

@@ -20,7 +20,7 @@ integration tests, so a provider change that breaks one fails the suite):
   ``wait_for_driver``): waiting for a driver the standalone master runs; the provider's own
   ``SparkSubmitOperator`` uses the same two.
 - The exit code of a failed spark-submit is only in the text of the provider's exception
-  (``Error code is: N``); ``operators.write_run.short_submit_error`` reads it from there.
+  (``Error code is: N``); ``core.write_attempts.short_submit_error`` reads it from there.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_provider_shardyfusion.operators.submit_plan import SparkTarget
+from airflow_provider_shardyfusion.submission.plan import SparkTarget
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence

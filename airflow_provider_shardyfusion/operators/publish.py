@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_shardyfusion.operators.sharded_write import _emit_snapshot_event, _with_snapshot_outlet
+from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snapshot_outlet
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,7 +51,7 @@ class PublishSnapshotOperator(BaseOperator):
     ) -> None:
         outlets = list(kwargs.pop("outlets", None) or [])
         # An alias, not the asset itself: the event is added only when the pointer really moved.
-        super().__init__(outlets=_with_snapshot_outlet(outlets, output_uri, None), **kwargs)
+        super().__init__(outlets=with_snapshot_outlet(outlets, output_uri, None), **kwargs)
         self.output_uri = output_uri
         self.run_id = run_id
         self.manifest_ref = manifest_ref
@@ -61,6 +61,7 @@ class PublishSnapshotOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
+        from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ConfigError
         from airflow_provider_shardyfusion.core.publish import publish_run
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
@@ -72,8 +73,7 @@ class PublishSnapshotOperator(BaseOperator):
                 raise ConfigError("give run_id or manifest_ref (e.g. the run_id XCom of a staging ShardedWriteOperator)")
             if self.run_id is not None:
                 layout.validate_run_id(self.run_id)
-            if not isinstance(self.allow_older, bool):
-                raise ConfigError(f"allow_older {self.allow_older!r} must be True or False")
+            self.allow_older = as_bool("allow_older", self.allow_older)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
         snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
@@ -84,7 +84,7 @@ class PublishSnapshotOperator(BaseOperator):
         if result.moved:
             self.log.info("_CURRENT of %s now names run %s (was %s)%s", root, pointer.run_id, result.previous_run_id,
                           "; this is a rollback" if result.rollback else "")
-            _emit_snapshot_event(context, self.outlets, root, {"run_id": pointer.run_id,
+            emit_snapshot_event(context, self.outlets, root, {"run_id": pointer.run_id,
                                                                "manifest_ref": pointer.manifest_ref})
         else:
             self.log.info("Run %s is already live at %s; nothing to do", pointer.run_id, root)

@@ -4,9 +4,11 @@ The operator is a thin shell over pure parts:
 
 - ``core.write_args``: the arguments, defaults, templating and docs (declared once);
 - ``core.config.build_write_config``: validation, so a bad argument fails before Spark starts;
-- ``operators.write_run``: which run a try writes or re-attaches to, and what its run record means;
-- ``operators.submit_plan``: the spark-submit arguments and the deploy-mode policy;
-- ``hooks.spark_submit``: the apache-spark provider's hook that runs the plan.
+- ``core.write_attempts``: which run a try writes or re-attaches to, and what a submission left;
+- ``core.run_outcome``: what the run record means, and the waiting (shared with the sensors);
+- ``submission``: the PySpark bundle and the spark-submit plan (deploy-mode policy);
+- ``hooks.spark_submit``: the apache-spark provider's hook that runs the plan;
+- ``assets``: which asset event the task emits.
 
 It trusts only the run record the writer keeps under the output root: success → a small summary
 (XCom) and, when the run went live, an asset event; failure → the writer's own error type and
@@ -16,33 +18,35 @@ message. Importing this module is light (no pyspark, rocksdict or boto3): it is 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, BaseOperatorLink
+from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow.sdk.configuration import conf
 
+from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snapshot_outlet
 from airflow_provider_shardyfusion.core import layout, write_args
-from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError, RunRecordError, SparkSubmitError
-from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, wait_for_run
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
-from airflow_provider_shardyfusion.operators.write_run import (
+from airflow_provider_shardyfusion.core.write_attempts import (
     RunChoice,
-    WriteOutcome,
+    abandon_reason,
     candidate_run_ids,
     choose_run,
-    interpret_outcome,
+    owned_by_another,
     resolve_deferral_timeout,
     same_try,
-    snapshot_summary,
-    writer_exception,
+    submission_outcome,
     writer_identity,
 )
 
 if TYPE_CHECKING:
-    from datetime import timedelta
+    from collections.abc import Callable
+    from datetime import datetime
 
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
@@ -51,16 +55,15 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.run_record import RunRecord
     from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
     from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
-    from airflow_provider_shardyfusion.operators.submit_plan import SparkSettings
+    from airflow_provider_shardyfusion.submission.plan import SparkSettings, SubmitPlan
 
-__all__ = ["ShardedWriteOperator", "SparkApplicationLink", "SparkSubmitError", "snapshot_summary"]
+__all__ = ["ShardedWriteOperator", "SparkApplicationLink", "SparkSubmitError"]
 
 # A cluster-mode driver may sit in a queue before it writes its run record; past this the
 # deferred task gives up instead of waiting for a driver that was never started.
 _RUN_RECORD_MISSING_TIMEOUT_S = 3600.0
-# Longer than the writer's pointer move with its retries (1 s, 2 s, 4 s; SPEC §6).
-_POINTER_SETTLE_S = 30.0
-_ALIAS_PREFIX = "shardyfusion-snapshot:"
+# Bounds the settle wait after a trigger's success event: the settle rule itself ends it sooner.
+_SETTLE_TIMEOUT = timedelta(minutes=2)
 
 
 class SparkApplicationLink(BaseOperatorLink):
@@ -126,6 +129,63 @@ class ShardedWriteOperator(BaseOperator):
     Retries: with a fixed ``run_id``, a retry re-attaches to the earlier try's run while it is
     still running (valid lease), or writes a fresh run ``<run_id>-try<N>`` when that run ended;
     it never reports the earlier try's error, and never marks a run failed that it did not start.
+
+    When a run is over follows ``core.run_outcome`` (the rule ``RunRecordSensor`` follows too): a
+    run meant to go live is waited for until ``_CURRENT`` names it, a later run is live
+    (superseded: staged, not a failure) or 30 s passed (not live: ``PublishManifestError``).
+
+    :param output_uri: root of the snapshot, ``s3://bucket/prefix`` or ``file:///abs/dir``. (templated)
+    :param input_path: input files Spark reads (``input_format``, ``input_options``); or give ``input_table`` or
+        ``input_sql``. (templated)
+    :param input_format: Spark data source of ``input_path``: parquet, orc, json, csv, avro, delta or text.
+        (templated)
+    :param input_options: reader options of ``input_path`` (never credentials). (templated)
+    :param input_table: a table of the Spark catalog as the input. (templated)
+    :param input_sql: a Spark SQL query as the input. (templated)
+    :param key_column: the lookup key column (integer, string or binary). (templated)
+    :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
+    :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
+    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``). (templated)
+    :param num_dbs: number of shards (hash sharding, or CEL direct routing). (templated)
+    :param max_keys_per_shard: hash sharding sized from the row count instead of ``num_dbs``. (templated)
+    :param cel_expr: CEL expression routing each row to a shard (CEL sharding). (templated)
+    :param cel_columns: columns the CEL expression reads (names, or name -> CEL type); default ``[key_column]``.
+        (templated)
+    :param routing_values: categorical CEL routing: the expression's values, one shard each, in this order.
+        (templated)
+    :param infer_routing_values: categorical CEL routing with the distinct values found in the input. (templated)
+    :param key_encoding: how keys are encoded; ``None`` chooses by the key type (SPEC §5). (templated)
+    :param run_id: the run id; ``None`` generates one per try. A fixed id is retried as ``<run_id>-try<N>`` when
+        an earlier try's run failed, and re-attached to while that run is still running. (templated)
+    :param batch_size: rows per RocksDB write batch. (templated)
+    :param verify_routing: re-check a sample of keys against the routing rule after writing. (templated)
+    :param sample_size: keys per shard checked by ``verify_routing``. (templated)
+    :param cache_input: persist the input in Spark before writing (inputs read twice). (templated)
+    :param sort_within_partitions: write each shard's keys in sorted order. (templated)
+    :param max_writes_per_second: per-task cap on rows written per second. (templated)
+    :param max_write_bytes_per_second: per-task cap on bytes written per second. (templated)
+    :param shard_retry: retries of a single-shard write: max retries, or a mapping with ``max_retries``,
+        ``initial_backoff_s``, ``max_backoff_s``. (templated)
+    :param allow_duplicate_keys: keep the last row of a repeated key instead of failing. (templated)
+    :param publish: move ``_CURRENT`` to the run when it succeeds; ``False`` stages it (manifest and a succeeded
+        run record, no asset event) for ``ValidateManifestOperator`` / ``PublishSnapshotOperator``. (templated)
+    :param spark_conn_id: apache-spark connection (master, deploy mode, spark-submit binary). (templated)
+    :param spark_conf: extra ``--conf`` settings of spark-submit. (templated)
+    :param spark_env_vars: environment of the Spark driver (``env_vars`` of the spark provider). (templated)
+    :param python_env_archive: ``path#alias`` of a packed Python environment shipped with ``--archives`` and used
+        as the executors' interpreter on clusters. (templated)
+    :param aws_conn_id: AWS connection for ``s3://`` outputs; its credentials reach the driver only as environment
+        variables of the spark-submit process (never argv, logs, XCom or stored objects). (templated)
+    :param driver_memory: ``--driver-memory`` of spark-submit. (templated)
+    :param executor_memory: ``--executor-memory`` of spark-submit. (templated)
+    :param executor_cores: ``--executor-cores`` of spark-submit. (templated)
+    :param num_executors: ``--num-executors`` of spark-submit. (templated)
+    :param total_executor_cores: ``--total-executor-cores`` of spark-submit. (templated)
+    :param deferrable: in a cluster deploy mode, submit without waiting and wait on the run record in the
+        triggerer; default ``[operators] default_deferrable``.
+    :param poll_interval: seconds between run-record reads while waiting.
+    :param deferral_timeout: longest wait (seconds or timedelta) on the run record after submitting or
+        re-attaching; ``None``: ``execution_timeout`` if set, else 24 hours.
     """
 
     template_fields: Sequence[str] = write_args.TEMPLATE_FIELDS
@@ -180,7 +240,7 @@ class ShardedWriteOperator(BaseOperator):
         deferral_timeout: timedelta | float | None = _D.deferral_timeout,
         **kwargs: Any,
     ) -> None:
-        super().__init__(outlets=_with_snapshot_outlet(list(kwargs.pop("outlets", None) or []), output_uri, publish),
+        super().__init__(outlets=with_snapshot_outlet(list(kwargs.pop("outlets", None) or []), output_uri, publish),
                          **kwargs)
         # Verbatim on purpose: templates render after __init__, so validation lives in execute().
         self.output_uri = output_uri
@@ -231,6 +291,16 @@ class ShardedWriteOperator(BaseOperator):
         self._me: dict[str, Any] | None = None
         # The summary of this try's snapshot, for get_openlineage_facets_on_complete.
         self._lineage_summary: dict[str, Any] | None = None
+        # Time for the waits in core.run_outcome (None: the real clock); tests drive a fake one.
+        self._clock: Callable[[], datetime] | None = None
+        self._sleep: Callable[[float], None] | None = None
+
+    @cached_property
+    def hook(self) -> ShardyfusionHook:
+        """The storage hook of ``aws_conn_id`` (created on first use, in the worker)."""
+        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+
+        return ShardyfusionHook(aws_conn_id=self.aws_conn_id)
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -254,7 +324,7 @@ class ShardedWriteOperator(BaseOperator):
 
     def spark_settings(self) -> SparkSettings:
         """The Spark arguments, validated (``ConfigError`` naming the argument at fault)."""
-        from airflow_provider_shardyfusion.operators.submit_plan import SparkSettings
+        from airflow_provider_shardyfusion.submission.plan import SparkSettings
 
         return SparkSettings(
             conf=self.spark_conf, env_vars=self.spark_env_vars, python_env_archive=self.python_env_archive,
@@ -271,27 +341,42 @@ class ShardedWriteOperator(BaseOperator):
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.log import mask_secret
-
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-        from airflow_provider_shardyfusion.hooks.spark_submit import resolve_spark_connection
-        from airflow_provider_shardyfusion.operators.bundle import build_bundle
-        from airflow_provider_shardyfusion.operators.submit_plan import Host, build_submit_plan
-
         spark = self.spark_settings()
         timeout = self._waiting_timeout()
-        hook = ShardyfusionHook(aws_conn_id=self.aws_conn_id)
         config = self.build_config(context)  # validates every argument before touching a connection
-        config = replace(config, storage_options=hook.public_storage_options(config.output_uri)).validate()
+        config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
         self._me = me = self.airflow_context(context)
-        choice = self._choose_run(hook, config, me)
+        choice = self._choose_run(config, me)
         if choice.action == "attach":
-            return self._attach(context, hook, config.with_run_id(choice.run_id).validate(), choice, timeout)
+            return self._attach(context, config.with_run_id(choice.run_id).validate(), choice, timeout)
         if choice.run_id != config.run_id:
             self.log.info("Run %s: %s", choice.run_id, choice.reason)
             config = config.with_run_id(choice.run_id).validate()
+        plan, submit_error = self._submit(context, config, spark)
+        record = self._read_record(config)
+        if submit_error is None and plan.defer and (record is None or not record.is_terminal):
+            self._defer_on(config, timeout, own_run=True)
+        tail = self._submit_hook.tail_text() if hasattr(self._submit_hook, "tail_text") else ""
+        failure = submission_outcome(record, run_id=config.run_id, output_uri=config.output_uri, me=me,
+                                     submit_error=submit_error, tail=tail)
+        if record is not None and not owned_by_another(record, me):
+            self._persist_link(context, record)
+        if failure is None:
+            return self._conclude(context, self._wait(config.output_uri, config.run_id, timeout))
+        reason = abandon_reason(record, me, cluster_mode=plan.cluster_mode, submit_error=submit_error)
+        if reason is not None:
+            self._mark_abandoned(config, reason)
+        return self._conclude(context, failure)
 
-        credential_env = hook.credential_env(config.output_uri)
+    def _submit(self, context: Context, config: WriteConfig, spark: SparkSettings) -> tuple[SubmitPlan, Exception | None]:
+        """Run spark-submit with the plan for ``config``; returns the plan and what spark-submit raised."""
+        from airflow.sdk.log import mask_secret
+
+        from airflow_provider_shardyfusion.hooks.spark_submit import resolve_spark_connection
+        from airflow_provider_shardyfusion.submission.bundle import build_bundle
+        from airflow_provider_shardyfusion.submission.plan import Host, build_submit_plan
+
+        credential_env = self.hook.credential_env(config.output_uri)
         for value in credential_env.values():
             mask_secret(value)
         target = resolve_spark_connection(self.spark_conn_id)
@@ -311,8 +396,6 @@ class ShardedWriteOperator(BaseOperator):
                       config.run_id, config.output_uri, target.master, bundle.zip_path)
         # The job gets this as base64 on its command line; the plain JSON (no secrets) is for humans.
         self.log.info("Run %s: write config %s", config.run_id, config.to_json())
-
-        submit_error: BaseException | None = None
         try:
             submit_hook.submit(application=plan.application)
             if plan.wait_for_driver:
@@ -320,24 +403,13 @@ class ShardedWriteOperator(BaseOperator):
                 if state != "FINISHED":
                     raise SparkSubmitError(f"Spark driver of run {config.run_id} ended as {state}")
         except Exception as exc:
-            submit_error = exc
+            return plan, exc
+        return plan, None
 
-        record = self._read_record(hook, config)
-        if submit_error is None and plan.defer and (record is None or not record.is_terminal):
-            self._defer_on(config, timeout, own_run=True)
-        outcome = interpret_outcome(
-            record, run_id=config.run_id, output_uri=config.output_uri, me=me, published=self.publish is True,
-            cluster_mode=plan.cluster_mode, submit_error=submit_error,
-            tail=submit_hook.tail_text() if hasattr(submit_hook, "tail_text") else "",
-        )
-        return self._conclude(context, hook, config, record, outcome)
-
-    def _choose_run(self, hook: ShardyfusionHook, config: WriteConfig, me: Mapping[str, Any]) -> RunChoice:
+    def _choose_run(self, config: WriteConfig, me: Mapping[str, Any]) -> RunChoice:
         if self.run_id is None:  # generated: fresh per try, nothing to re-attach to
             return RunChoice("start", config.run_id, "generated run id")
-        # An unreadable record counts as absent: the job's own unique-run-id check still refuses
-        # a duplicate, and the outcome below never takes another writer's record for ours.
-        records = {rid: self._read_record(hook, config.with_run_id(rid))
+        records = {rid: self._read_record(config.with_run_id(rid))
                    for rid in candidate_run_ids(config.run_id, int(me.get("try_number") or 1))}
         return choose_run(config.run_id, records, me, layout.utc_now())
 
@@ -356,116 +428,69 @@ class ShardedWriteOperator(BaseOperator):
             timeout=timeout,
         )
 
-    def _attach(self, context: Context, hook: ShardyfusionHook, config: WriteConfig, choice: RunChoice,
-                timeout: timedelta) -> dict[str, Any]:
+    def _attach(self, context: Context, config: WriteConfig, choice: RunChoice, timeout: timedelta) -> dict[str, Any]:
         """Wait for an earlier try's still-running run instead of writing the snapshot twice."""
         self.log.info("Run %s: %s; re-attaching instead of writing again", config.run_id, choice.reason)
         if self.do_xcom_push:
             context["ti"].xcom_push(key="run_id", value=config.run_id)
         if self.deferrable:
             self._defer_on(config, timeout, own_run=False)
-        record = self._wait_in_worker(hook, config, timeout)
-        self._persist_link(context, record)
-        if record.status == SUCCEEDED:
-            return self._succeeded_run(context, hook, record)
-        err = record.error
-        raise writer_exception(err.type if err else RunRecordError.__name__,
-                               f"{err.message if err else 'failed without an error in its run record'} "
-                               f"(run {config.run_id!r}, started by an earlier try and re-attached to by this one)")
+        # A lost writer is not ours to mark: the next try starts afresh.
+        outcome = self._wait(config.output_uri, config.run_id, timeout, missing_timeout=0.0)
+        if outcome.record is not None:
+            self._persist_link(context, outcome.record)
+        return self._conclude(context, outcome, "started by an earlier try and re-attached to by this one")
 
-    def _wait_in_worker(self, hook: ShardyfusionHook, config: WriteConfig, timeout: timedelta) -> RunRecord:
-        from airflow_provider_shardyfusion.core.run_record import RunOutcome
+    def _wait(self, output_uri: str, run_id: str, timeout: timedelta, *,
+              missing_timeout: float | None = None) -> RunOutcome:
+        """The run's final outcome (``core.run_outcome``: a run meant to go live waits for ``_CURRENT``)."""
+        return wait_for_run(self.hook.get_snapshots(output_uri), run_id, timeout=timeout, poll=float(self.poll_interval),
+                            publish=self.publish is True, missing_timeout=missing_timeout,
+                            clock=self._clock, sleep=self._sleep)
 
-        deadline = time.monotonic() + timeout.total_seconds()
-        while True:
-            record = self._read_record(hook, config)
-            if record is None:
-                raise RunRecordError(f"run record of run {config.run_id!r} under {config.output_uri} disappeared "
-                                     "while this try waited for it")
-            outcome = RunOutcome.of(record, config.run_id, layout.utc_now())
-            if outcome.kind in ("succeeded", "failed"):
-                return record
-            if outcome.is_final:  # the writer is lost: not ours to mark; the next try starts afresh
-                raise writer_exception(outcome.error_type or RunRecordError.__name__, outcome.message)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RunRecordError(f"run {config.run_id!r} is still running after {timeout} (deferral_timeout)")
-            time.sleep(min(float(self.poll_interval), left))
+    def _read_record(self, config: WriteConfig) -> RunRecord | None:
+        """The run record, or ``None`` when there is none; a failed read raises (it is not "no record")."""
+        return self.hook.read_run_record(config.output_uri, config.run_id)
 
-    def _read_record(self, hook: ShardyfusionHook, config: WriteConfig) -> RunRecord | None:
+    def _mark_abandoned(self, config: WriteConfig, reason: str) -> None:
+        from airflow_provider_shardyfusion.core.errors import RunAbandoned
+        from airflow_provider_shardyfusion.core.run_record import mark_failed
+
         try:
-            return hook.read_run_record(config.output_uri, config.run_id)
-        except Exception as exc:
-            self.log.warning("Run %s: could not read the run record: %s", config.run_id, exc)
-            return None
+            mark_failed(self.hook.get_store(config.output_uri), config.run_id, RunAbandoned(reason))
+        except Exception as exc:  # the run's own error matters more than the bookkeeping
+            self.log.warning("Run %s: could not mark the run record failed: %s", config.run_id, exc)
 
-    def _conclude(self, context: Context, hook: ShardyfusionHook, config: WriteConfig, record: RunRecord | None,
-                  outcome: WriteOutcome) -> dict[str, Any]:
-        if record is not None and outcome.ours:
-            self._persist_link(context, record)
-        if outcome.abandon is not None:
-            from airflow_provider_shardyfusion.core.errors import RunAbandoned
-            from airflow_provider_shardyfusion.core.run_record import mark_failed
-
-            try:
-                mark_failed(hook.get_store(config.output_uri), config.run_id, RunAbandoned(outcome.abandon))
-            except Exception as exc:  # the run's own error below matters more than the bookkeeping
-                self.log.warning("Run %s: could not mark the run record failed: %s", config.run_id, exc)
-        if outcome.summary is not None:
-            assert record is not None  # a summary comes only from a succeeded record
-            return self._succeeded_run(context, hook, record)
+    def _conclude(self, context: Context, outcome: RunOutcome, context_note: str = "") -> dict[str, Any]:
+        """Return the summary of a succeeded run, or raise the one exception of a failed one."""
+        if outcome.succeeded:
+            return self._succeeded(context, outcome)
         if outcome.traceback_tail:
-            self.log.error("Run %s failed in the Spark job; traceback tail:\n%s", config.run_id, outcome.traceback_tail)
-        outcome.raise_error()
+            self.log.error("Run %s failed in the Spark job; traceback tail:\n%s", outcome.run_id, outcome.traceback_tail)
+        raise outcome.to_exception(context_note)
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        from airflow_provider_shardyfusion.core.run_record import RunRecord
+        outcome = RunOutcome.from_event(event or {})
+        if outcome.record is not None:
+            with contextlib.suppress(Exception):  # the link is a convenience; the outcome is what matters
+                self._persist_link(context, outcome.record)
+        if outcome.succeeded and self.publish is True and not outcome.published and not outcome.superseded_by:
+            # A trigger that could not know the run was meant to go live: settle it here.
+            outcome = self._wait(outcome.record.output_uri, outcome.run_id, _SETTLE_TIMEOUT)  # type: ignore[union-attr]
+        return self._conclude(context, outcome)
 
-        event = event or {}
-        if event.get("status") == "success":
-            record = RunRecord.from_dict(event["run_record"])
-            self._persist_link(context, record)
-            from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
-            return self._succeeded_run(context, ShardyfusionHook(aws_conn_id=self.aws_conn_id), record)
-        if event.get("run_record"):
-            with contextlib.suppress(Exception):  # the link is a convenience; the error below is what matters
-                self._persist_link(context, RunRecord.from_dict(event["run_record"]))
-        error_type = event.get("error_type") or "ShardyfusionError"
-        message = event.get("writer_message") or event.get("message") or f"run record trigger failed: {event!r}"
-        raise writer_exception(error_type, message)
-
-    def _succeeded_run(self, context: Context, hook: ShardyfusionHook, record: RunRecord) -> dict[str, Any]:
-        if self.publish is not True:
-            return self._succeeded(context, snapshot_summary(record, published=False))
-        if record.published_at is not None:
-            return self._succeeded(context, snapshot_summary(record))
-        from airflow_provider_shardyfusion.core.publish import publish_status
-
-        # The writer records `succeeded` just before it moves _CURRENT: a waiter woken by the
-        # record may look in between, so "not live" is only believed once the writer had time.
-        snapshots = hook.get_snapshots(record.output_uri)
-        deadline = time.monotonic() + _POINTER_SETTLE_S
-        while (status := publish_status(snapshots, record)).state == "not_live" and time.monotonic() < deadline:
-            time.sleep(min(float(self.poll_interval), 2.0))
-        if status.state == "not_live":
-            raise PublishManifestError(status.message())
-        if status.state == "superseded":
-            self.log.warning("Run %s: %s", record.run_id, status.message())
-            return self._succeeded(context, dict(snapshot_summary(record, published=False),
-                                                 superseded_by=status.superseded_by))
-        return self._succeeded(context, snapshot_summary(record))
-
-    def _succeeded(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
+    def _succeeded(self, context: Context, outcome: RunOutcome) -> dict[str, Any]:
+        summary = outcome.summary()
         if summary["published"]:
             how = "published"
-        elif summary.get("superseded_by"):
-            how = f"staged (superseded by live run {summary['superseded_by']})"
+        elif outcome.superseded_by:
+            self.log.warning("Run %s: %s", outcome.run_id, outcome.message)
+            how = f"staged (superseded by live run {outcome.superseded_by})"
         else:
             how = "staged (publish=False, _CURRENT untouched)"
         self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"], how,
                       summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
-        _emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary, live=summary["published"])
+        emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary, live=summary["published"])
         self._lineage_summary = dict(summary)
         return summary
 
@@ -478,9 +503,7 @@ class ShardedWriteOperator(BaseOperator):
         schema = None
         if summary:
             try:  # the manifest knows the key encoding chosen by key type; the arguments may not
-                from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
-                snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(summary["output_uri"])
+                snapshots = self.hook.get_snapshots(summary["output_uri"])
                 schema = ol.SnapshotSchema.of_manifest(snapshots.read_manifest(summary["manifest_ref"]))
             except Exception as exc:  # lineage must never fail the task
                 self.log.info("OpenLineage: manifest not read (%s); schema from the arguments", exc)
@@ -509,10 +532,9 @@ class ShardedWriteOperator(BaseOperator):
             return  # nothing submitted by this try (or only re-attached): not ours to mark
         from airflow_provider_shardyfusion.core.errors import RunKilled
         from airflow_provider_shardyfusion.core.run_record import mark_failed, read_run_record
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         try:
-            store = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_store(self._active_output_uri)
+            store = self.hook.get_store(self._active_output_uri)
             record = read_run_record(store, self._active_run_id)
             ident = writer_identity(record) if record is not None else None
             if ident is not None and self._me is not None and not same_try(ident, self._me):
@@ -521,52 +543,3 @@ class ShardedWriteOperator(BaseOperator):
             mark_failed(store, self._active_run_id, RunKilled("killed: the Airflow task was stopped"))
         except Exception as exc:  # the kill itself must go through
             self.log.warning("Run %s: could not mark the run record failed: %s", self._active_run_id, exc)
-
-
-# The :param: lines come from the one declaration of the arguments (core.write_args).
-ShardedWriteOperator.__doc__ = (
-    (ShardedWriteOperator.__doc__ or "").rstrip() + "\n\n" + write_args.param_docs(write_args.OPERATOR_ARGS) + "\n"
-)
-
-
-def _snapshot_asset(output_uri: Any) -> Asset | None:
-    """Asset for a concrete output URI; templated or invalid URIs get none (validated in execute)."""
-    if not isinstance(output_uri, str) or "{{" in output_uri or "{%" in output_uri:
-        return None
-    try:
-        return Asset(layout.normalize_root(output_uri))
-    except Exception:
-        return None
-
-
-def _with_snapshot_outlet(outlets: list[Any], output_uri: Any, publish: Any) -> list[Any]:
-    """The snapshot's asset as an outlet, so Airflow emits its event only for writes meant to go live.
-
-    Airflow emits an event for every ``Asset`` outlet of a successful task, so a staging write
-    (``publish=False``) gets none: ``PublishSnapshotOperator`` emits it when the run goes live. A
-    templated ``publish`` is only known in ``execute``: an ``AssetAlias`` outlet then carries the
-    event, added only if the run was published.
-    """
-    asset = _snapshot_asset(output_uri)
-    if asset is None or publish is False:
-        return outlets
-    if publish is True:
-        if all(getattr(o, "uri", None) != asset.uri for o in outlets):
-            outlets.append(asset)
-        return outlets
-    return [*outlets, AssetAlias(name=f"{_ALIAS_PREFIX}{asset.uri}")]
-
-
-def _emit_snapshot_event(context: Context, outlets: Sequence[Any], output_uri: str, summary: Mapping[str, Any], *,
-                         live: bool = True) -> None:
-    """The summary as the event's extra. Airflow emits a declared ``Asset`` outlet's event on every
-    success, so a superseded run's event cannot be withheld: its extra says ``published: false``
-    and ``superseded_by``. Through the alias, only a run that went ``live`` emits."""
-    asset = _snapshot_asset(output_uri)
-    if asset is None:
-        return
-    for outlet in outlets:
-        if isinstance(outlet, Asset) and outlet.uri == asset.uri:
-            context["outlet_events"][outlet].extra = dict(summary)
-        elif isinstance(outlet, AssetAlias) and outlet.name == f"{_ALIAS_PREFIX}{asset.uri}" and live:
-            context["outlet_events"][outlet].add(asset, extra=dict(summary))

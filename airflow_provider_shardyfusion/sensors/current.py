@@ -112,10 +112,8 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
         )
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
         root = self._validate()
-        snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
+        snapshots = self.hook.get_snapshots(root)
         pointer = snapshots.current()
         if self.snapshot_mode == "changed" and not self._has_explicit_baseline() and self._baseline is _UNSET:
             self._baseline = pointer.manifest_ref if pointer is not None else None

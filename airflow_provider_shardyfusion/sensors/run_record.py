@@ -1,4 +1,7 @@
-"""``RunRecordSensor``: waits until a shardyfusion write run is over; fails with the writer's error."""
+"""``RunRecordSensor``: waits until a shardyfusion write run is over; fails with the writer's error.
+
+"Over" is ``core.run_outcome``'s rule, the one ``ShardedWriteOperator`` follows too.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from airflow.sdk import PokeReturnValue
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError, RunRecordError
-from airflow_provider_shardyfusion.core.run_record import RunOutcome
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, read_outcome
 from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 
@@ -20,21 +23,18 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-def failure_from_event(event: dict[str, Any]) -> RunRecordError:
-    """The exception a failed run / lost writer / bad read turns into, carrying the writer's error type."""
-    exc = RunRecordError(str(event.get("message") or "run record trigger failed without a message"))
-    exc.error_type = event.get("error_type")  # type: ignore[attr-defined]
-    exc.reason = event.get("reason")  # type: ignore[attr-defined]
-    exc.run_id = event.get("run_id")  # type: ignore[attr-defined]
-    return exc
-
-
 class RunRecordSensor(PokeThenDeferSensor):
     """Wait until the run record of a shardyfusion write is terminal.
 
-    Succeeds when the run ``succeeded`` and returns the run record as a dict (XCom). Fails with
-    ``RunRecordError`` carrying the writer's own error type and message when the run ``failed``,
-    and with "writer lost" when a ``running`` record's lease expired (the writer died).
+    Succeeds when the run ``succeeded`` and returns the run record as a dict (XCom). A run whose
+    writer was to publish it counts as running until ``_CURRENT`` names it, a later run is live
+    (superseded), or 30 s passed since it finished (then it fails: not live), so the sensor and
+    ``ShardedWriteOperator`` agree on when a run is over.
+
+    Fails with ``RunFailedError`` (a ``RunRecordError``) as the writer's own error class and
+    message when the run ``failed`` (``error_type``, ``reason``, ``run_id`` and
+    ``writer_message`` on the exception), and with "writer lost" when a ``running`` record's
+    lease expired (the writer died).
 
     :param run_id: the run to wait for (with ``output_uri``) ...
     :param run_record_ref: ... or the record's full URI, e.g. ``ShardedWriteOperator``'s
@@ -105,30 +105,25 @@ class RunRecordSensor(PokeThenDeferSensor):
             raise ConfigError(f"{where}: {exc}") from None
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
         root, run_id = self._target()
         if self._first_poke is None:
             self._first_poke = time.monotonic()
-        record = ShardyfusionHook(aws_conn_id=self.aws_conn_id).read_run_record(root, run_id)
-        if record is None:
+        outcome = read_outcome(self.hook.get_snapshots(root), run_id, layout.utc_now())
+        if outcome.kind == "absent":
             waited = time.monotonic() - self._first_poke
             if self.missing_timeout is not None and waited > self.missing_timeout:
-                raise failure_from_event(RunOutcome.missing(run_id, root, waited, self.missing_timeout).payload())
-            self.log.info("Run record of run %r not found under %s yet", run_id, root)
-            return False
-        outcome = RunOutcome.of(record, run_id, layout.utc_now())
+                outcome = RunOutcome.missing(run_id, root, waited, self.missing_timeout)
         if not outcome.is_final:
-            self.log.info("Run %r is running; lease valid until %s", run_id, layout.format_ts(record.lease_expires_at))
+            self.log.info("%s", outcome.message)
             return False
-        return self._finish(outcome.payload())
+        return self._finish(outcome)
 
     def _on_event(self, event: dict[str, Any]) -> Any:
-        return self._finish(event).xcom_value
+        return self._finish(RunOutcome.from_event(event)).xcom_value
 
-    def _finish(self, payload: dict[str, Any]) -> PokeReturnValue:
-        if payload.get("status") != "success":
-            raise failure_from_event(payload)
-        record = payload["run_record"]
-        self.log.info("Run %r succeeded; manifest %s", record.get("run_id"), record.get("manifest_ref"))
-        return PokeReturnValue(is_done=True, xcom_value=record)
+    def _finish(self, outcome: RunOutcome) -> PokeReturnValue:
+        if not outcome.succeeded or outcome.record is None:
+            self.log.error("%s", outcome.message)
+            raise outcome.to_exception()
+        self.log.info("%s; manifest %s", outcome.message, outcome.record.manifest_ref)
+        return PokeReturnValue(is_done=True, xcom_value=outcome.record.to_dict())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
 
@@ -15,11 +17,14 @@ class RunRecordTrigger(PollingTrigger):
 
     Yields exactly one event:
 
-    * ``{"status": "success", "run_record": {...}}`` when the record says ``succeeded``;
+    * ``{"status": "success", "run_record": {...}, "live_state", "live_run_id"}`` when the record
+      says ``succeeded`` and, for a run its writer was to publish, ``_CURRENT`` settled
+      (``core.run_outcome``: live, or superseded by a later run);
     * ``{"status": "error", "message", "error_type", "reason", "run_id", "run_record"}`` when the
       writer failed (``reason="failed"``, ``error_type`` / message are the writer's own), when a
       ``running`` record's lease expired (``reason="writer_lost"``), when the record stayed missing
-      longer than ``missing_timeout`` (``reason="missing"``), or when reads kept failing.
+      longer than ``missing_timeout`` (``reason="missing"``), when a run meant to go live did
+      not within 30 s (``reason="not_live"``), or when reads kept failing.
 
     :param output_uri: the snapshot root, ``s3://bucket/prefix`` or ``file:///abs/dir``.
     :param run_id: the run to wait for.
@@ -86,16 +91,38 @@ class RunRecordTrigger(PollingTrigger):
     def _describe(self) -> str:
         return f"the run record of run {self.run_id!r} under {self.output_uri}"
 
-    def _evaluate(self, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.run_record import RunOutcome, RunRecord
+    async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
+        from airflow_provider_shardyfusion.core.run_outcome import RunOutcome
+        from airflow_provider_shardyfusion.core.run_record import RunRecord
 
         if data is None:
             if self.missing_timeout is not None and waited > self.missing_timeout:
-                return TriggerEvent(RunOutcome.missing(self.run_id, self.output_uri, waited, self.missing_timeout).payload())
+                return TriggerEvent(RunOutcome.missing(self.run_id, self.output_uri, waited, self.missing_timeout).to_event())
             self.log.info("Run record of run %r not written yet; polling again in %ss", self.run_id, self.poll_interval)
             return None
-        outcome = RunOutcome.of(RunRecord.from_bytes(data), self.run_id, layout.utc_now())
+        record = RunRecord.from_bytes(data)
+        pointer = await self._alive_state(reader, record) if RunOutcome.awaits_pointer(record) else None
+        outcome = RunOutcome.from_record(record, self.run_id, layout.utc_now(), pointer=pointer)
         if not outcome.is_final:
-            self.log.info("Run %r is running (lease still valid); polling again in %ss", self.run_id, self.poll_interval)
+            self.log.info("%s; polling again in %ss", outcome.message, self.poll_interval)
             return None
-        return TriggerEvent(outcome.payload())
+        return TriggerEvent(outcome.to_event())
+
+    async def _alive_state(self, reader: Any, record: Any) -> Any:
+        """``core.run_outcome.LiveState`` of the succeeded ``record``, read with the async reader."""
+        from airflow_provider_shardyfusion.core.pointer import parse_pointer
+        from airflow_provider_shardyfusion.core.run_outcome import LiveState
+        from airflow_provider_shardyfusion.core.snapshot import parse_manifest_bytes
+
+        root = layout.normalize_root(self.output_uri)
+        data = await reader.read(layout.CURRENT_KEY)
+        live = parse_pointer(data, root) if data is not None else None
+        if live is None or live.run_id == record.run_id or not record.manifest_ref:
+            return LiveState.of(record, live)
+        own = await reader.read(layout.relative_key(root, record.manifest_ref))
+        theirs = await reader.read(layout.relative_key(root, live.manifest_ref))
+        live_started = None  # an unreadable live manifest counts as older, as the pointer move treats it
+        with contextlib.suppress(ManifestValidationError):
+            live_started = parse_manifest_bytes(live.manifest_ref, theirs).run_started_at if theirs else None
+        own_started = parse_manifest_bytes(record.manifest_ref, own).run_started_at if own else None
+        return LiveState.of(record, live, live_started_at=live_started, own_started_at=own_started)

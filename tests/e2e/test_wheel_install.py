@@ -95,7 +95,7 @@ for name in modules:
     if name in wanted:
         importlib.import_module(name)
 heavy = [m for m in ("pyspark", "rocksdict", "boto3", "botocore", "py4j") if m in sys.modules]
-from airflow_provider_shardyfusion.operators.bundle import find_spark_jobs_dir
+from airflow_provider_shardyfusion.submission.bundle import find_spark_jobs_dir
 print(json.dumps({"file": pkg.__file__, "heavy": heavy, "modules": modules, "spark_jobs": str(find_spark_jobs_dir())}))
 """
     # Every module the source tree has must import from the wheel (others are not written yet).

@@ -11,7 +11,8 @@ import pytest
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, RunSupersededError, StorageError
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish, publish_status
+from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
+from airflow_provider_shardyfusion.core.run_outcome import POINTER_SETTLE, RunOutcome, read_live_state
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle, mark_failed, read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
@@ -134,26 +135,32 @@ def test_current_never_moves_to_an_older_run_unless_rollback_is_asked(store):
     assert read_current(store)[0].previous_run_id == "run-new"
 
 
-def test_publish_status_tells_live_superseded_and_not_live_apart(store):
+def test_live_state_tells_live_superseded_and_not_live_apart(store):
     snapshots = SnapshotRoot(store)
+    after_settle = layout.utc_now() + POINTER_SETTLE + timedelta(seconds=1)
+
+    def status(record):  # where a run meant to go live stands, once the writer had time to move _CURRENT
+        return RunOutcome.from_record(record, record.run_id, after_settle, publish=True,
+                                      pointer=read_live_state(snapshots, record))
+
     staged = publish(store, manifest_for(store, "run-staged", 60), running(store, "run-staged"), live=False)
-    status = publish_status(snapshots, staged)
-    assert (status.state, status.live) == ("not_live", None)
-    assert "did not go live" in status.message() and "does not exist" in status.message()
+    got = status(staged)
+    assert (got.kind, got.live.state, got.live.live_run_id) == ("not_live", "not_live", None)
+    assert "did not go live" in got.message and "does not exist" in got.message
 
     live = publish(store, manifest_for(store, "run-live", 30), running(store, "run-live"), sleep=lambda s: None)
-    assert publish_status(snapshots, live).state == "live"
-    status = publish_status(snapshots, staged)  # older than the live run
-    assert status.state == "superseded" and status.live.run_id == "run-live"
-    assert "PublishSnapshotOperator(run_id='run-staged', allow_older=True)" in status.message()
+    assert status(live).published
+    got = status(staged)  # older than the live run
+    assert got.succeeded and got.superseded_by == "run-live"
+    assert "PublishSnapshotOperator(run_id='run-staged', allow_older=True)" in got.message
 
     newer = publish(store, manifest_for(store, "run-newer", 1), running(store, "run-newer"), live=False)
-    status = publish_status(snapshots, newer)  # staged, newer than the live run: its move failed or is due
-    assert status.state == "not_live" and "names run 'run-live'" in status.message()
+    got = status(newer)  # staged, newer than the live run: its move failed or is due
+    assert got.kind == "not_live" and "names run 'run-live'" in got.message
     # Was live once (published_at), since superseded: still reported live.
-    assert publish_status(snapshots, live).state == "live"
+    assert status(live).published
     publish(store, manifest_for(store, "run-newest", 0), running(store, "run-newest"), sleep=lambda s: None)
-    assert publish_status(snapshots, live).state == "live"
+    assert status(live).published
 
 
 def test_delete_losing_attempts_keeps_only_winners(store):

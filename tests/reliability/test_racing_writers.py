@@ -142,8 +142,8 @@ class FakeTI(SimpleNamespace):
 
 
 def test_two_writers_with_one_run_id(tmp_path, figure, monkeypatch):
-    from airflow_provider_shardyfusion.operators.bundle import build_bundle
     from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+    from airflow_provider_shardyfusion.submission.bundle import build_bundle
 
     root = f"file://{tmp_path}/snap"
     old_run, old_expected = old_snapshot(root)

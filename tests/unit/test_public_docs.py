@@ -28,3 +28,12 @@ def test_every_argument_has_a_param_doc(module, name):
     assert params, name
     undocumented = [p for p in params if not re.search(rf":param {p}:", cls.__doc__ or "")]
     assert not undocumented, f"{name}: no ':param' line for {undocumented}"
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(PUBLIC.items()))
+def test_no_param_doc_names_an_argument_that_does_not_exist(module, name):
+    cls = getattr(importlib.import_module(f"airflow_provider_shardyfusion.{module}"), name)
+    params = set(inspect.signature(cls.__init__).parameters)
+    documented = re.findall(r":param (\w+):", cls.__doc__ or "")
+    assert len(documented) == len(set(documented)), f"{name}: a ':param' line appears twice"
+    assert set(documented) <= params, f"{name}: ':param' lines for {sorted(set(documented) - params)}"

@@ -10,9 +10,15 @@ from airflow.sdk.exceptions import TaskDeferred
 from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError
+from airflow_provider_shardyfusion.core.errors import (
+    ConfigError,
+    ManifestValidationError,
+    RunFailedError,
+    RunRecordError,
+    ShardCoverageError,
+)
 from airflow_provider_shardyfusion.core.layout import split_run_record_ref
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError
 from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
 from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
@@ -67,9 +73,11 @@ def test_run_record_sensor_fails_with_writer_error(file_root):
     store = store_for(file_root)
     write_run_record(store, "r1", FAILED, error=RunError(type="ShardCoverageError", message="db 9 outside [0, 4)"))
     sensor = RunRecordSensor(task_id="s", output_uri=file_root, run_id="r1", deferrable=False)
-    with pytest.raises(RunRecordError, match=r"run 'r1' failed: ShardCoverageError: db 9 outside \[0, 4\)") as info:
+    # The writer's own class and message (as ShardedWriteOperator raises them); the run is on the error.
+    with pytest.raises(ShardCoverageError, match=r"^db 9 outside \[0, 4\)$") as info:
         sensor.execute({})
-    assert info.value.error_type == "ShardCoverageError"
+    assert isinstance(info.value, RunRecordError) and isinstance(info.value, RunFailedError)
+    assert (info.value.error_type, info.value.reason, info.value.run_id) == ("ShardCoverageError", "failed", "r1")
 
 
 def test_run_record_sensor_writer_lost(file_root):
@@ -96,9 +104,9 @@ def test_run_record_sensor_defers_with_its_arguments(file_root):
     }
 
 
-def test_run_record_sensor_execute_complete():
+def test_run_record_sensor_execute_complete(file_root):
     sensor = RunRecordSensor(task_id="s", output_uri="file:///x", run_id="r1")
-    record = {"run_id": "r1", "status": "succeeded", "manifest_ref": "m"}
+    record = write_run_record(store_for(file_root), "r1", SUCCEEDED, manifest_ref="m").to_dict()
     assert sensor.execute_complete({}, {"status": "success", "run_record": record}) == record
     with pytest.raises(RunRecordError, match="run 'r1' failed: ShardWriteError: boom") as info:
         sensor.execute_complete({}, {"status": "error", "message": "run 'r1' failed: ShardWriteError: boom",
@@ -186,3 +194,31 @@ def test_current_sensor_execute_complete_error():
 def test_trigger_backoff_is_exponential_and_capped():
     trigger = RunRecordTrigger("file:///x", "r1", poll_interval=2.0, max_backoff=10.0)
     assert [trigger._backoff(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+# ---- the outcome rule the sensor shares with ShardedWriteOperator ----------------------------
+
+
+def test_run_record_sensor_waits_until_a_run_meant_to_go_live_is_live(file_root):
+    import dataclasses
+    from datetime import timedelta
+
+    from snapshot_helpers import publish_written_run
+
+    from airflow_provider_shardyfusion.core.errors import PublishManifestError
+    from airflow_provider_shardyfusion.core.publish import publish_run
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    store = store_for(file_root)
+    publish_written_run(store, "r1", live=False, writer={"publish": True})  # succeeded, _CURRENT not yet moved
+    sensor = RunRecordSensor(task_id="s", output_uri=file_root, run_id="r1", deferrable=False)
+    assert sensor.poke({}) is False
+    publish_run(SnapshotRoot(store), run_id="r1")
+    assert sensor.poke({}).xcom_value["run_id"] == "r1"
+
+    # The settle time passed and _CURRENT never named the run: it did not go live (the operator says the same).
+    late = publish_written_run(store, "r2", live=False, writer={"publish": True})
+    late = dataclasses.replace(late, finished_at=late.finished_at - timedelta(minutes=5))
+    store.put(layout.run_record_key("r2"), late.to_bytes())
+    with pytest.raises(PublishManifestError, match=r"run 'r2' was written completely .* did not go live"):
+        RunRecordSensor(task_id="s", output_uri=file_root, run_id="r2", deferrable=False).poke({})

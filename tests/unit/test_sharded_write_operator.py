@@ -36,9 +36,10 @@ from airflow_provider_shardyfusion.core.errors import (
 )
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.operators import bundle as bundle_mod
 from airflow_provider_shardyfusion.operators import sharded_write as sw
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator, SparkSubmitError
+from airflow_provider_shardyfusion.submission import bundle as bundle_mod
+from tests.polling import FakeClock
 from tests.snapshot_helpers import publish_snapshot, publish_written_run, write_run_record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,14 +284,19 @@ def test_a_write_superseded_by_a_newer_live_run_succeeds_staged(monkeypatch, tmp
 
 
 def test_a_succeeded_run_that_never_went_live_fails_after_the_pointer_settle_time(monkeypatch, tmp_path):
+    from airflow_provider_shardyfusion.core.run_outcome import POINTER_SETTLE
+
     connections(monkeypatch)
-    monkeypatch.setattr(sw, "_POINTER_SETTLE_S", 0.5)
     root = f"file://{tmp_path}/snap"
     stub_submit(monkeypatch, lambda config: publish_written_run(
         open_store(config.output_uri), config.run_id, live=False, writer={"airflow": config.airflow_context}))
+    op = make_op(root, run_id="run-lost", poll_interval=0.1)
+    clock = FakeClock()
+    op._clock, op._sleep = clock, clock.sleep
     with pytest.raises(PublishManifestError, match=r"run 'run-lost' was written completely .* did not go live: "
                                                    r"_CURRENT at .* does not exist"):
-        make_op(root, run_id="run-lost", poll_interval=0.1).execute(make_context())
+        op.execute(make_context())
+    assert sum(clock.slept) == pytest.approx(POINTER_SETTLE.total_seconds(), abs=1.0)
 
 
 def test_a_waiter_that_sees_succeeded_before_the_pointer_moved_waits_for_the_move(monkeypatch, tmp_path):
@@ -431,7 +437,7 @@ def test_credentials_reach_spark_submit_only_through_its_environment(monkeypatch
     connections(monkeypatch, aws=s3_conn())
     seen = stub_submit(monkeypatch, lambda c: [f"a line that leaks {SECRET}"])
     op = make_op("s3://some-bucket/snap", aws_conn_id="sf_aws", run_id="run-s3")
-    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, hook, config: None)
+    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, config: None)
     with pytest.raises(SparkSubmitError) as info:
         op.execute(make_context())
     call = seen.last
@@ -449,7 +455,7 @@ def test_a_connection_without_keys_forwards_no_frozen_credentials(monkeypatch):
     connections(monkeypatch, aws={"conn_type": "aws", "extra": {"endpoint_url": "http://127.0.0.1:9"}})
     seen = stub_submit(monkeypatch, lambda c: None)
     op = make_op("s3://some-bucket/snap", aws_conn_id="sf_aws", run_id="run-chain")
-    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, hook, config: None)
+    monkeypatch.setattr(sw.ShardedWriteOperator, "_read_record", lambda self, config: None)
     with pytest.raises(SparkSubmitError):
         op.execute(make_context())
     env = seen.last["env"]
@@ -609,7 +615,7 @@ def test_importing_the_operator_does_not_import_spark_rocksdb_or_boto3():
     code = (
         "import sys\n"
         "import airflow_provider_shardyfusion.operators.sharded_write as m\n"
-        "import airflow_provider_shardyfusion.operators.bundle\n"
+        "import airflow_provider_shardyfusion.submission.bundle\n"
         # file:// only: Airflow's own s3:// asset URI normalizer (amazon provider) imports boto3.
         "m.ShardedWriteOperator(task_id='t', output_uri='file:///x', input_path='/in', value_column='v', num_dbs=2)\n"
         "heavy = [n for n in ('pyspark', 'rocksdict', 'boto3', 'botocore', 'py4j') if n in sys.modules]\n"
@@ -685,9 +691,11 @@ def test_a_retry_reattaches_to_the_earlier_tries_running_run_in_the_worker(monke
         writer_succeeds(build_write_config(output_uri=root, run_id="daily", input_path="/in", value_column="v",
                                            num_dbs=4))
 
-    monkeypatch.setattr(sw.time, "sleep", earlier_try_finishes)
     ctx = make_context()
-    summary = make_op(root, run_id="daily", poll_interval=0.5).execute(ctx)
+    op = make_op(root, run_id="daily", poll_interval=0.5)
+    clock = FakeClock()
+    op._clock, op._sleep = clock, lambda s: (clock.sleep(s), earlier_try_finishes(s))
+    summary = op.execute(ctx)
     assert seen.calls == [] and waits == [0.5]  # nothing submitted twice
     assert summary["run_id"] == "daily" and summary["manifest_ref"] and ctx["ti"].xcoms["run_id"] == "daily"
     assert ctx["outlet_events"][Asset(root)].extra == summary
@@ -749,7 +757,8 @@ def test_a_reattached_run_whose_writer_dies_fails_this_try_without_marking_the_r
         earlier_record(root, "daily", RUNNING, try_identity(1), now=layout.utc_now() - timedelta(hours=1),
                        lease_seconds=60)
 
-    monkeypatch.setattr(sw.time, "sleep", lease_runs_out)
+    op = make_op(root, run_id="daily", poll_interval=1)
+    op._sleep = lease_runs_out
     with pytest.raises(RunRecordError, match="writer lost"):
-        make_op(root, run_id="daily", poll_interval=1).execute(make_context())
+        op.execute(make_context())
     assert seen.calls == [] and read_run_record(open_store(root), "daily").status == RUNNING

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.operators.submit_plan import (
+from airflow_provider_shardyfusion.submission.plan import (
     CONFIG_ARG,
     Host,
     SparkSettings,
@@ -130,8 +130,8 @@ def test_the_plan_modules_import_no_airflow():
         "        if name.split('.')[0] in ('airflow', 'pyspark', 'boto3'):\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import airflow_provider_shardyfusion.operators.submit_plan\n"
-        "import airflow_provider_shardyfusion.operators.write_run\n"
+        "import airflow_provider_shardyfusion.submission.plan\n"
+        "import airflow_provider_shardyfusion.core.write_attempts\n"
         "import airflow_provider_shardyfusion.core.write_args\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)

@@ -1,8 +1,8 @@
-"""The operator's run decisions as pure functions: retries, ownership, outcomes, waiting (issue 11)."""
+"""The write operator's decisions as pure functions (core.write_attempts): retries, ownership,
+what a submission left, how long to wait (issue 11)."""
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -16,14 +16,15 @@ from airflow_provider_shardyfusion.core.errors import (
     SparkSubmitError,
 )
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
-from airflow_provider_shardyfusion.operators.write_run import (
+from airflow_provider_shardyfusion.core.write_attempts import (
     DEFAULT_DEFERRAL_TIMEOUT,
+    abandon_reason,
     candidate_run_ids,
     choose_run,
-    interpret_outcome,
     resolve_deferral_timeout,
     retry_run_id,
     short_submit_error,
+    submission_outcome,
 )
 
 NOW = layout.utc_now()
@@ -105,69 +106,65 @@ def test_a_fresh_id_that_already_exists_is_refused():
         choose_run("daily", records, me(2), NOW)
 
 
-# ---- interpret_outcome ---------------------------------------------------------------------------------
+# ---- submission_outcome / abandon_reason ----------------------------------------------------------------
 
 
-def outcome(rec, *, try_number=1, cluster_mode=False, **kw):
-    return interpret_outcome(rec, run_id="r1", output_uri=ROOT, me=me(try_number), published=True,
-                             cluster_mode=cluster_mode, **kw)
+def outcome(rec, *, try_number=1, **kw):
+    return submission_outcome(rec, run_id="r1", output_uri=ROOT, me=me(try_number), **kw)
 
 
-def test_success_is_the_summary():
-    got = outcome(record("r1", SUCCEEDED, by=me(1), stats={"rows": 7, "bytes": 70, "empty_shards": 0}))
-    assert got.summary["rows"] == 7 and got.summary["published"] is True and got.error_type is None
+def abandon(rec, *, try_number=1, cluster_mode=False, submit_error=None):
+    return abandon_reason(rec, me(try_number), cluster_mode=cluster_mode, submit_error=submit_error)
 
 
-def test_a_staged_success_says_so_unless_the_record_was_published():
-    rec = record("r1", SUCCEEDED, by=me(1))
-    staged = interpret_outcome(rec, run_id="r1", output_uri=ROOT, me=me(1), published=False, cluster_mode=False)
-    assert staged.summary["published"] is False
-    if "published_at" in {f.name for f in dataclasses.fields(RunRecord)}:
-        live = dataclasses.replace(rec, published_at=NOW)
-        assert interpret_outcome(live, run_id="r1", output_uri=ROOT, me=me(1), published=False,
-                                 cluster_mode=False).summary["published"] is True
+def test_success_is_no_failure_and_its_outcome_waits_on_current():
+    # What a succeeded run means (live / superseded / not live) is core.run_outcome's (tests/unit/test_run_outcome.py).
+    assert outcome(record("r1", SUCCEEDED, by=me(1), stats={"rows": 7, "bytes": 70, "empty_shards": 0})) is None
 
 
 def test_failure_is_the_writers_own_error():
     got = outcome(record("r1", FAILED, by=me(1)))
     with pytest.raises(InputDataError, match=r"^null key in column 'id'$"):
-        got.raise_error()
+        raise got.to_exception()
 
 
 def test_own_running_run_after_client_mode_exit_is_abandoned():
-    got = outcome(record("r1", RUNNING, by=me(1)), submit_error=RuntimeError("boom"))
-    assert got.abandon and "spark-submit ended (boom)" in got.abandon
+    rec = record("r1", RUNNING, by=me(1))
+    got = outcome(rec, submit_error=RuntimeError("boom"))
+    assert "spark-submit ended (boom)" in abandon(rec, submit_error=RuntimeError("boom"))
     with pytest.raises(SparkSubmitError, match="still says 'running'"):
-        got.raise_error()
-    assert outcome(record("r1", RUNNING, by=me(1)), cluster_mode=True).abandon is None  # the cluster runs it
+        raise got.to_exception()
+    assert abandon(rec, cluster_mode=True) is None  # the cluster runs it
 
 
 def test_a_record_of_another_writer_is_never_our_outcome_nor_marked():
     for status in (RUNNING, SUCCEEDED, FAILED):
-        got = outcome(record("r1", status, by={**TI, "dag_id": "other", "try_number": 1}))
-        assert got.summary is None and got.abandon is None and not got.ours
+        rec = record("r1", status, by={**TI, "dag_id": "other", "try_number": 1})
+        got = outcome(rec)
+        assert got is not None and abandon(rec) is None
         with pytest.raises(RunRecordError, match=r"belongs to task other\.write"):
-            got.raise_error()
+            raise got.to_exception()
     # An earlier try of this task is another writer too: its record is not this try's outcome.
-    assert outcome(record("r1", RUNNING, by=me(1)), try_number=2).abandon is None
+    assert abandon(record("r1", RUNNING, by=me(1)), try_number=2) is None
 
 
 def test_a_record_without_identity_is_reported_but_never_marked():
-    got = outcome(record("r1", RUNNING), submit_error=RuntimeError("boom"))
-    assert got.abandon is None and got.error_type == "SparkSubmitError"
+    rec = record("r1", RUNNING)
+    assert abandon(rec, submit_error=RuntimeError("boom")) is None
+    assert outcome(rec, submit_error=RuntimeError("boom")).error_type == "SparkSubmitError"
 
 
 def test_the_jobs_verdict_line_when_there_is_no_record():
     tail = "INFO x\nshardyfusion job failed: ConfigError: input_format 'x' is odd"
     got = outcome(None, submit_error=RuntimeError("Cannot execute: spark-submit ... Error code is: 2."), tail=tail)
     with pytest.raises(ConfigError, match=r"^input_format 'x' is odd$"):
-        got.raise_error()
+        raise got.to_exception()
 
 
 def test_unknown_error_types_keep_their_name():
     got = outcome(record("r1", FAILED, by=me(1), error=RunError("Py4JJavaError", "Java heap space")))
     with pytest.raises(ShardyfusionError, match=r"^Py4JJavaError: Java heap space$"):
-        got.raise_error()
+        raise got.to_exception()
 
 
 def test_short_submit_error_keeps_the_exit_code_not_the_command():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings
 
 DEFAULT_ENV_ALIAS = "shardyfusion_env"
 CONFIG_ARG = "--config-b64"
@@ -87,7 +88,8 @@ class SparkSettings:
     def validate(self) -> SparkSettings:
         for name, value in (("spark_conf", self.conf), ("spark_env_vars", self.env_vars)):
             if value is not None and (not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value)):
-                raise ConfigError(f"{name} {value!r} must be a mapping of string keys")
+                raise ConfigError(f"{name} must be a mapping of string keys, got {type(value).__name__}")
+        refuse_credential_settings(self.conf, "spark_conf keys")
         archive = self.python_env_archive
         if archive is not None and (not isinstance(archive, str) or not archive.strip("#")):
             raise ConfigError(f"python_env_archive {archive!r} must be a path or URI, e.g. 's3://b/env.tar.gz#env'")
@@ -130,7 +132,7 @@ def encode_config(config_json: str) -> str:
     return base64.urlsafe_b64encode(config_json.encode()).decode("ascii")
 
 
-def build_submit_plan(
+def build_submit_plan(  # noqa: C901 - one branch per deploy mode and resource flag of spark-submit
     *,
     target: SparkTarget,
     spark: SparkSettings,

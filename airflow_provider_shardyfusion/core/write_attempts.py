@@ -1,9 +1,10 @@
-"""Decisions of ``ShardedWriteOperator`` around one run, as pure functions (no Airflow import).
+"""The write operator's decisions around its attempts at a run, as pure functions.
 
 - ``choose_run``: which run id a try writes, or which earlier run it re-attaches to (retries of
   a fixed ``run_id`` are idempotent, issue 11).
-- ``interpret_outcome``: the run record (and what spark-submit said) → summary or error, and
-  whether this try may mark its run abandoned.
+- ``submission_outcome``: the run record (and what spark-submit said) after a submission → the
+  run's failure, or ``None`` when the run succeeded (its outcome then waits on ``_CURRENT``:
+  ``core.run_outcome``); ``abandon_reason``: whether this try may mark its run abandoned.
 - ``resolve_deferral_timeout``: how long the task may wait on a run record.
 
 Ownership rule: a run belongs to the Airflow try whose identity (dag, task, DAG run, map index,
@@ -18,17 +19,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
-from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import (
-    ConfigError,
-    RunRecordError,
-    ShardyfusionError,
-    SparkSubmitError,
-    error_type_by_name,
-)
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
+from . import layout
+from .errors import ConfigError, RunRecordError, SparkSubmitError
+from .run_outcome import RunOutcome
+from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
 TASK_INSTANCE_KEYS = ("dag_id", "task_id", "run_id", "map_index")
 DEFAULT_DEFERRAL_TIMEOUT = timedelta(hours=24)
@@ -51,6 +47,12 @@ def same_task_instance(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -
 
 def same_try(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool:
     return same_task_instance(ident, me) and ident is not None and ident.get("try_number") == me.get("try_number")
+
+
+def owned_by_another(record: RunRecord, me: Mapping[str, Any]) -> bool:
+    """The record names a writer (``writer.airflow``) that is not this try: its status is not ours."""
+    ident = writer_identity(record)
+    return ident is not None and not same_try(ident, me)
 
 
 def describe_writer(record: RunRecord) -> str:
@@ -123,36 +125,6 @@ def choose_run(base_run_id: str, records: Mapping[str, RunRecord | None], me: Ma
 # ---- outcome of a run ----------------------------------------------------------------------------
 
 
-def snapshot_summary(record: RunRecord, *, published: bool = True) -> dict[str, Any]:
-    """The small, JSON-able description of a written snapshot (the operator's XCom).
-
-    ``published``: whether the run went live. The run record's ``published_at`` says so when the
-    writer stamped it; otherwise the flag the run was written with (a succeeded run with
-    ``publish=True`` moved ``_CURRENT``).
-    """
-    stats = record.stats or {}
-    return {
-        "published": getattr(record, "published_at", None) is not None or bool(published),
-        "run_id": record.run_id,
-        "output_uri": record.output_uri,
-        "manifest_ref": record.manifest_ref,
-        "run_record_ref": layout.join(record.output_uri, layout.run_record_key(record.run_id)),
-        "num_dbs": record.num_dbs if record.num_dbs is not None else stats.get("num_dbs"),
-        "rows": stats.get("rows"),
-        "bytes": stats.get("bytes"),
-        "empty_shards": stats.get("empty_shards"),
-        "spark_app_id": record.writer.get("spark_app_id"),
-    }
-
-
-def writer_exception(type_name: str, message: str) -> ShardyfusionError:
-    """The writer's error as the same class (by name) and message it had in the Spark job."""
-    cls = error_type_by_name(type_name)
-    if cls is ShardyfusionError and type_name != "ShardyfusionError":
-        message = f"{type_name}: {message}"  # not one of ours (e.g. a Py4J error): keep its name visible
-    return cls(message)
-
-
 def job_failure_line(tail: str) -> tuple[str, str] | None:
     """The job's one-line verdict (``shardyfusion job failed: Type: message``), newest first."""
     for line in reversed(tail.splitlines()):
@@ -173,72 +145,53 @@ def short_submit_error(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + "…"
 
 
-@dataclass(frozen=True)
-class WriteOutcome:
-    """What the operator does with a finished submission: return ``summary`` or raise the error.
+def abandon_reason(record: RunRecord | None, me: Mapping[str, Any], *, cluster_mode: bool,
+                   submit_error: BaseException | None) -> str | None:
+    """Why this try's own run, still ``running`` after a client-mode spark-submit ended, is abandoned.
 
-    ``abandon``: this try's own run is still ``running`` but nobody will finish it (client-mode
-    spark-submit is gone); the operator marks it failed with this reason before raising.
+    spark-submit took the client-mode driver with it: nobody will finish the run. ``None`` when
+    the run is not exactly this try's (never mark another writer's run), or a cluster runs it.
     """
-
-    summary: dict[str, Any] | None = None
-    error_type: str | None = None
-    message: str | None = None
-    traceback_tail: str | None = None
-    abandon: str | None = None
-    ours: bool = True  # False: the record belongs to another writer (its status is not our outcome)
-
-    def raise_error(self) -> NoReturn:
-        raise writer_exception(self.error_type or "ShardyfusionError", self.message or "the run failed")
+    if record is None or record.status != RUNNING or cluster_mode or not same_try(writer_identity(record), me):
+        return None
+    return f"spark-submit ended ({submit_error or 'exit code 0'}) while the run was still running"
 
 
-def interpret_outcome(
+def submission_outcome(
     record: RunRecord | None,
     *,
     run_id: str,
     output_uri: str,
     me: Mapping[str, Any],
-    published: bool,
-    cluster_mode: bool,
     submit_error: BaseException | None = None,
     tail: str = "",
-) -> WriteOutcome:
-    """Run record (+ spark-submit's exit and output tail) → summary or the writer's own error.
+) -> RunOutcome | None:
+    """Run record (+ spark-submit's exit and output tail) → the run's failure, or ``None`` when it
+    succeeded (what that means waits on ``_CURRENT``: ``core.run_outcome.wait_for_run``).
 
     ``record`` was absent before this try submitted, so its status is this try's outcome unless
-    its ``writer.airflow`` names another writer (one that raced us for the run id). A run is only
-    marked abandoned when its record names exactly this try.
+    its ``writer.airflow`` names another writer (one that raced us for the run id).
     """
-    ident = writer_identity(record) if record is not None else None
-    if record is not None and ident is not None and not same_try(ident, me):
-        job_line = job_failure_line(tail)
+    job_line = job_failure_line(tail)
+    if record is not None and owned_by_another(record, me):
         if job_line is not None:
-            return WriteOutcome(error_type=job_line[0], message=job_line[1], ours=False)
-        return WriteOutcome(error_type=RunRecordError.__name__, ours=False, message=(
+            return RunOutcome.failure(run_id, job_line[0], job_line[1])
+        return RunOutcome.failure(run_id, RunRecordError.__name__, (
             f"run {run_id!r} at {output_uri} belongs to {describe_writer(record)}, not to this try; its status "
             f"{record.status!r} is not this task's outcome (run ids must be unique)"))
     if record is not None and record.status == SUCCEEDED:
-        return WriteOutcome(summary=snapshot_summary(record, published=published))
+        return None
     if record is not None and record.status == FAILED:
-        err = record.error
-        if err is None:
-            return WriteOutcome(error_type=SparkSubmitError.__name__,
-                                message=f"run {run_id} failed without an error in its run record")
-        return WriteOutcome(error_type=err.type, message=err.message, traceback_tail=err.traceback_tail)
-    abandon = None
-    if record is not None and record.status == RUNNING and not cluster_mode and same_try(ident, me):
-        # spark-submit (and with it the client-mode driver) is gone: nobody will finish this run.
-        abandon = f"spark-submit ended ({submit_error or 'exit code 0'}) while the run was still running"
-    job_line = job_failure_line(tail)
+        return RunOutcome.from_record(record, run_id, layout.utc_now())
     if job_line is not None and record is None:
         # The job refused the config before it could start a run record (exit code 2).
-        return WriteOutcome(error_type=job_line[0], message=job_line[1])
+        return RunOutcome.failure(run_id, job_line[0], job_line[1])
     where = layout.join(output_uri, layout.run_record_key(run_id))
     state = "no run record" if record is None else f"the run record still says {record.status!r}"
     cause = f"failed: {short_submit_error(submit_error)}" if submit_error is not None else "ended with exit code 0"
     message = f"run {run_id}: spark-submit {cause}; {state} at {where}" + (
         f"\nLast spark-submit output:\n{tail}" if tail else "")
-    return WriteOutcome(error_type=SparkSubmitError.__name__, message=message, abandon=abandon)
+    return RunOutcome.failure(run_id, SparkSubmitError.__name__, message, record=record)
 
 
 # ---- waiting ------------------------------------------------------------------------------------------
