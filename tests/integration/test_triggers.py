@@ -133,6 +133,39 @@ def test_run_record_missing_timeout(root):
     assert "'never-written' does not exist" in event["message"]
 
 
+@both_stores
+def test_run_record_of_a_run_meant_to_go_live_waits_for_current(root):
+    """The writer records succeeded just before it moves _CURRENT: the trigger (like the sensor's
+    poke and ShardedWriteOperator, core.run_outcome) reports success only once the run is live."""
+    from snapshot_helpers import publish_written_run
+
+    from airflow_provider_shardyfusion.core.publish import publish_run
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    uri, store, conn_id = root
+    run_id = layout.new_run_id()
+    publish_written_run(store, run_id, live=False, writer={"publish": True})
+    moved = []
+
+    async def writer():
+        await later(0.6, lambda: moved.append(publish_run(SnapshotRoot(store), run_id=run_id)))
+
+    event = run_trigger(RunRecordTrigger(uri, run_id, aws_conn_id=conn_id, **FAST), during=writer())
+    assert moved and event["status"] == "success" and event["live_state"] == "live"
+    assert event["run_record"]["run_id"] == run_id
+
+
+@both_stores
+def test_run_record_of_a_superseded_run_succeeds_staged(root):
+    from snapshot_helpers import publish_written_run
+
+    uri, store, conn_id = root
+    publish_written_run(store, "run-newer", started_minutes_ago=0)
+    publish_written_run(store, "run-older", started_minutes_ago=10, writer={"publish": True})
+    event = run_trigger(RunRecordTrigger(uri, "run-older", aws_conn_id=conn_id, **FAST))
+    assert (event["status"], event["live_state"], event["live_run_id"]) == ("success", "superseded", "run-newer")
+
+
 def test_run_record_malformed_is_an_error_not_a_retry(file_root):
     store = store_for(file_root)
     store.put(layout.run_record_key("r1"), b'{"format_version": 99}')
