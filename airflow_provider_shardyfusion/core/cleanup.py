@@ -42,6 +42,8 @@ MAX_KEYS_LISTED = 500  # per plan item, in to_dict
 
 @dataclass(frozen=True)
 class PlannedObject:
+    """One object a plan deletes: its key and size (for the byte counts of the report)."""
+
     key: str
     size: int
 
@@ -91,6 +93,8 @@ class Skipped:
 
 @dataclass(frozen=True)
 class CleanupPlan:
+    """What a cleanup will delete and leave alone, decided against one ``_CURRENT``; the same plan a dry run reports."""
+
     root: str
     made_at: datetime
     current: CurrentPointer | None  # the pointer the plan was made against
@@ -129,6 +133,8 @@ class CleanupPlan:
 
 @dataclass(frozen=True)
 class CleanupReport:
+    """What executing a plan did: objects and bytes deleted per category, errors, runs marked, and why it stopped early."""
+
     plan: CleanupPlan
     dry_run: bool
     deleted: dict[str, dict[str, int]] = field(default_factory=dict)  # category -> objects, bytes

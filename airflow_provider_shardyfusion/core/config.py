@@ -324,6 +324,8 @@ class WriteOptions:
 
 @dataclass(frozen=True)
 class WriteConfig:
+    """The validated configuration of one write, passed to the Spark job inline (never secrets)."""
+
     run_id: str
     output_uri: str
     input: InputSpec

@@ -25,6 +25,8 @@ WAIT_MODES: tuple[str, ...] = get_args(WaitMode)
 
 @dataclass(frozen=True)
 class CurrentPointer:
+    """The ``_CURRENT`` pointer: which manifest is live, its checksum and size, and the run it replaced."""
+
     manifest_ref: str
     run_id: str
     updated_at: datetime

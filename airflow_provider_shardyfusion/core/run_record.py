@@ -41,6 +41,8 @@ PUBLISH_CLAIM_TTL = timedelta(minutes=15)
 
 @dataclass(frozen=True)
 class RunError:
+    """The error a failed run recorded: the writer's error type, message and traceback tail."""
+
     type: str
     message: str
     traceback_tail: str | None = None
@@ -61,6 +63,8 @@ class RunError:
 
 @dataclass(frozen=True)
 class RunRecord:
+    """A run's state under ``runs/``: status, lease, manifest and its identity, publish/cleanup stamps and claims."""
+
     run_id: str
     status: RunStatus
     started_at: datetime

@@ -78,6 +78,8 @@ class Lookup:
 
 @dataclass(frozen=True)
 class ValidationReport:
+    """The result of validating one manifest: every check with its figure, limit and problems, and the look-ups."""
+
     output_uri: str
     run_id: str | None
     manifest_ref: str | None

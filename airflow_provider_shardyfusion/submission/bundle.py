@@ -28,6 +28,8 @@ _BUNDLE_FORMAT = b"shardyfusion-bundle-v1\n"
 
 @dataclass(frozen=True)
 class Bundle:
+    """What spark-submit gets: the zip for ``--py-files``, the entry script (the application), the zip's hash."""
+
     zip_path: str
     entry_script: str
     sha256: str

@@ -61,6 +61,8 @@ class StorageOptions:
 
 @dataclass(frozen=True)
 class ObjectInfo:
+    """A listed object: key, size and last modification time (``None`` when the store does not say)."""
+
     key: str
     size: int
     last_modified: datetime | None = None
@@ -69,6 +71,8 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class StoredObject:
+    """An object read from a store: its bytes and the etag a conditional put needs."""
+
     data: bytes
     etag: str
 

@@ -37,6 +37,8 @@ _ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
 class LocalStore(ObjectStore):
+    """The ``file://`` store: objects are files, single-object writes atomic (temp file + rename)."""
+
     def __init__(self, root: str):
         self.root = layout.normalize_root(root)
         self.base = layout.local_path_of(self.root)

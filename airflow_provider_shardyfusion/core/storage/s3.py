@@ -95,6 +95,8 @@ _CONFLICT = _Conflict()
 
 
 class S3Store(ObjectStore):
+    """The ``s3://`` store over boto3: any S3-compatible endpoint, conditional puts by etag, retried calls."""
+
     def __init__(
         self, root: str, options: StorageOptions | None = None, client: Any = None, retry: RetryPolicy | None = None
     ):
