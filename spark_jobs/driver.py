@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from airflow_provider_shardyfusion.core.errors import (
 )
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
+from airflow_provider_shardyfusion.core.retry import NO_RETRY, call_with_retry
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.config import WriteConfig
 
 log = logging.getLogger("shardyfusion.job")
-_NOT_RETRYABLE = (InputDataError, ConfigError, ShardAssignmentError)
 
 
 class _Step:
@@ -309,29 +310,24 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
     # them (caught by the writer's order check). AQE already merges small sorted partitions, and
     # only contiguous ones.
     ordered = df.orderBy(config.key_column)
-    retry = config.options.shard_retry
-    max_retries = retry.max_retries if retry else 0
     fail_first = int(faults.get("single_db_fail_attempts", 0))
     limiter = WriteLimiter(config.options.max_writes_per_second, config.options.max_write_bytes_per_second)
-    for attempt in range(max_retries + 1):
+    attempts = itertools.count()
+
+    def write_attempt() -> list[dict[str, Any]]:
+        attempt = next(attempts)  # each retry writes into a fresh attempt=NN
         try:
             with _Step(config.run_id, durations, "single_db_write"):
                 if attempt < fail_first:
                     raise fault_injection.InjectedFault(f"injected failure of single-db attempt {attempt}")
-                out = write_one_shard(write_plan, _stream_batches(ordered), db_id=0, attempt=attempt,
-                                      task_attempt_id=None, limiter=limiter)
-            return [out]
-        except _NOT_RETRYABLE:
-            raise
+                return [write_one_shard(write_plan, _stream_batches(ordered), db_id=0, attempt=attempt,
+                                        task_attempt_id=None, limiter=limiter)]
         except Exception as exc:
-            translated = job_errors.translate(exc)
-            if isinstance(translated, _NOT_RETRYABLE) or attempt >= max_retries:
-                raise translated from exc
-            backoff = retry.backoff(attempt + 1) if retry else 0
-            log.warning("run %s: single-db attempt %d failed (%s: %s); retrying in %.1fs as attempt %d",
-                        config.run_id, attempt, type(exc).__name__, exc, backoff, attempt + 1)
-            time.sleep(backoff)
-    raise AssertionError("unreachable")
+            job_errors.raise_translated(exc)
+
+    retry = config.options.shard_retry
+    return call_with_retry(write_attempt, policy=retry.policy() if retry else NO_RETRY,
+                           describe=f"run {config.run_id}: single-db write")
 
 
 def _stream_batches(df):

@@ -18,6 +18,7 @@ from typing import Any
 from . import encoding, layout, routing
 from .arguments import as_bool, as_int, as_list, as_number
 from .errors import ConfigError, show_value, text_number_hint
+from .retry import RetryPolicy
 from .secrets import refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
@@ -245,8 +246,10 @@ class ShardRetry:
                 f"shard_retry.max_backoff_s {self.max_backoff_s}"
             )
 
-    def backoff(self, retry_number: int) -> float:
-        return min(self.max_backoff_s, self.initial_backoff_s * (2 ** max(0, retry_number - 1)))
+    def policy(self) -> RetryPolicy:
+        """The schedule for ``core.retry``: ``max_retries`` retries after 1x, 2x, 4x ... the initial backoff."""
+        return RetryPolicy(attempts=self.max_retries + 1, base_delay_s=self.initial_backoff_s,
+                           max_delay_s=self.max_backoff_s, deadline_s=None, jitter=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_retries": self.max_retries, "initial_backoff_s": self.initial_backoff_s, "max_backoff_s": self.max_backoff_s}

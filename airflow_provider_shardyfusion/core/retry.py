@@ -1,4 +1,5 @@
-"""The one retry helper for backoff loops (capped, jittered exponential backoff with a deadline).
+"""The one retry helper for backoff loops (capped, jittered exponential backoff with a deadline),
+its async twin, and the one answer to "may a later identical attempt succeed?" (``is_retryable``).
 
 Object-store clients retry a few times on their own (botocore's standard mode), but a short
 outage of the endpoint outlasts those few tries, and botocore's retry quota runs dry under a
@@ -8,16 +9,23 @@ outage costs time instead of failing a run whose work is already done.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import ConfigError
+from .errors import (
+    ConfigError,
+    InputDataError,
+    ManifestValidationError,
+    RunRecordError,
+    ShardAssignmentError,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 T = TypeVar("T")
 log = logging.getLogger("shardyfusion.retry")
@@ -53,11 +61,48 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(attempts=1, deadline_s=None)
 
 
+# Errors about what was asked, not about the moment: a bad argument or input row, a row routed
+# wrongly, an object that parsed but is malformed or of an unknown future format (objects are
+# written atomically, so a bad one does not heal), a run that may not go on. Repeating the same
+# request meets them again.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError, InputDataError, ShardAssignmentError, ManifestValidationError, RunRecordError,
+)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a later identical attempt may succeed: everything but ``PERMANENT_ERRORS``.
+
+    Storage outages, lost executors and crashed workers are worth another attempt. (Which raw
+    client failures count as transient *inside* one storage call is the store's own business,
+    e.g. ``core.storage.s3.is_transient``; what leaves a store is a ``StorageError``.)
+    """
+    return not isinstance(exc, PERMANENT_ERRORS)
+
+
+def _retry_delay(
+    exc: Exception, attempt: int, elapsed: float, *, policy: RetryPolicy, retryable: Callable[[BaseException], bool],
+    describe: str, give_up: Callable[[BaseException, int, float], BaseException] | None,
+) -> float:
+    """The delay before the next attempt; raises what the caller must raise when there is none."""
+    if not retryable(exc):
+        raise exc
+    wait = policy.delay(attempt)
+    out_of_time = policy.deadline_s is not None and elapsed + wait > policy.deadline_s
+    if attempt >= policy.attempts or out_of_time:
+        if give_up is None:
+            raise exc
+        raise give_up(exc, attempt, elapsed) from exc
+    log.warning("%s failed (attempt %d of %d, %s: %s); retrying in %.2fs",
+                describe, attempt, policy.attempts, type(exc).__name__, exc, wait)
+    return wait
+
+
 def call_with_retry(
     fn: Callable[[], T],
     *,
     policy: RetryPolicy,
-    retryable: Callable[[BaseException], bool],
+    retryable: Callable[[BaseException], bool] = is_retryable,
     describe: str,
     give_up: Callable[[BaseException, int, float], BaseException] | None = None,
     sleep: Callable[[float], None] = time.sleep,
@@ -75,15 +120,27 @@ def call_with_retry(
         try:
             return fn()
         except Exception as exc:
-            if not retryable(exc):
-                raise
-            elapsed = clock() - started
-            wait = policy.delay(attempt)
-            out_of_time = policy.deadline_s is not None and elapsed + wait > policy.deadline_s
-            if attempt >= policy.attempts or out_of_time:
-                if give_up is None:
-                    raise
-                raise give_up(exc, attempt, elapsed) from exc
-            log.warning("%s failed (attempt %d of %d, %s: %s); retrying in %.2fs",
-                        describe, attempt, policy.attempts, type(exc).__name__, exc, wait)
-            sleep(wait)
+            sleep(_retry_delay(exc, attempt, clock() - started, policy=policy, retryable=retryable,
+                               describe=describe, give_up=give_up))
+
+
+async def acall_with_retry(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    policy: RetryPolicy,
+    retryable: Callable[[BaseException], bool] = is_retryable,
+    describe: str,
+    give_up: Callable[[BaseException, int, float], BaseException] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """``call_with_retry`` for async code: awaits ``fn()`` and sleeps without blocking the loop."""
+    started = clock()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await fn()
+        except Exception as exc:
+            await sleep(_retry_delay(exc, attempt, clock() - started, policy=policy, retryable=retryable,
+                                     describe=describe, give_up=give_up))

@@ -2,7 +2,7 @@
 
 Subclasses say which object to read and what its bytes mean; this base owns the loop, so the
 rules of SPEC §8 (one request per poll, capped exponential backoff on transient errors, exactly
-one event) live in one place.
+one event) live in one place; the backoff and what counts as transient are ``core.retry``'s.
 """
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError
+from airflow_provider_shardyfusion.core.retry import PERMANENT_ERRORS, RetryPolicy, acall_with_retry
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-# Errors no retry can fix: a bad argument, or an object that parsed but is malformed / of an
-# unknown future format (objects are written atomically, so a bad one will not heal by itself).
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ManifestValidationError, RunRecordError)
+
+class _GaveUp(Exception):
+    """Failed reads in a row ran out the retry policy; ``last`` is the final failure."""
+
+    def __init__(self, message: str, last: BaseException):
+        super().__init__(message)
+        self.last = last
 
 
 def error_event(message: str, **extra: Any) -> TriggerEvent:
@@ -66,8 +70,15 @@ class PollingTrigger(BaseTrigger):
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _backoff(self, failures: int) -> float:
-        return min(max(self.poll_interval, 1.0) * 2 ** (failures - 1), self.max_backoff)
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """Failed reads in a row: waits doubling from the poll interval (at least 1 s), capped at ``max_backoff``."""
+        return RetryPolicy(attempts=max(1, self.max_consecutive_failures), base_delay_s=max(self.poll_interval, 1.0),
+                           max_delay_s=self.max_backoff, deadline_s=None, jitter=False)
+
+    def _give_up(self, exc: BaseException, attempts: int, elapsed: float) -> _GaveUp:
+        return _GaveUp(f"giving up on {self._describe()} after {attempts} consecutive failed reads; "
+                       f"last error: {type(exc).__name__}: {exc}", exc)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
@@ -75,53 +86,55 @@ class PollingTrigger(BaseTrigger):
         started = time.monotonic()
         try:
             key = self._key()
+            policy = self.retry_policy
         except PERMANENT_ERRORS as exc:
             yield error_event(f"{type(self).__name__}: {exc}", error_type=type(exc).__name__)
             return
-        hook = ShardyfusionHook(aws_conn_id=self.aws_conn_id)
-        reader = None
-        failures = 0
+        reader = _ReaderSlot(ShardyfusionHook(aws_conn_id=self.aws_conn_id), self.output_uri)
+
+        async def poll_once() -> TriggerEvent | None:
+            try:
+                opened = await reader.get()
+                return await self._aevaluate(opened, await opened.read(key), time.monotonic() - started)
+            except Exception:
+                await reader.drop()  # a fresh client next time: the old one may hold a broken connection
+                raise
+
         try:
             while True:
                 try:
-                    if reader is None:
-                        reader = await hook.aopen_reader(self.output_uri)
-                    data = await reader.read(key)
-                    event = await self._aevaluate(reader, data, time.monotonic() - started)
-                except PERMANENT_ERRORS as exc:
+                    event = await acall_with_retry(poll_once, policy=policy, describe=f"Reading {self._describe()}",
+                                                   give_up=self._give_up)
+                except _GaveUp as exc:
+                    yield error_event(str(exc), error_type=type(exc.last).__name__)
+                    return
+                except Exception as exc:  # not retryable (core.retry.is_retryable): no poll will fix it
                     yield error_event(f"{type(exc).__name__} reading {self._describe()}: {exc}",
                                       error_type=type(exc).__name__)
                     return
-                except Exception as exc:
-                    failures += 1
-                    if failures >= self.max_consecutive_failures:
-                        yield error_event(
-                            f"giving up on {self._describe()} after {failures} consecutive failed reads; "
-                            f"last error: {type(exc).__name__}: {exc}",
-                            error_type=type(exc).__name__,
-                        )
-                        return
-                    delay = self._backoff(failures)
-                    self.log.warning(
-                        "Reading %s failed (%d/%d): %s: %s; retrying in %.0fs",
-                        self._describe(), failures, self.max_consecutive_failures, type(exc).__name__, exc, delay,
-                    )
-                    # A fresh client next time: the old one may hold a broken connection.
-                    if reader is not None:
-                        await _close_quietly(reader)
-                        reader = None
-                    await asyncio.sleep(delay)
-                    continue
-                failures = 0
                 if event is not None:
                     yield event
                     return
                 await asyncio.sleep(self.poll_interval)
         finally:
-            if reader is not None:
-                await _close_quietly(reader)
+            await reader.drop()
 
 
-async def _close_quietly(reader: Any) -> None:
-    with contextlib.suppress(Exception):  # closing a client must never mask the event or the real error
-        await reader.aclose()
+class _ReaderSlot:
+    """The trigger's object reader: opened on first use, closed (and reopened later) after a failure."""
+
+    def __init__(self, hook: Any, output_uri: str):
+        self._hook = hook
+        self._output_uri = output_uri
+        self._reader: Any = None
+
+    async def get(self) -> Any:
+        if self._reader is None:
+            self._reader = await self._hook.aopen_reader(self._output_uri)
+        return self._reader
+
+    async def drop(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):  # closing must never mask the event or the real error
+                await reader.aclose()

@@ -327,7 +327,8 @@ def test_bad_shard_retry():
 
 def test_shard_retry_backoff():
     retry = ShardRetry(max_retries=5, initial_backoff_s=1.0, max_backoff_s=5.0)
-    assert [retry.backoff(n) for n in (1, 2, 3, 4, 5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert [retry.policy().delay(n) for n in (1, 2, 3, 4, 5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert retry.policy().attempts == 6 and not retry.policy().jitter
 
 
 # ---- deserialization errors -----------------------------------------------------------------

@@ -193,7 +193,7 @@ def test_current_sensor_execute_complete_error():
 
 def test_trigger_backoff_is_exponential_and_capped():
     trigger = RunRecordTrigger("file:///x", "r1", poll_interval=2.0, max_backoff=10.0)
-    assert [trigger._backoff(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert [trigger.retry_policy.delay(n) for n in range(1, 6)] == [2.0, 4.0, 8.0, 10.0, 10.0]
 
 
 # ---- the outcome rule the sensor shares with ShardedWriteOperator ----------------------------
