@@ -8,6 +8,7 @@ written anywhere (``StorageOptions.to_dict`` drops them).
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from airflow.sdk.bases.hook import BaseHook
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
+from airflow_provider_shardyfusion.core.storage.async_reader import AsyncObjectReader, open_async_reader
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.errors import RunRecordError
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.run_record import RunRecord
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
+log = logging.getLogger(__name__)
 
 class ShardyfusionHook(BaseHook):
     """Storage access for snapshots under an output URI (``s3://…`` or ``file://…``).
@@ -50,13 +53,7 @@ class ShardyfusionHook(BaseHook):
         """Endpoint, region and addressing style only: safe to hand to the Spark job."""
         if not layout.normalize_root(output_uri).startswith("s3://") or not self.aws_conn_id:
             return StorageOptions()
-        cfg = self._aws_hook.conn_config
-        extra = dict(getattr(cfg, "extra_config", None) or {})
-        return StorageOptions(
-            endpoint_url=cfg.get_service_endpoint_url("s3"),
-            region_name=cfg.region_name,
-            addressing_style=extra.get("s3_addressing_style") or ("path" if cfg.endpoint_url else None),
-        )
+        return _public_options(self._aws_hook.conn_config)
 
     def storage_options(self, output_uri: str) -> StorageOptions:
         """Public options plus in-process credentials from the connection (if it has any)."""
@@ -122,64 +119,28 @@ class ShardyfusionHook(BaseHook):
     # ============================================================================================
     # Async access for triggers (runs on the triggerer's event loop).
     #
-    # Nothing here blocks the loop: local reads go to a worker thread, S3 goes through aiobotocore
-    # via the amazon provider, and the connection is fetched with ``aget_connection`` (never the
-    # sync ``get_connection``, which can deadlock the triggerer's supervisor comms).
-    # Credentials stay inside the client objects; nothing here returns or logs them.
+    # Nothing here blocks the loop: the connection is fetched as ``_aget_connection`` explains,
+    # everything that may block (secret masking of the connection's extra, building sessions and
+    # clients, STS for an assumed role, local reads) runs in a worker thread, and S3 reads go
+    # through aiobotocore (``core.storage.async_s3``). Credentials stay inside the session and
+    # client objects; nothing here returns or logs them.
     # ============================================================================================
 
-    async def _aseed_aws_connection(self) -> None:
-        """Fetch the connection asynchronously and hand it to the amazon hook's config cache.
+    async def _asessions(self, deferrable: bool) -> tuple[StorageOptions, Any]:
+        """Public storage options and a session holding the connection's credentials (``deferrable``:
+        an aiobotocore session, else a boto3 one), via the amazon provider's session factory."""
+        import asyncio
 
-        ``AwsBaseHook.conn_config`` would otherwise look the connection up synchronously.
-        """
-        hook = self._aws_hook
-        if "conn_config" in hook.__dict__:
-            return
-        from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
-        connection = None
-        if not self.aws_conn_id:
-            return
-        try:
-            connection = await self.aget_connection(self.aws_conn_id)
-        except AirflowNotFoundException:
-            # Same behaviour as AwsBaseHook: a missing connection falls back to boto's default chain.
-            self.log.warning("AWS connection %r not found; using the default credential chain.", self.aws_conn_id)
-        hook.__dict__["conn_config"] = AwsConnectionWrapper(
-            conn=connection, region_name=hook._region_name, botocore_config=hook._config, verify=hook._verify
-        )
+        connection = await _aget_connection(type(self), self.aws_conn_id) if self.aws_conn_id else None
+        return await asyncio.to_thread(_options_and_session, connection, deferrable)
 
     async def aopen_reader(self, output_uri: str) -> AsyncObjectReader:
         """An async reader of small objects under ``output_uri``; close it with ``aclose()``."""
         root = layout.normalize_root(output_uri)
-        if root.startswith("file://"):
-            return _AsyncLocalReader(root)
-        if self.aws_conn_id:
-            await self._aseed_aws_connection()
-        import asyncio
-
-        # Building the client reads botocore's JSON service models from disk (and may call STS for
-        # an assumed role): do it off the loop.
-        client_ctx = await asyncio.to_thread(self._build_async_s3_client, root)
-        client = await client_ctx.__aenter__()
-        return _AsyncS3Reader(root, client, client_ctx)
-
-    def _build_async_s3_client(self, root: str) -> Any:
-        from botocore.config import Config
-
-        # The trigger owns the retry policy (one request per poll, its own backoff): keep botocore's short.
-        if not self.aws_conn_id:
-            from aiobotocore.session import get_session
-
-            return get_session().create_client("s3", config=Config(retries={"mode": "standard", "max_attempts": 2}))
-        public = self.public_storage_options(root)
-        overrides: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 2}}
-        if public.addressing_style:
-            overrides["s3"] = {"addressing_style": public.addressing_style}
-        config = self._aws_hook.config.merge(Config(**overrides))
-        return self._aws_hook.get_client_type(region_name=public.region_name, config=config, deferrable=True)
+        if not root.startswith("s3://") or not self.aws_conn_id:
+            return await open_async_reader(root)
+        options, session = await self._asessions(deferrable=True)
+        return await open_async_reader(root, options, session=session)
 
     async def amark_failed(self, output_uri: str, run_id: str, error: RunRecordError) -> RunRecord | None:
         """Mark a still-running run failed (conditional write, see ``core.run_record.mark_failed``).
@@ -192,11 +153,16 @@ class ShardyfusionHook(BaseHook):
         from airflow_provider_shardyfusion.core.run_record import mark_failed
 
         root = layout.normalize_root(output_uri)
-        if root.startswith("s3://") and self.aws_conn_id:
-            await self._aseed_aws_connection()
-        return await asyncio.to_thread(
-            lambda: mark_failed(self.get_store(root), run_id, error)
-        )
+        if not root.startswith("s3://") or not self.aws_conn_id:
+            return await asyncio.to_thread(lambda: mark_failed(open_store(root), run_id, error))
+        options, session = await self._asessions(deferrable=False)
+
+        def mark() -> RunRecord | None:
+            from airflow_provider_shardyfusion.core.storage.s3 import S3Store, make_s3_client
+
+            return mark_failed(S3Store(root, options, client=make_s3_client(options, session=session)), run_id, error)
+
+        return await asyncio.to_thread(mark)
 
     async def aread_object(self, output_uri: str, key: str) -> bytes | None:
         """Bytes of ``<output_uri>/<key>``, or ``None`` if it does not exist (one request)."""
@@ -219,70 +185,47 @@ class ShardyfusionHook(BaseHook):
         return None if data is None else parse_pointer(data, layout.normalize_root(output_uri))
 
 
-class AsyncObjectReader:
-    """Reads small objects (pointer, run record) under one output root from async code."""
+def _public_options(cfg: Any) -> StorageOptions:
+    """Endpoint, region and addressing style of the amazon provider's ``AwsConnectionWrapper``."""
+    extra = dict(getattr(cfg, "extra_config", None) or {})
+    return StorageOptions(
+        endpoint_url=cfg.get_service_endpoint_url("s3"),
+        region_name=cfg.region_name,
+        addressing_style=extra.get("s3_addressing_style") or ("path" if cfg.endpoint_url else None),
+    )
 
-    root: str
 
-    async def read(self, key: str) -> bytes | None:
-        """The object's bytes, or ``None`` if it does not exist. Other failures raise."""
-        raise NotImplementedError
+def _options_and_session(connection: Any, deferrable: bool) -> tuple[StorageOptions, Any]:
+    """Blocking (run it in a worker thread): reading the extra masks secrets through the supervisor."""
+    from airflow.providers.amazon.aws.hooks.base_aws import SessionFactory
+    from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
-    async def aclose(self) -> None:
+    cfg = AwsConnectionWrapper(conn=connection)
+    options = _public_options(cfg)
+    factory = SessionFactory(conn=cfg, region_name=options.region_name, config=cfg.botocore_config)
+    return options, factory.create_session(deferrable=deferrable)
+
+
+async def _aget_connection(hook: type[BaseHook], conn_id: str) -> Any:
+    """The connection, fetched without blocking the loop; ``None`` if it does not exist (boto's
+    default chain then applies, as in ``AwsBaseHook``).
+
+    Before Airflow 3.3.2 ``aget_connection`` masks the connection's secrets with a *synchronous*
+    call to the supervisor, which raises ``DeadlockImminentError`` when another async call is in
+    flight on the loop (see common.compat's ``get_async_connection``; its fixed version is newer
+    than Airflow 3.3.0's constraints allow). There the sync look-up runs in a worker thread,
+    where blocking on the supervisor is safe. 3.3.2 masks asynchronously and added
+    ``Connection.aextra_dejson``, which tells the versions apart.
+    """
+    import asyncio
+
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        if hasattr(Connection, "aextra_dejson"):
+            return await hook.aget_connection(conn_id)
+        return await asyncio.to_thread(hook.get_connection, conn_id)
+    except AirflowNotFoundException:
+        log.warning("AWS connection %r not found; using the default credential chain.", conn_id)
         return None
-
-
-class _AsyncLocalReader(AsyncObjectReader):
-    def __init__(self, root: str):
-        from airflow_provider_shardyfusion.core.storage.local import LocalStore
-
-        self.root = root
-        self._store = LocalStore(root)
-
-    def _read(self, key: str) -> bytes | None:
-        from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError
-
-        try:
-            return self._store.get(key).data
-        except ObjectNotFoundError:
-            return None
-
-    async def read(self, key: str) -> bytes | None:
-        import asyncio
-
-        return await asyncio.to_thread(self._read, key)
-
-
-class _AsyncS3Reader(AsyncObjectReader):
-    _NOT_FOUND = frozenset({"NoSuchKey", "404", "NotFound"})
-
-    def __init__(self, root: str, client: Any, client_ctx: Any):
-        self.root = root
-        bucket, _, prefix = root[len("s3://") :].partition("/")
-        self._bucket = bucket
-        self._prefix = prefix + "/" if prefix else ""
-        self._client = client
-        self._client_ctx = client_ctx
-
-    async def read(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        from airflow_provider_shardyfusion.core.errors import StorageError
-
-        uri = layout.join(self.root, key)
-        try:
-            resp = await self._client.get_object(Bucket=self._bucket, Key=self._prefix + key)
-            async with resp["Body"] as body:
-                return await body.read()
-        except ClientError as exc:
-            if str((exc.response or {}).get("Error", {}).get("Code", "")) in self._NOT_FOUND:
-                return None
-            raise StorageError(f"S3 get of {uri} failed: {exc}") from exc
-        except Exception as exc:
-            # Connection errors and timeouts carry no response; the trigger retries on its next poll.
-            raise StorageError(f"S3 get of {uri} failed: {type(exc).__name__}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        ctx, self._client_ctx = self._client_ctx, None
-        if ctx is not None:
-            await ctx.__aexit__(None, None, None)

@@ -81,3 +81,45 @@ def test_async_reads_and_mark_failed(target):
     assert killed.status == FAILED and killed.error.type == "RunKilled"
     assert finished.status == SUCCEEDED  # a finished run is never marked failed
     assert hook.read_run_record(root, "run-w").error.message == str(RunKilled())
+
+
+@pytest.mark.s3
+def test_before_airflow_3_3_2_the_connection_is_looked_up_off_the_loop(s3_server, s3_root, s3_options, monkeypatch):
+    """Before 3.3.2 ``aget_connection`` masks secrets with a sync supervisor call (DeadlockImminentError
+    in a triggerer), so the hook looks the connection up in a worker thread there. Simulated here by
+    hiding 3.3.2's ``Connection.aextra_dejson``; the floor test installs the real 3.3.0."""
+    import threading
+
+    from airflow.sdk import Connection
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn_id = f"sf_hook_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
+        "conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
+        "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"},
+    }))
+    store = store_for(s3_root, s3_options)
+    pointer = publish_snapshot(store, "run-a")
+    write_run_record(store, "run-w", RUNNING)
+    monkeypatch.delattr(Connection, "aextra_dejson")
+    lookups: list[int] = []
+    real_get_connection = BaseHook.get_connection.__func__
+
+    def recording(cls, conn_id):
+        lookups.append(threading.get_ident())
+        return real_get_connection(cls, conn_id)
+
+    async def forbidden(cls, conn_id):
+        raise AssertionError("aget_connection called on an Airflow before 3.3.2")
+
+    monkeypatch.setattr(BaseHook, "get_connection", classmethod(recording))
+    monkeypatch.setattr(BaseHook, "aget_connection", classmethod(forbidden))
+    hook = ShardyfusionHook(aws_conn_id=conn_id)
+
+    async def reads():
+        return (threading.get_ident(), await hook.aread_current(s3_root),
+                await hook.amark_failed(s3_root, "run-w", RunKilled()))
+
+    loop_thread, current, killed = asyncio.run(reads())
+    assert current == pointer and killed.status == FAILED
+    assert len(lookups) == 2 and loop_thread not in lookups

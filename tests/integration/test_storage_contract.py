@@ -451,3 +451,51 @@ def test_unreachable_s3_endpoint_is_a_storage_error_for_every_operation(tmp_path
     [(key, error)] = store.delete_many(["k.json"])
     assert key == "k.json" and "S3 delete of" in error and endpoint in error
     assert not (tmp_path / "out.bin").exists()
+
+
+# ---- async reads (what the deferrable sensors' triggers use) ----------------------------------
+
+
+def _aread(root: str, options: dict | None, *keys: str) -> list[bytes | None]:
+    import asyncio
+
+    from airflow_provider_shardyfusion.core.storage import StorageOptions
+    from airflow_provider_shardyfusion.core.storage.async_reader import open_async_reader
+
+    async def reads() -> list[bytes | None]:
+        reader = await open_async_reader(root, StorageOptions.from_dict(options))
+        try:
+            return [await reader.read(k) for k in keys]
+        finally:
+            await reader.aclose()
+
+    return asyncio.run(reads())
+
+
+def test_async_reader_reads_what_the_store_wrote(store, any_root):
+    root, options = any_root
+    payload = bytes(range(256)) * 3
+    store.put("a/obj.json", b'{"x":1}')
+    store.put("bin", payload, content_type="application/octet-stream")
+    # A missing key and a "folder" are both absent, as for the sync store's get.
+    assert _aread(root, options, "a/obj.json", "bin", "missing.json", "a") == [b'{"x":1}', payload, None, None]
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs", "a/./b", ""])
+def test_async_reader_refuses_keys_outside_the_root(any_root, key):
+    root, options = any_root
+    with pytest.raises(StorageError, match="invalid object key"):
+        _aread(root, options, key)
+
+
+def test_async_reader_on_an_unreachable_endpoint_raises_storage_error():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1", "addressing_style": "path",
+               "aws_access_key_id": "x", "aws_secret_access_key": "y"}
+    with pytest.raises(StorageError, match=re.escape("S3 get of s3://bucket/snap/_CURRENT failed: ")) as info:
+        _aread("s3://bucket/snap", options, "_CURRENT")
+    assert "Connect" in type(info.value.__cause__).__name__

@@ -83,3 +83,63 @@ def test_other_errors_are_raised_at_once():
 def test_bad_policies_are_config_errors(kwargs):
     with pytest.raises(ConfigError):
         RetryPolicy(**kwargs)
+
+
+def test_one_classifier_says_what_is_worth_another_attempt():
+    from airflow_provider_shardyfusion.core.errors import (
+        InputDataError,
+        KeyEncodingError,
+        ManifestValidationError,
+        RunKilled,
+        RunRecordError,
+        ShardAssignmentError,
+        ShardWriteError,
+    )
+    from airflow_provider_shardyfusion.core.retry import is_retryable
+
+    permanent = [ConfigError("bad"), InputDataError("null key"), KeyEncodingError("enc"), ShardAssignmentError("x"),
+                 ManifestValidationError("malformed"), RunRecordError("bad record"), RunKilled()]
+    transient = [StorageError("endpoint down"), ShardWriteError("executor lost"), TimeoutError(), OSError("disk"),
+                 RuntimeError("py4j")]
+    assert [is_retryable(e) for e in permanent] == [False] * len(permanent)
+    assert [is_retryable(e) for e in transient] == [True] * len(transient)
+
+
+def test_the_async_twin_follows_the_same_policy_and_classifier():
+    import asyncio
+
+    from airflow_provider_shardyfusion.core.retry import acall_with_retry
+
+    t = FakeTime()
+
+    async def sleep(seconds: float) -> None:
+        t.sleep(seconds)
+
+    fn, calls = flaky(3, StorageError("blip"))
+
+    async def afn() -> str:
+        return fn()
+
+    policy = RetryPolicy(attempts=4, base_delay_s=1.0, max_delay_s=4.0, deadline_s=None, jitter=False)
+    assert asyncio.run(acall_with_retry(afn, policy=policy, describe="op", sleep=sleep, clock=t.clock)) \
+        == "ok after 4 calls"
+    assert t.sleeps == [1.0, 2.0, 4.0]  # the same schedule as the sync helper
+
+    permanent, calls = flaky(5, ConfigError("bad argument"))
+
+    async def apermanent() -> str:
+        return permanent()
+
+    with pytest.raises(ConfigError):
+        asyncio.run(acall_with_retry(apermanent, policy=policy, describe="op", sleep=sleep, clock=t.clock))
+    assert calls["n"] == 1 and t.sleeps == [1.0, 2.0, 4.0]
+
+    spent, calls = flaky(100, StorageError("down"))
+
+    async def aspent() -> str:
+        return spent()
+
+    with pytest.raises(RuntimeError, match="gave up after 4") as info:
+        asyncio.run(acall_with_retry(aspent, policy=policy, describe="op", sleep=sleep, clock=t.clock,
+                                     give_up=lambda e, n, s: RuntimeError(f"gave up after {n}")))
+    assert calls["n"] == 4 and isinstance(info.value.__cause__, StorageError)

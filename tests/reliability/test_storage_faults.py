@@ -288,7 +288,7 @@ def test_async_reader_of_the_triggers_turns_connection_errors_into_storage_error
     from aiobotocore.session import get_session
     from botocore.config import Config
 
-    from airflow_provider_shardyfusion.hooks.shardyfusion import _AsyncS3Reader
+    from airflow_provider_shardyfusion.core.storage.async_s3 import AsyncS3Reader
 
     direct(s3_root, s3_options).put("_CURRENT", b'{"x":1}')
 
@@ -299,7 +299,7 @@ def test_async_reader_of_the_triggers_turns_connection_errors_into_storage_error
             "s3", endpoint_url=proxy.url, region_name="us-east-1",
             config=Config(retries={"mode": "standard", "max_attempts": 1}, s3={"addressing_style": "path"}),
         )
-        reader = _AsyncS3Reader(s3_root, await ctx.__aenter__(), ctx)
+        reader = AsyncS3Reader(s3_root, await ctx.__aenter__(), ctx)
         try:
             outcomes: list[object] = [await reader.read("_CURRENT"), await reader.read("absent.json")]
             for action in ("close", "drop"):

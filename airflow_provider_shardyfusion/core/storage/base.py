@@ -89,26 +89,7 @@ class ObjectStore(abc.ABC):
         return layout.relative_key(self.root, uri)
 
     def _check_key(self, key: object, *, prefix: bool = False) -> str:
-        """Refuse a key (or list prefix) that could name something outside ``root``.
-
-        The local store maps keys onto paths, where ``..`` climbs out of the root; S3 would store
-        such a key literally, yet tools and S3-compatible servers read it as a path. Refusing it on
-        every back end keeps one contract. A prefix may be empty (everything); a key may not.
-        """
-        what = "list prefix" if prefix else "object key"
-        if not isinstance(key, str):
-            raise StorageError(f"{what} {key!r} under {self.root} must be a string")
-        if (
-            (not key and not prefix)
-            or key.startswith("/")
-            or "\x00" in key
-            or any(p in (".", "..") for p in key.split("/"))
-        ):
-            raise StorageError(
-                f"invalid {what} {key!r} under {self.root}: it must be {'' if prefix else 'non-empty, '}"
-                "relative to the store root, without NUL characters and without '.' or '..' segments"
-            )
-        return key
+        return check_key(self.root, key, prefix=prefix)
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> str:
@@ -158,6 +139,30 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def download_file(self, key: str, local_path: str) -> None:
         """Raise ``ObjectNotFoundError`` if absent, ``StorageError`` if ``local_path`` cannot be written."""
+
+
+def check_key(root: str, key: object, *, prefix: bool = False) -> str:
+    """Refuse a key (or list prefix) that could name something outside ``root``.
+
+    The local store maps keys onto paths, where ``..`` climbs out of the root; S3 would store
+    such a key literally, yet tools and S3-compatible servers read it as a path. Refusing it on
+    every back end (and in the async readers) keeps one contract. A prefix may be empty
+    (everything); a key may not.
+    """
+    what = "list prefix" if prefix else "object key"
+    if not isinstance(key, str):
+        raise StorageError(f"{what} {key!r} under {root} must be a string")
+    if (
+        (not key and not prefix)
+        or key.startswith("/")
+        or "\x00" in key
+        or any(p in (".", "..") for p in key.split("/"))
+    ):
+        raise StorageError(
+            f"invalid {what} {key!r} under {root}: it must be {'' if prefix else 'non-empty, '}"
+            "relative to the store root, without NUL characters and without '.' or '..' segments"
+        )
+    return key
 
 
 def _check_endpoint_url(url: object) -> None:

@@ -35,20 +35,47 @@ _TRANSIENT_CODES = {
 DEFAULT_RETRY = RetryPolicy()
 
 
-def make_s3_client(options: StorageOptions) -> Any:
-    import boto3  # deferred: never imported at DAG-parse time
+def client_config(options: StorageOptions, *, max_attempts: int | None = None) -> Any:
+    """The botocore ``Config`` for ``options`` (retry budget, addressing style), sync and async alike."""
     from botocore.config import Config
 
-    cfg: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": options.max_attempts}}
+    cfg: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": max_attempts or options.max_attempts}}
     if options.addressing_style:
         cfg["s3"] = {"addressing_style": options.addressing_style}
-    session = boto3.session.Session(
-        aws_access_key_id=options.aws_access_key_id,
-        aws_secret_access_key=options.aws_secret_access_key,
-        aws_session_token=options.aws_session_token,
-        region_name=options.region_name,
-    )
-    return session.client("s3", endpoint_url=options.endpoint_url, config=Config(**cfg))
+    return Config(**cfg)
+
+
+def credential_kwargs(options: StorageOptions) -> dict[str, Any]:
+    """In-process credentials of ``options`` as client keyword arguments (none: the default chain)."""
+    return {
+        "aws_access_key_id": options.aws_access_key_id,
+        "aws_secret_access_key": options.aws_secret_access_key,
+        "aws_session_token": options.aws_session_token,
+    }
+
+
+def make_s3_client(options: StorageOptions, *, session: Any = None) -> Any:
+    """A boto3 S3 client for ``options``; ``session`` (a boto3 session) supplies credentials instead."""
+    import boto3  # deferred: never imported at DAG-parse time
+
+    session = session or boto3.session.Session(region_name=options.region_name, **credential_kwargs(options))
+    return session.client("s3", endpoint_url=options.endpoint_url, config=client_config(options))
+
+
+def split_root(root: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> ``("bucket", "prefix/")`` (prefix ``""`` at the bucket's top)."""
+    bucket, _, prefix = root[len("s3://") :].partition("/")
+    return bucket, prefix + "/" if prefix else ""
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """The object (or, for a head, its key) does not exist."""
+    return _code(exc) in _NOT_FOUND_CODES
+
+
+def storage_error(what: str, uri: str, exc: BaseException) -> StorageError:
+    """The one message shape for a failed S3 operation on ``uri``."""
+    return StorageError(f"S3 {what} of {uri} failed: {type(exc).__name__}: {exc}")
 
 
 def _response(exc: BaseException) -> dict[str, Any]:
@@ -105,9 +132,7 @@ class S3Store(ObjectStore):
             raise StorageError(f"{root!r} is not an s3:// URI")
         self.options = options or StorageOptions()
         self.retry = retry or DEFAULT_RETRY
-        bucket, _, prefix = self.root[len("s3://") :].partition("/")
-        self.bucket = bucket
-        self.prefix = prefix + "/" if prefix else ""
+        self.bucket, self.prefix = split_root(self.root)
         self.client = client if client is not None else make_s3_client(self.options)
 
     def _k(self, key: str, *, prefix: bool = False) -> str:
@@ -117,7 +142,7 @@ class S3Store(ObjectStore):
         return self.options.endpoint_url or "the default AWS S3 endpoint"
 
     def _wrap(self, exc: BaseException, what: str, key: str) -> StorageError:
-        return StorageError(f"S3 {what} of {self.uri(key)} failed: {type(exc).__name__}: {exc}")
+        return storage_error(what, self.uri(key), exc)
 
     def _retrying(self, what: str, key: str, fn: Callable[[], T]) -> T:
         """``fn`` retried on transient failures; every failure that escapes is a ``StorageError``."""
@@ -156,7 +181,7 @@ class S3Store(ObjectStore):
             except Exception as exc:
                 code = _code(exc)
                 # If-Match on a deleted object: S3 answers 404, which is a conflict as well.
-                if code in _PRECONDITION_CODES or (etag is not None and code in _NOT_FOUND_CODES):
+                if code in _PRECONDITION_CODES or (etag is not None and is_not_found(exc)):
                     return _CONFLICT
                 raise
             return str(resp.get("ETag", "")).strip('"')
@@ -185,7 +210,7 @@ class S3Store(ObjectStore):
             try:
                 resp = self.client.get_object(Bucket=self.bucket, Key=k)
             except Exception as exc:
-                if _code(exc) in _NOT_FOUND_CODES:
+                if is_not_found(exc):
                     return None
                 raise
             # The body is read inside the retried call: a connection dropped mid-body is transient too.
@@ -203,7 +228,7 @@ class S3Store(ObjectStore):
             try:
                 return self.client.head_object(Bucket=self.bucket, Key=k)
             except Exception as exc:
-                if _code(exc) in _NOT_FOUND_CODES:
+                if is_not_found(exc):
                     return None
                 raise
 
@@ -273,7 +298,7 @@ class S3Store(ObjectStore):
                 os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
                 self.client.download_file(self.bucket, k, local_path)
             except Exception as exc:
-                if _code(exc) in _NOT_FOUND_CODES:
+                if is_not_found(exc):
                     return False
                 raise
             return True
