@@ -146,9 +146,9 @@ class CleanupReport:
     abandon_reason: str | None = None
 
     def raise_if_nothing_deleted(self) -> None:
-        """A cleanup that had work, deleted nothing and met errors failed (not a quiet success)."""
+        """A cleanup that deleted nothing and met errors failed (not a quiet success)."""
         planned = sum(len(i.objects) for i in self.plan.items)
-        if self.dry_run or not self.errors or not planned or any(d["objects"] for d in self.deleted.values()):
+        if self.dry_run or not self.errors or any(d["objects"] for d in self.deleted.values()):
             return
         listed = "; ".join(f"{target}: {error}" for target, error in self.errors[:10])
         more = f" (and {len(self.errors) - 10} more)" if len(self.errors) > 10 else ""
@@ -541,23 +541,27 @@ def _mark_deleted(snapshots: SnapshotRoot, run_id: str) -> bool:
 
 
 def _claim_for_deletion(snapshots: SnapshotRoot, run_id: str) -> str | None:
-    """Stamp ``deleting_at`` on the run's record (conditional put); the reason it was refused, if so.
+    """Stamp ``deleting_at`` on the run's record (one conditional put); the reason it was refused, if so.
 
     The cleanup side of the fence with publish: a publisher claims ``publishing_at`` the same way
     before it checks the files and moves ``_CURRENT``, and refuses a run claimed for deletion. A
     claim younger than ``PUBLISH_CLAIM_TTL`` means a publish may be under way: the run is left alone.
+    One attempt only: a record that changed since it was read (a publisher claimed it, a pointer
+    move stamped it) is left alone too; the next cleanup plans it again.
     """
     refusal: list[str] = []
 
     def claim(record: RunRecord) -> RunRecord | None:
-        refusal.clear()
         now = layout.utc_now()
         if record.publishing_at is not None and now - record.publishing_at < PUBLISH_CLAIM_TTL:
             refusal.append(f"a publish claimed it at {layout.format_ts(record.publishing_at)}; kept")
             return None
         return replace(record, deleting_at=now)
 
-    snapshots.update_run(run_id, claim)
+    try:
+        snapshots.update_run(run_id, claim, attempts=1)
+    except RunRecordError as exc:
+        return f"run record changed while claiming it for deletion (a publish may have claimed it); kept: {exc}"
     return refusal[0] if refusal else None
 
 
@@ -565,7 +569,12 @@ def _release_claim(snapshots: SnapshotRoot, run_id: str) -> None:
     try:
         snapshots.update_run(run_id, lambda r: replace(r, deleting_at=None) if r.deleted_at is None else None)
     except (StorageError, RunRecordError) as exc:
-        log.warning("cleanup: run %s is live; could not clear its deleting_at: %s", run_id, exc)
+        log.warning("cleanup: run %s is left undeleted; could not clear its deleting_at: %s", run_id, exc)
+
+
+# Categories whose run may otherwise be published (or whose record says what the run is): claimed
+# before their data goes. Losing attempts belong to kept runs, orphans have no record.
+_CLAIMED: frozenset[str] = frozenset({"expired_snapshots", "failed_runs", "abandoned_runs"})
 
 
 @dataclass
@@ -590,7 +599,7 @@ class _Execution:
                              skipped_runs=tuple(self.skipped), abandoned=abandon_reason is not None,
                              abandon_reason=abandon_reason)
 
-    def pointer_moved(self) -> str | None:
+    def pointer_moved(self, run_id: str | None = None) -> str | None:
         """Why the plan no longer holds (``_CURRENT`` unreadable or moved since planning), if so."""
         plan = self.plan
         try:
@@ -600,6 +609,9 @@ class _Execution:
         expected = plan.current.to_dict() if plan.current is not None else None
         if (now_current.to_dict() if now_current is not None else None) == expected:
             return None
+        if now_current is not None and now_current.run_id == run_id:
+            return (f"run {run_id} is live: _CURRENT moved to it since the plan was made (a publish or rollback "
+                    "raced the cleanup); it was not deleted, and the rest of the plan is abandoned")
         return (f"_CURRENT moved since the plan was made (was run {plan.current.run_id if plan.current else None}, "
                 f"now {now_current.run_id if now_current else None}); the rest of the plan is abandoned")
 
@@ -615,9 +627,9 @@ class _Execution:
         return False
 
     def claim(self, item: PlanItem) -> bool:
-        """Claim a whole succeeded run before deleting it; False: leave it alone."""
-        if item.category != "expired_snapshots":
-            return True  # only a succeeded run can be published; the others are refused by publish anyway
+        """Claim the run before deleting its data (``_CLAIMED`` categories); False: leave it alone."""
+        if item.category not in _CLAIMED:
+            return True
         try:
             refused = _claim_for_deletion(self.snapshots, item.run_id)
         except (StorageError, RunRecordError) as exc:
@@ -633,7 +645,7 @@ class _Execution:
         failed: dict[str, str] = {}
         objs = list(item.objects)
         for start in range(0, len(objs), _DELETE_BATCH):
-            moved = self.pointer_moved() if start else None  # the caller checked before the first batch
+            moved = self.pointer_moved(item.run_id) if start else None  # the caller checked before the first batch
             if moved is not None:
                 return moved
             batch = objs[start:start + _DELETE_BATCH]
@@ -662,10 +674,11 @@ def execute_cleanup(snapshots: SnapshotRoot, plan: CleanupPlan, *, dry_run: bool
     """Carry ``plan`` out; ``dry_run`` writes and deletes nothing and reports the plan as is.
 
     Abandoned runs are marked failed first (skipped if their record changed since planning). A
-    succeeded run is claimed (``deleting_at``) before its data goes, and left alone if a publish
-    claimed it; ``_CURRENT`` is re-read after the claim and before every batch of deletions: if it
-    moved since the plan was made, the rest of the plan is abandoned (a publish or rollback raced
-    the cleanup; plan again). A deletion failure is reported and the rest goes on; a run whose data
+    succeeded, failed or abandoned run is claimed (``deleting_at``) before its data goes, and left
+    alone if a publish claimed it or its record changed meanwhile; ``_CURRENT`` is re-read after the
+    claim and before every batch of deletions: if it moved since the plan was made, the rest of the
+    plan is abandoned, and a run it now names keeps its data and loses its claim (a publish or
+    rollback raced the cleanup; plan again). A deletion failure is reported and the rest goes on; a run whose data
     is all gone gets ``deleted_at``.
     """
     if dry_run:
@@ -677,8 +690,8 @@ def execute_cleanup(snapshots: SnapshotRoot, plan: CleanupPlan, *, dry_run: bool
     for item in runnable:
         if not run.claim(item):
             continue
-        stop = run.pointer_moved()
-        if stop is not None and item.category == "expired_snapshots":
+        stop = run.pointer_moved(item.run_id)
+        if stop is not None and item.category in _CLAIMED:
             _release_claim(snapshots, item.run_id)  # nothing of it deleted yet: publishable again
         stop = stop or run.delete(item)
         if stop is not None:

@@ -14,14 +14,22 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import (
+    RULES,
     PlanContext,
     RunData,
     check_settings,
     live_until,
     plan_cleanup,
+    rule_expired,
+    rule_failed,
     rule_live,
+    rule_losing_attempts,
+    rule_orphan,
     rule_pinned,
+    rule_recently_live,
+    rule_running,
     rule_unreadable,
+    rule_young,
     runs_needing_winners,
 )
 from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, ConfigError
@@ -405,3 +413,124 @@ def test_each_keep_rule_names_itself(rule, expected):
                       updated_at=NOW), pinned=frozenset({"r"}), kept=frozenset(), winners={}, live_until={})
     decision = rule(run, ctx)
     assert decision is not None and decision.rule == expected and decision.reason
+
+
+# ---- each rule on its own: when it decides, what it says, and when it passes ------------------
+
+
+def run_data(rec: RunRecord | None, run_id: str = "r", *, known: bool = True, age: timedelta = DAY) -> RunData:
+    shards = tuple(shard_files(run_id, 0, 0, age=age) + shard_files(run_id, 0, 1, age=age))
+    return RunData(run_id, known, rec, shards, (manifest(run_id, age=age)[1],))
+
+
+def context(**kw) -> PlanContext:
+    base = {"now": NOW, "cutoff": NOW - GRACE, "pointer": None, "pinned": frozenset(), "kept": frozenset(),
+            "winners": {}, "live_until": {}}
+    return PlanContext(**{**base, **kw})
+
+
+LIVE = CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="r", updated_at=NOW - DAY)
+# (rule, run, context, expected rule name, expected category (None: kept with a reason)), and a
+# case the rule passes on (returns None: a later rule decides).
+RULE_CASES = [
+    (rule_live, run_data(record("r")), context(pointer=LIVE), "live", None),
+    (rule_pinned, run_data(record("r")), context(pinned=frozenset({"r"})), "pinned", None),
+    (rule_recently_live, run_data(record("r")), context(live_until={"r": NOW - timedelta(minutes=5)}),
+     "recently_live", None),
+    (rule_recently_live, run_data(record("r")),
+     context(pointer=replace(LIVE, run_id="s", previous_run_id="r", updated_at=NOW - timedelta(minutes=5))),
+     "recently_live", None),
+    (rule_orphan, run_data(None, known=False), context(), "orphan", "orphans"),
+    (rule_orphan, run_data(None, known=False, age=timedelta(minutes=5)), context(), "orphan", None),
+    (rule_unreadable, run_data(None), context(), "unreadable", None),
+    (rule_running, run_data(record("r", RUNNING, lease_left=timedelta(minutes=5))), context(), "running", None),
+    (rule_running, run_data(record("r", RUNNING, lease_left=-timedelta(minutes=5))), context(), "running", None),
+    (rule_running, run_data(record("r", RUNNING, lease_left=-2 * GRACE)), context(), "running", "abandoned_runs"),
+    (rule_young, run_data(record("r", FAILED, started=timedelta(minutes=30))), context(), "young", None),
+    (rule_failed, run_data(record("r", FAILED)), context(), "failed", "failed_runs"),
+    (rule_expired, run_data(record("r")), context(), "expired", "expired_snapshots"),
+    (rule_expired, run_data(record("r", deleted=True)), context(kept=frozenset({"r"})), "expired", "expired_snapshots"),
+    (rule_losing_attempts, run_data(record("r")), context(winners={"r": {layout.attempt_key("r", 0, 0)}}),
+     "losing_attempts", "losing_attempts"),
+    (rule_losing_attempts, run_data(record("r")), context(), "losing_attempts", None),
+]
+PASS_CASES = [
+    (rule_live, run_data(record("r")), context(pointer=replace(LIVE, run_id="s"))),
+    (rule_pinned, run_data(record("r")), context(pinned=frozenset({"s"}))),
+    (rule_recently_live, run_data(record("r")), context(live_until={"r": NOW - 2 * GRACE})),
+    (rule_orphan, run_data(record("r")), context()),
+    (rule_unreadable, run_data(record("r")), context()),
+    (rule_running, run_data(record("r")), context()),
+    (rule_young, run_data(record("r")), context()),
+    (rule_failed, run_data(record("r")), context()),
+    (rule_expired, run_data(record("r")), context(kept=frozenset({"r"}))),
+]
+
+
+@pytest.mark.parametrize(("rule", "run", "ctx", "name", "category"), RULE_CASES,
+                         ids=[f"{c[0].__name__}-{n}" for n, c in enumerate(RULE_CASES)])
+def test_each_rule_decides_and_names_itself(rule, run, ctx, name, category):
+    decision = rule(run, ctx)
+    assert decision is not None and decision.rule == name
+    assert decision.category == category
+    if category is None:
+        assert decision.reason and not decision.objects
+    else:
+        assert decision.reason is None and decision.objects
+    if category == "losing_attempts":  # only attempt 1 loses; attempt 0 is the winner
+        assert keys(decision.objects) == keys(shard_files("r", 0, 1))
+
+
+@pytest.mark.parametrize(("rule", "run", "ctx"), PASS_CASES, ids=[c[0].__name__ for c in PASS_CASES])
+def test_each_rule_passes_what_is_not_its_business(rule, run, ctx):
+    assert rule(run, ctx) is None
+
+
+def test_rules_run_in_order_keep_rules_first():
+    names = [r.__name__ for r in RULES]
+    assert names == ["rule_live", "rule_pinned", "rule_recently_live", "rule_orphan", "rule_unreadable",
+                     "rule_running", "rule_young", "rule_failed", "rule_expired", "rule_losing_attempts"]
+    # First verdict wins: a live failed run is kept by rule_live, never reaches rule_failed.
+    root = Root()
+    root.run(record("r", FAILED))
+    root.run(record("s", FAILED))
+    root.pointer = replace(LIVE, manifest_ref=root.manifests[0].uri)
+    plan = root.plan()
+    assert [(i.run_id, i.rule) for i in plan.items] == [("s", "failed")]
+    assert ("r", "live") in {(k.run_id, k.rule) for k in plan.skipped}
+
+
+def test_the_plan_names_the_rule_behind_every_item_and_skip():
+    root = Root()
+    root.run(record("live", started=DAY))
+    root.publish("live")
+    root.run(record("gone", started=3 * DAY))
+    root.run(record("bad", FAILED))
+    root.run(record("kept", started=2 * DAY), attempts=((0, 0, None), (0, 1, None)))
+    root.run(record("young", started=timedelta(minutes=5)))
+    root.run(None, "ghost", with_manifest=False)
+    root.runs.pop("ghost")
+    plan = root.plan(keep_runs=3)
+    assert {(i.run_id, i.category, i.rule) for i in plan.items} == {
+        ("gone", "expired_snapshots", "expired"), ("bad", "failed_runs", "failed"),
+        ("kept", "losing_attempts", "losing_attempts"), ("ghost", "orphans", "orphan")}
+    assert {(k.run_id, k.rule) for k in plan.skipped} >= {("live", "live"), ("young", "young")}
+    assert all(i["rule"] for i in plan.to_dict()["items"]) and all(k["rule"] for k in plan.to_dict()["skipped"])
+
+
+def test_live_until_after_a_rollback_and_without_a_later_move():
+    t = NOW - DAY
+    # a live at t, b at t+1h, rollback to a at t+2h (a re-stamped): b stopped being live at t+2h.
+    runs = {"a": replace(record("a"), published_at=t + 2 * GRACE), "b": replace(record("b"), published_at=t + GRACE)}
+    pointer = CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="a", updated_at=t + 2 * GRACE - timedelta(seconds=1))
+    assert live_until(runs, pointer)["b"] == t + 2 * GRACE - timedelta(seconds=1)
+    # No move after a run's own stamp (its publisher stamped late): every move came before it, so it
+    # stopped being live no later than that stamp.
+    assert live_until({"c": replace(record("c"), published_at=t)}, replace(pointer, updated_at=t - GRACE)) == {"c": t}
+
+
+def test_a_missing_pointer_with_only_deleted_published_runs_plans_on():
+    root = Root()
+    root.run(record("was-live", started=5 * DAY, published=True, deleted=True), with_manifest=False)
+    root.run(record("staged", started=4 * DAY))
+    assert {i.run_id for i in root.plan(keep_runs=0).items} == {"was-live", "staged"}
