@@ -640,6 +640,14 @@ class _Execution:
             return False
         return True
 
+    def _count(self, item: PlanItem, failed: Mapping[str, str]) -> None:
+        for o in item.objects:
+            if o.key in failed:
+                self.errors.append((o.key, failed[o.key]))
+            else:
+                self.deleted[item.category]["objects"] += 1
+                self.deleted[item.category]["bytes"] += o.size
+
     def delete(self, item: PlanItem) -> str | None:
         """Delete one item's objects in batches, re-checking ``_CURRENT`` before each batch."""
         failed: dict[str, str] = {}
@@ -655,12 +663,9 @@ class _Execution:
                 failed.update({o.key: f"{type(exc).__name__}: {exc}" for o in batch})
             log.info("cleanup: %s of run %s: %d/%d object(s) processed", item.category, item.run_id,
                      min(start + _DELETE_BATCH, len(objs)), len(objs))
-        for o in objs:
-            if o.key in failed:
-                self.errors.append((o.key, failed[o.key]))
-            else:
-                self.deleted[item.category]["objects"] += 1
-                self.deleted[item.category]["bytes"] += o.size
+        self._count(item, failed)
+        if objs and len(failed) == len(objs) and item.category in _CLAIMED:
+            _release_claim(self.snapshots, item.run_id)  # nothing of it deleted: publishable again
         if item.mark_deleted and not failed:
             try:
                 if _mark_deleted(self.snapshots, item.run_id):

@@ -8,6 +8,7 @@ without waiting: objects are ``OFFSET`` old at plan time, records as old as thei
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -279,3 +280,144 @@ def test_cli_cleanup_dry_run_then_real_run_on_both_stores(any_root, capsys):
 
     assert main(["cleanup", root, "--keep-runs", "-2"]) == 1
     assert "keep_runs -2 must be an integer >= 0" in capsys.readouterr().err
+
+
+# ---- the cleanup side of the fence with publish (issue 22) -----------------------------------
+
+
+def three_runs(store):
+    """run-0 and run-1 beyond keep_runs=1 (the plan deletes both), run-2 live."""
+    t = layout.utc_now()
+    for n in range(3):
+        succeeded_run(store, f"run-{n}", t - timedelta(days=5 - n))
+    return SnapshotRoot(store)
+
+
+class OnRecordPut:
+    """The store, with ``hook(phase)`` run just before ("before") and after ("after") the first
+    conditional put on one run's record: the step where cleanup claims it."""
+
+    def __init__(self, inner, run_id: str, hook):
+        self._inner, self._key, self._hook, self.fired = inner, layout.run_record_key(run_id), hook, False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def put_if_match(self, key, data, etag, **kw):
+        first = key == self._key and not self.fired
+        self.fired = self.fired or first
+        if first:
+            self._hook("before")
+        out = self._inner.put_if_match(key, data, etag, **kw)
+        if first:
+            self._hook("after")
+        return out
+
+
+def test_a_run_a_publish_claimed_is_left_alone_until_the_claim_expires(store):
+    from airflow_provider_shardyfusion.core.run_record import PUBLISH_CLAIM_TTL
+
+    snapshots = three_runs(store)
+    before = objects(store)
+    claimed = layout.utc_now() - timedelta(minutes=1)
+    snapshots.update_run("run-0", lambda r: replace(r, publishing_at=claimed))
+    report = execute_cleanup(snapshots, make_plan(snapshots, keep_runs=1, grace_period=0))
+    assert [(s.run_id, s.rule) for s in report.skipped_runs] == [("run-0", "fence")]
+    assert "a publish claimed it" in report.skipped_runs[0].reason
+    assert set(objects(store)) == set(before) - of_run(before, "run-1")
+    assert snapshots.read_run("run-0").deleting_at is None and report.marked_deleted == ("run-1",)
+    # A publisher that died holding the claim delays the cleanup by PUBLISH_CLAIM_TTL, no more.
+    snapshots.update_run("run-0", lambda r: replace(r, publishing_at=claimed - PUBLISH_CLAIM_TTL))
+    again = execute_cleanup(snapshots, make_plan(snapshots, keep_runs=1, grace_period=0))
+    assert again.marked_deleted == ("run-0",) and not of_run(objects(store), "run-0")
+    assert snapshots.read_run("run-0").deleting_at is not None  # stays: the run can never be published again
+
+
+def test_a_record_claimed_by_a_publish_between_read_and_put_is_left_alone(store):
+    snapshots = three_runs(store)
+    plan = make_plan(snapshots, keep_runs=1, grace_period=0)
+    before = objects(store)
+
+    def publisher_claims(phase):
+        if phase == "before":  # after cleanup read the record, before its conditional put lands
+            snapshots.update_run("run-0", lambda r: replace(r, publishing_at=layout.utc_now()))
+
+    racing = SnapshotRoot(OnRecordPut(store, "run-0", publisher_claims))
+    report = execute_cleanup(racing, plan)
+    assert [s.run_id for s in report.skipped_runs] == ["run-0"]
+    assert "record changed while claiming" in report.skipped_runs[0].reason
+    record = snapshots.read_run("run-0")
+    assert record.deleting_at is None and record.publishing_at is not None  # the publisher's claim stands
+    assert of_run(objects(store), "run-0") == of_run(before, "run-0")
+    assert report.marked_deleted == ("run-1",)
+
+
+def test_a_run_made_live_after_its_claim_keeps_its_data_and_loses_the_claim(store):
+    from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+
+    snapshots = three_runs(store)
+    plan = make_plan(snapshots, keep_runs=1, grace_period=0)
+    before = objects(store)
+
+    def pointer_moves_to_it(phase):
+        # A publisher that does not honour the fence (an older release): the re-read of _CURRENT
+        # after the claim is the defence that remains.
+        if phase == "after":
+            ref = snapshots.find_manifest("run-0")
+            store.put(layout.CURRENT_KEY, CurrentPointer(manifest_ref=ref.uri, run_id="run-0",
+                                                         updated_at=layout.utc_now()).to_bytes())
+
+    report = execute_cleanup(SnapshotRoot(OnRecordPut(store, "run-0", pointer_moves_to_it)), plan)
+    assert report.abandoned and "run run-0 is live" in report.abandon_reason
+    assert objects(store).keys() == before.keys()  # run-0 whole, and run-1 not touched either
+    assert snapshots.read_run("run-0").deleting_at is None  # publishable again
+    assert report.to_dict()["deleted_objects"] == 0 and report.marked_deleted == ()
+
+
+def test_a_cleanup_whose_every_deletion_failed_fails_in_the_operator_and_the_cli(file_root, monkeypatch, capsys):
+    import json
+
+    from airflow_provider_shardyfusion.cli import main
+    from airflow_provider_shardyfusion.core.errors import StorageError
+    from airflow_provider_shardyfusion.core.storage.local import LocalStore
+    from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
+
+    store = open_store(file_root)
+    three_runs(store)
+    before = objects(store)
+    # A store that refuses deletes (a bucket policy): not reproducible with local files as root.
+    monkeypatch.setattr(LocalStore, "delete_many", lambda self, keys: [(k, "AccessDenied: not allowed") for k in keys])
+    op = DeferredCleanupOperator(task_id="cleanup", output_uri=file_root, keep_runs=1, grace_period=0)
+    with pytest.raises(StorageError, match=r"deleted none of \d+ planned object\(s\): \d+ error\(s\): .*AccessDenied"):
+        op.execute({})
+    capsys.readouterr()  # the operator's log lines
+    assert main(["cleanup", file_root, "--keep-runs", "1", "--grace-period-seconds", "0"]) == 1
+    out = capsys.readouterr()
+    assert "deleted none of" in out.err and "AccessDenied" in out.err
+    printed = out.out[out.out.index("{\n"):]  # after Airflow's log lines (the operator set its logging up)
+    assert json.JSONDecoder().raw_decode(printed)[0]["errors"]  # the report is still printed, failures listed
+    assert {k: v for k, v in objects(store).items() if not k.startswith(layout.RUNS_DIR)} == \
+        {k: v for k, v in before.items() if not k.startswith(layout.RUNS_DIR)}
+    for n in range(3):  # nothing of them went, so they stay publishable
+        record = SnapshotRoot(store).read_run(f"run-{n}")
+        assert record.deleted_at is None and record.deleting_at is None
+
+
+def test_a_missing_pointer_is_refused_by_the_dry_run_too(file_root, capsys):
+    from airflow_provider_shardyfusion.cli import main
+    from airflow_provider_shardyfusion.core.errors import CleanupRefusedError
+    from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
+
+    store = open_store(file_root)
+    three_runs(store)
+    store.delete_many([layout.CURRENT_KEY])
+    before = objects(store)
+    for dry_run in (True, False):
+        capsys.readouterr()
+        op = DeferredCleanupOperator(task_id="c", output_uri=file_root, keep_runs=0, grace_period=0, dry_run=dry_run)
+        with pytest.raises(CleanupRefusedError, match=r"_CURRENT is missing.*--run-id run-2"):
+            op.execute({})
+        assert main(["cleanup", file_root, "--keep-runs", "0", "--grace-period-seconds", "0",
+                     *(["--dry-run"] if dry_run else [])]) == 1
+        assert "shardyfusion publish" in capsys.readouterr().err
+    assert objects(store) == before
