@@ -1,10 +1,11 @@
 """The cleanup/publish fence (issue 22): no run goes live while cleanup deletes it.
 
-Cleanup and a publish (a rollback to the run cleanup is deleting) are interleaved at every step of
-each: the storage calls of one side are counted, and before its k-th call the other side runs to
-its end. Forced by a hook on the store, never by sleeps. At every step `_CURRENT` must name a run
-whose files are all there, and a watching reader (refreshing at every step) must read the live
-snapshot exactly. Both stores.
+Cleanup and a publish of the run cleanup is deleting (a rollback to it, or a staged run approved
+late) are interleaved at every step of each: the storage calls of one side are counted, and before
+its k-th call the other side runs to its end. Forced by a hook on the store, never by sleeps. At
+every step `_CURRENT` must name a run whose files are all there, and a watching reader (refreshing
+at every step) must read the live snapshot exactly. A control run with cleanup's claim switched
+off shows the same hooks do reach the window. Both stores.
 """
 
 from __future__ import annotations
@@ -55,33 +56,52 @@ class HookedStore:
 
 
 def build_root(root: str, options) -> None:
-    """run-a live two hours ago, then run-b live an hour ago: cleanup (keep_runs=1) deletes run-a."""
+    """run-a live two hours ago, run-s written then but never published (staged, awaiting approval),
+    run-b live an hour ago: cleanup (keep_runs=1) deletes run-a and run-s."""
     now = layout.utc_now()
-    for run_id, age in (("run-a", 2), ("run-b", 1)):
+    # (The factory dates a staged run's start and manifest by published_at too, not stamping it.)
+    for run_id, age, publish in (("run-a", 2, True), ("run-s", 1.5, False), ("run-b", 1, True)):
         build_snapshot(root, sorted(values(run_id).items()), num_dbs=3, run_id=run_id, storage_options=options,
-                       published_at=now - timedelta(hours=age), shard_layout="sst")
+                       published_at=now - timedelta(hours=age), publish=publish, shard_layout="sst")
 
 
 def cleanup(snapshots: SnapshotRoot) -> None:
     execute_cleanup(snapshots, make_plan(snapshots, keep_runs=1, grace_period=0))
 
 
-def rollback(snapshots: SnapshotRoot) -> None:
-    # Refused when the fence or the integrity check saw cleanup at work: that is a right outcome.
-    with contextlib.suppress(PublishManifestError):
-        publish_run(snapshots, run_id="run-a", allow_older=True, **NO_SLEEP)
+def publisher(run_id: str):
+    """A publish of ``run_id``, a run cleanup deletes: a rollback (run-a) or a late approval (run-s)."""
+
+    def publish(snapshots: SnapshotRoot) -> None:
+        # Refused when the fence or the integrity check saw cleanup at work: that is a right outcome.
+        with contextlib.suppress(PublishManifestError):
+            publish_run(snapshots, run_id=run_id, allow_older=True, **NO_SLEEP)
+
+    return publish
 
 
 class Watcher:
-    """Checks, at every step, that the live run is whole and reads back exactly."""
+    """Checks, at every step, that the live run is whole and reads back exactly.
 
-    def __init__(self, root: str, options, tmp_path):
+    ``strict=False`` counts the steps that found it broken instead of failing (the control run).
+    """
+
+    def __init__(self, root: str, options, tmp_path, *, strict: bool = True):
         self.snapshots = SnapshotRoot(open_store(root, options))
         self.reader = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "watcher")
-        self.checks = 0
-        self.rows = 0
+        self.strict = strict
+        self.checks = self.rows = self.broken = 0
 
     def check(self) -> None:
+        try:
+            self._check()
+        except Exception:
+            if self.strict:
+                raise
+            self.broken += 1
+
+    def _check(self) -> None:
+        self.checks += 1
         live = self.snapshots.current()
         manifest = self.snapshots.load_manifest(live)
         assert check_storage(self.snapshots, manifest) == [], f"_CURRENT names {live.run_id} with missing data"
@@ -89,65 +109,82 @@ class Watcher:
         assert self.reader.manifest.run_id == live.run_id
         got = self.reader.multi_get(list(KEYS))
         assert dict(zip(KEYS, got, strict=True)) == values(live.run_id)
-        self.checks += 1
         self.rows += len(got)
 
 
-def interleave(first, second, root: str, options, tmp_path) -> tuple[int, Watcher]:
-    """Run ``first`` with ``second`` forced in before its k-th storage call, for every k."""
+def run_interleaved(root: str, options, tmp_path, first, second, k: int, *, strict: bool = True):
+    """Build a root, run ``first`` with ``second`` run to its end before first's k-th storage call
+    (after first ends if it makes fewer), the watcher checking before every call of ``first``.
+    Returns the watcher, how many calls ``first`` made, and the end state."""
+    build_root(root, options)
     store = open_store(root, options)
-    watcher = Watcher(root, options, tmp_path)
-    injected = False
+    watcher = Watcher(root, options, tmp_path, strict=strict)
+    done = False
 
     def before(call: int) -> None:
-        nonlocal injected
-        if call == target and not injected:
-            injected = True
+        nonlocal done
+        if call == k and not done:
+            done = True
             second(SnapshotRoot(store))
         watcher.check()
 
     hooked = HookedStore(store, before)
-    target = 0
-    first(SnapshotRoot(hooked))  # a dry pass counts first's calls (second never runs)
-    return hooked.calls, watcher
+    first(SnapshotRoot(hooked))
+    if not done:
+        second(SnapshotRoot(store))
+    watcher.check()
+    watcher.reader.close()
+    return watcher, hooked.calls, SnapshotRoot(store)
 
 
-@pytest.mark.parametrize(("first", "second"), [(cleanup, rollback), (rollback, cleanup)],
-                         ids=["publish-inside-cleanup", "cleanup-inside-publish"])
-def test_cleanup_and_rollback_interleaved_at_every_step(any_root, tmp_path, figure, first, second):
+def end_state(snapshots: SnapshotRoot, target: str) -> tuple[str, bool]:
+    """The live run, and whether ``target`` is both live and deleted (what the fence forbids)."""
+    live = snapshots.current().run_id
+    return f"live={live},{target}={'deleted' if snapshots.read_run(target).deleted_at else 'kept'}", \
+        live == target and snapshots.read_run(target).deleted_at is not None
+
+
+ORDERS = {"publish-inside-cleanup": lambda pub: (cleanup, pub), "cleanup-inside-publish": lambda pub: (pub, cleanup)}
+
+
+@pytest.mark.parametrize("target", ["run-a", "run-s"], ids=["rollback", "late-approval"])
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_cleanup_and_publish_interleaved_at_every_step(any_root, tmp_path, figure, order, target):
     base, options = any_root
-    build_root(f"{base}/count", options)
-    steps, _ = interleave(first, second, f"{base}/count", options, tmp_path / "count")
+    first, second = ORDERS[order](publisher(target))
+    _, steps, _ = run_interleaved(f"{base}/count", options, tmp_path / "count", first, lambda s: None, 0)
     outcomes = set()
     checks = rows = 0
     for k in range(1, steps + 2):  # k == steps + 1: second runs after first has finished
-        root = f"{base}/k{k:03d}"
-        build_root(root, options)
-        store = open_store(root, options)
-        watcher = Watcher(root, options, tmp_path / f"k{k}")
-        done = False
-
-        def before(call: int, k=k, store=store, watcher=watcher) -> None:
-            nonlocal done
-            if call == k and not done:
-                done = True
-                second(SnapshotRoot(store))
-            watcher.check()
-
-        first(SnapshotRoot(HookedStore(store, before)))
-        if not done:
-            second(SnapshotRoot(store))
-        watcher.check()
-        snapshots = SnapshotRoot(store)
-        live = snapshots.current().run_id
-        a_record = snapshots.read_run("run-a")
-        outcomes.add(f"live={live},run-a={'deleted' if a_record.deleted_at else 'kept'}")
-        # Never both: run-a live while cleanup deleted it.
-        assert not (live == "run-a" and a_record.deleted_at is not None)
+        watcher, _, snapshots = run_interleaved(f"{base}/k{k:03d}", options, tmp_path / f"k{k}", first, second, k)
+        outcome, forbidden = end_state(snapshots, target)
+        assert not forbidden, f"interleaving {k}: {outcome}"
+        outcomes.add(outcome)
         checks += watcher.checks
         rows += watcher.rows
     assert len(outcomes) >= 2, outcomes  # the interleavings really reach both orders
     figure(interleavings=steps + 1, live_checks=checks, rows_read=rows, outcomes=len(outcomes))
+
+
+@pytest.mark.parametrize("target", ["run-a", "run-s"], ids=["rollback", "late-approval"])
+def test_without_the_fence_the_same_interleavings_break_the_live_snapshot(any_root, tmp_path, figure, monkeypatch,
+                                                                        target):
+    """The control: cleanup's claim switched off, the hooks find _CURRENT naming a run being deleted.
+    (Proves the interleavings above reach the window the fence closes.)"""
+    from airflow_provider_shardyfusion.core import cleanup as cleanup_module
+
+    monkeypatch.setattr(cleanup_module, "_claim_for_deletion", lambda snapshots, run_id: None)
+    base, options = any_root
+    first, second = ORDERS["publish-inside-cleanup"](publisher(target))
+    _, steps, _ = run_interleaved(f"{base}/count", options, tmp_path / "count", first, lambda s: None, 0)
+    broken = []
+    for k in range(1, steps + 2):
+        watcher, _, snapshots = run_interleaved(f"{base}/k{k:03d}", options, tmp_path / f"k{k}", first, second, k,
+                                                strict=False)
+        if watcher.broken or end_state(snapshots, target)[1]:
+            broken.append(k)
+    assert broken, "no interleaving reached the window between cleanup's pointer check and its deletion"
+    figure(interleavings=steps + 1, broken_without_the_fence=len(broken))
 
 
 def test_grace_covers_every_run_live_within_it(any_root, tmp_path, figure):
@@ -171,8 +208,12 @@ def test_grace_covers_every_run_live_within_it(any_root, tmp_path, figure):
     reader.close()
     later = make_plan(snapshots, keep_runs=1, grace_period=timedelta(hours=1), now=now + timedelta(hours=3))
     assert {i.run_id for i in later.of("expired_snapshots")} == {"v1", "v2"}
+    done = execute_cleanup(snapshots, later)
+    assert set(done.marked_deleted) == {"v1", "v2"} and snapshots.read_run("v1").deleted_at is not None
+    assert not [o for o in snapshots.store.list(layout.SHARDS_DIR + "/") if "run_id=v1/" in o.key]
+    assert snapshots.current().run_id == "v3"
     figure(runs_kept_by_the_grace=len([s for s in plan.skipped if s.rule == "recently_live"]),
-           objects_deleted_now=report.to_dict()["deleted_objects"], runs_planned_after_the_grace=len(later.items),
+           objects_deleted_now=report.to_dict()["deleted_objects"], runs_deleted_after_the_grace=len(done.marked_deleted),
            rows_checked=len(KEYS))
 
 
