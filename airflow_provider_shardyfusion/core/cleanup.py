@@ -103,6 +103,7 @@ class CleanupPlan:
     keep_run_ids: tuple[str, ...]
     items: tuple[PlanItem, ...]
     skipped: tuple[Skipped, ...] = ()
+    decided_by: Mapping[str, str] = field(default_factory=dict)  # run id -> the rule that decided it
 
     def of(self, category: str) -> tuple[PlanItem, ...]:
         return tuple(i for i in self.items if i.category == category)
@@ -128,6 +129,7 @@ class CleanupPlan:
             "abandoned_run_ids": list(self.abandoned_run_ids),
             "items": [i.to_dict() for i in self.items],
             "skipped": [s.to_dict() for s in self.skipped],
+            "decided_by": dict(sorted(self.decided_by.items())),
         }
 
 
@@ -418,14 +420,16 @@ def plan_cleanup(
                       live_until=live_until(runs, pointer))
     items: list[PlanItem] = []
     skipped: list[Skipped] = []
+    decided_by: dict[str, str] = {}
     for run in _runs_in(listing, runs, manifests):
         decision = next((d for rule in RULES if (d := rule(run, ctx)) is not None), None)
         if decision is not None:
+            decided_by[run.run_id] = decision.rule
             _apply(decision, run, ctx, items, skipped)
     order = {c: n for n, c in enumerate(CATEGORIES)}
     items.sort(key=lambda i: (order[i.category], i.run_id))
     return CleanupPlan(root=root, made_at=now, current=pointer, keep_runs=keep_runs, grace_period=grace_period,
-                       keep_run_ids=pinned, items=tuple(items), skipped=tuple(skipped))
+                       keep_run_ids=pinned, items=tuple(items), skipped=tuple(skipped), decided_by=decided_by)
 
 
 def _runs_in(listing: Iterable[ObjectInfo], runs: Mapping[str, RunRecord | None],

@@ -516,6 +516,11 @@ def test_the_plan_names_the_rule_behind_every_item_and_skip():
         ("kept", "losing_attempts", "losing_attempts"), ("ghost", "orphans", "orphan")}
     assert {(k.run_id, k.rule) for k in plan.skipped} >= {("live", "live"), ("young", "young")}
     assert all(i["rule"] for i in plan.to_dict()["items"]) and all(k["rule"] for k in plan.to_dict()["skipped"])
+    # Every run, also those with nothing to do (a kept run without losing attempts), names its rule.
+    root.run(record("quiet", started=DAY + DAY / 2))
+    assert root.plan(keep_runs=4).to_dict()["decided_by"] == {
+        "bad": "failed", "ghost": "orphan", "gone": "expired", "kept": "losing_attempts", "live": "live",
+        "quiet": "losing_attempts", "young": "young"}
 
 
 def test_live_until_after_a_rollback_and_without_a_later_move():
