@@ -64,8 +64,9 @@ def publish(
         # publishes this older input over it under a fresh (newer) run id.
         log.warning("run %s: superseded, so it stays staged (written, recorded succeeded, not live): %s",
                     manifest.run_id, exc)
-        return record
+        return release_publish_claim(snapshots, manifest.run_id) or record
     except PublishManifestError as exc:
+        release_publish_claim(snapshots, manifest.run_id)
         raise PublishManifestError(
             f"run {manifest.run_id!r} is written and recorded succeeded, but _CURRENT was not moved to it: {exc}. "
             "It stays staged; publish it with PublishSnapshotOperator or 'shardyfusion publish'"
@@ -177,6 +178,25 @@ def publish_run(
     """
     ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
     claimed = _claim_for_publish(snapshots, ref, clock)
+    try:
+        return _checked_move(snapshots, ref, claimed, allow_older=allow_older, sleep=sleep, clock=clock)
+    except BaseException:
+        release_publish_claim(snapshots, ref.run_id)  # refused or failed: cleanup need not wait on us
+        raise
+
+
+def release_publish_claim(snapshots: SnapshotRoot, run_id: str) -> RunRecord | None:
+    """Clear ``publishing_at`` once a publish is over without moving the pointer; best effort
+    (a claim left behind only delays cleanup of the run by ``PUBLISH_CLAIM_TTL``)."""
+    try:
+        return snapshots.update_run(run_id, lambda r: replace(r, publishing_at=None) if r.publishing_at else None)
+    except (StorageError, RunRecordError) as exc:
+        log.warning("run %s: could not clear its publish claim (cleanup waits %s): %s", run_id, PUBLISH_CLAIM_TTL, exc)
+        return None
+
+
+def _checked_move(snapshots: SnapshotRoot, ref: ManifestRef, claimed: RunRecord, *, allow_older: bool,
+                  sleep: Callable[[float], None], clock: Callable[[], datetime]) -> PublishResult:
     data = snapshots.store.get(ref.key).data
     problems = integrity.manifest_problems(claimed, ref, data)
     manifest = None if problems else snapshots.read_manifest(ref)
@@ -196,6 +216,8 @@ def publish_run(
     rollback = moved and before is not None and snapshots.started_after(before, manifest) is not None
     if moved or claimed.published_at is None:
         _stamp_published(snapshots, ref.run_id)
+    else:
+        release_publish_claim(snapshots, ref.run_id)
     log.info("%s: _CURRENT %s run %s (was %s)", snapshots.root,
              "now names" if moved else "already named", ref.run_id, previous)
     return PublishResult(pointer=pointer, previous_run_id=previous, moved=moved, rollback=rollback)

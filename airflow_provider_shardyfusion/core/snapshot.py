@@ -244,7 +244,8 @@ class SnapshotRoot:
 
     def mark_published(self, run_id: str, when: datetime | None = None) -> RunRecord | None:
         stamp = when or layout.utc_now()
-        return self.update_run(run_id, lambda r: replace(r, published_at=stamp))
+        # The pointer moved: the publisher's claim has done its work, so cleanup need not wait on it.
+        return self.update_run(run_id, lambda r: replace(r, published_at=stamp, publishing_at=None))
 
     # -- history --------------------------------------------------------------------------------
 

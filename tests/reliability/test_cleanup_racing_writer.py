@@ -62,7 +62,8 @@ def test_cleanup_while_a_writer_is_mid_write(tmp_path, figure):
         assert not report.errors and not report.abandoned
         assert report.deleted["orphans"]["objects"] == 1
         assert not store.exists(orphan_key)
-        assert run_objects(root, config.run_id) == writing  # nothing of the running run went
+        # Nothing of the running run went (other, unheld shards may have landed meanwhile).
+        assert set(writing) <= set(run_objects(root, config.run_id))
         assert live_run(root) == old_run
 
         release.touch()
