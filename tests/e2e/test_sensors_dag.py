@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core.run_record import RUNNING
+from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 pytestmark = pytest.mark.airflow
 

@@ -10,11 +10,10 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from snapshot_factory import build_snapshot
-
 from airflow_provider_shardyfusion.cli import main
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_factory import build_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 

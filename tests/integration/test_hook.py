@@ -9,12 +9,12 @@ import json
 import uuid
 
 import pytest
-from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import RunKilled
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED
 from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
+from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 ACCESS_KEY = "AKIASHARDYFUSIONHOOK"
 SECRET_KEY = "hook-secret-" + uuid.uuid4().hex

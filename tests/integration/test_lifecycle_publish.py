@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned
@@ -18,6 +17,7 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.run_record import RUNNING, RunRecord
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_factory import build_snapshot
 
 KEYS = list(range(0, 400, 3))
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from snapshot_factory import build_snapshot, publish_current
 
 from airflow_provider_shardyfusion.core import layout, shard_cache
 from airflow_provider_shardyfusion.core.encoding import encode_key
@@ -33,6 +32,7 @@ from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.routing import route_key
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_factory import build_snapshot, publish_current
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from polling import wait_for
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled, RunRecordError, ShardWriteError, StorageError
@@ -23,6 +22,7 @@ from airflow_provider_shardyfusion.core.run_record import (
 from airflow_provider_shardyfusion.core.storage import StorageOptions, open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
+from tests.polling import wait_for
 
 LEASE, BEAT = 2.0, 0.2
 

@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.storage import open_store
-from tests.integration.test_spark_write import assert_exact, int_table, read_snapshot, run, write_parquet
 from tests.spark_cluster import WorkerSpec, standalone_cluster
+from tests.spark_helpers import assert_exact, int_table, read_snapshot, run, write_parquet
 
 pytestmark = pytest.mark.spark
 

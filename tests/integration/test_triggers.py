@@ -11,12 +11,12 @@ import uuid
 from typing import Any
 
 import pytest
-from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
+from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 ACCESS_KEY = "AKIASHARDYFUSIONTEST"
 SECRET_KEY = "shardy-secret-" + uuid.uuid4().hex
@@ -137,10 +137,9 @@ def test_run_record_missing_timeout(root):
 def test_run_record_of_a_run_meant_to_go_live_waits_for_current(root):
     """The writer records succeeded just before it moves _CURRENT: the trigger (like the sensor's
     poke and ShardedWriteOperator, core.run_outcome) reports success only once the run is live."""
-    from snapshot_helpers import publish_written_run
-
     from airflow_provider_shardyfusion.core.publish import publish_run
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from tests.snapshot_helpers import publish_written_run
 
     uri, store, conn_id = root
     run_id = layout.new_run_id()
@@ -157,7 +156,7 @@ def test_run_record_of_a_run_meant_to_go_live_waits_for_current(root):
 
 @both_stores
 def test_run_record_of_a_superseded_run_succeeds_staged(root):
-    from snapshot_helpers import publish_written_run
+    from tests.snapshot_helpers import publish_written_run
 
     uri, store, conn_id = root
     publish_written_run(store, "run-newer", started_minutes_ago=0)

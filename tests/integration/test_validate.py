@@ -6,8 +6,6 @@ import json
 from datetime import timedelta
 
 import pytest
-from snapshot_factory import build_snapshot
-from snapshot_helpers import write_run_record
 
 from airflow_provider_shardyfusion.cli import main
 from airflow_provider_shardyfusion.core import layout
@@ -19,6 +17,8 @@ from airflow_provider_shardyfusion.core.run_record import FAILED, RunError
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.validation import validate_snapshot, value_digest
+from tests.snapshot_factory import build_snapshot
+from tests.snapshot_helpers import write_run_record
 
 
 def _value(i: int) -> bytes:

@@ -26,8 +26,6 @@ from typing import Any
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
-from polling import wait_for
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
@@ -36,6 +34,8 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.polling import wait_for
+from tests.snapshot_factory import build_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "spark_jobs" / "sharded_write_job.py"

@@ -17,8 +17,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-
-from .job_harness import (
+from tests.reliability.job_harness import (
     Watch,
     held_pid,
     job_config,

@@ -24,8 +24,7 @@ import pytest
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-
-from .job_harness import (
+from tests.reliability.job_harness import (
     Watch,
     held_pid,
     job_config,

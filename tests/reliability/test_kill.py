@@ -22,8 +22,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
-
-from .job_harness import wait_for
+from tests.reliability.job_harness import wait_for
 
 pytestmark = pytest.mark.spark
 HOLD_S = 40

@@ -29,8 +29,7 @@ from airflow_provider_shardyfusion.core.errors import RunRecordError
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-
-from .job_harness import (
+from tests.reliability.job_harness import (
     Watch,
     job_config,
     live_run,

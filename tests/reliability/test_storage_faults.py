@@ -22,7 +22,6 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
@@ -31,8 +30,8 @@ from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import StorageOptions, open_store
 from airflow_provider_shardyfusion.core.storage import s3 as s3_module
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
-
-from .fault_proxy import FaultProxy, Rule
+from tests.reliability.fault_proxy import FaultProxy, Rule
+from tests.snapshot_factory import build_snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -10,7 +10,6 @@ import json
 from datetime import timedelta
 
 import pytest
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
@@ -18,6 +17,7 @@ from airflow_provider_shardyfusion.core.publish import publish_run
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.snapshot_factory import build_snapshot
 
 KEYS = list(range(200))
 

@@ -24,7 +24,6 @@ from openlineage.client.facet_v2 import (
     sql_job,
 )
 from openlineage.client.serde import Serde
-from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion import openlineage as ol
 from airflow_provider_shardyfusion.core import layout
@@ -35,7 +34,8 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
 from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
-from tests.unit.test_sharded_write_operator import connections, make_context, make_op, stub_submit
+from tests.operator_helpers import connections, make_context, make_op, stub_submit
+from tests.snapshot_factory import build_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,6 @@ import pickle
 from datetime import timedelta
 
 import pytest
-from snapshot_helpers import publish_written_run, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
@@ -31,6 +30,7 @@ from airflow_provider_shardyfusion.core.run_outcome import (
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from tests.polling import FakeClock
+from tests.snapshot_helpers import publish_written_run, store_for, write_run_record
 
 
 def snapshots(root):

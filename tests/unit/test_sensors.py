@@ -7,7 +7,6 @@ import sys
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
@@ -23,6 +22,7 @@ from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
 from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
+from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 
 def test_importing_sensors_and_triggers_stays_light():
@@ -203,11 +203,10 @@ def test_run_record_sensor_waits_until_a_run_meant_to_go_live_is_live(file_root)
     import dataclasses
     from datetime import timedelta
 
-    from snapshot_helpers import publish_written_run
-
     from airflow_provider_shardyfusion.core.errors import PublishManifestError
     from airflow_provider_shardyfusion.core.publish import publish_run
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from tests.snapshot_helpers import publish_written_run
 
     store = store_for(file_root)
     publish_written_run(store, "r1", live=False, writer={"publish": True})  # succeeded, _CURRENT not yet moved

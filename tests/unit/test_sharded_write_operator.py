@@ -9,7 +9,6 @@ deferral. The real submission runs in the e2e / integration tests.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import inspect
 import json
@@ -17,7 +16,6 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,78 +37,16 @@ from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import sharded_write as sw
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator, SparkSubmitError
 from airflow_provider_shardyfusion.submission import bundle as bundle_mod
+from tests.operator_helpers import FakeTI, connections, make_context, make_op, stub_submit
 from tests.polling import FakeClock
 from tests.snapshot_helpers import publish_snapshot, publish_written_run, write_run_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "UnitTestSecretKey/4f1c9e0b7a"
-LOCAL_SPARK = {"conn_type": "spark", "host": "local[2]"}
 YARN_CLUSTER = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-class FakeTI:
-    dag_id, task_id, run_id, try_number, map_index = "dag_x", "write", "manual__1", 2, -1
-
-    def __init__(self):
-        self.xcoms: dict[str, object] = {}
-
-    def xcom_push(self, key, value):
-        self.xcoms[key] = value
-
-
-def make_context():
-    return {"ti": FakeTI(), "outlet_events": defaultdict(lambda: SimpleNamespace(extra=None))}
-
-
-def make_op(root: str, **kw) -> ShardedWriteOperator:
-    args = dict(task_id="write", output_uri=root, input_path="/data/in", key_column="id", value_column="payload",
-                num_dbs=4, spark_conn_id="sf_spark")
-    args.update(kw)
-    return ShardedWriteOperator(**args)
-
-
-def connections(monkeypatch, spark=LOCAL_SPARK, aws: dict | None = None):
-    monkeypatch.setenv("AIRFLOW_CONN_SF_SPARK", json.dumps(spark))
-    if aws is not None:
-        monkeypatch.setenv("AIRFLOW_CONN_SF_AWS", json.dumps(aws))
-
-
-class Submitted:
-    """What the stubbed spark-submit saw, for assertions."""
-
-    def __init__(self):
-        self.calls: list[dict] = []
-
-    @property
-    def last(self) -> dict:
-        return self.calls[-1]
-
-
-def stub_submit(monkeypatch, behaviour):
-    """Replace spark-submit: build the real command line (as the spark provider would), then ``behaviour``."""
-    seen = Submitted()
-    real_factory = sw._submit_hook_class
-
-    def factory():
-        real = real_factory()
-
-        class StubbedHook(real):
-            def submit(self, application="", **kwargs):
-                cmd = self._build_spark_submit_command(application)
-                b64 = cmd[cmd.index("--config-b64") + 1]
-                config = WriteConfig.from_json(base64.urlsafe_b64decode(b64).decode())
-                seen.calls.append({"cmd": cmd, "env": dict(self._env or {}), "config": config,
-                                   "application": application, "conf": dict(self._conf)})
-                for line in behaviour(config) or ():
-                    self.output_tail.append(self.redacted(line))
-
-        return StubbedHook
-
-    monkeypatch.setattr(sw, "_submit_hook_class", factory)
-    return seen
 
 
 def job_record(config: WriteConfig, status: str, **kw) -> None:
