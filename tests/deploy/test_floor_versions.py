@@ -54,6 +54,22 @@ from botocore.config import Config
 aws = AwsBaseHook(aws_conn_id=None, client_type="s3")
 aws.config.merge(Config(retries={"max_attempts": 2}))
 aws.get_client_type(region_name="us-east-1", deferrable=True)
+
+# The triggers' async path on the floor: 3.3.0 lacks Connection.aextra_dejson, so the connection is
+# fetched in a worker thread (aget_connection can deadlock there), then an aiobotocore session is built.
+import asyncio
+from airflow.sdk import Connection
+from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook, _aget_connection, _options_and_session
+assert not hasattr(Connection, "aextra_dejson"), "the floor Airflow takes the async connection path"
+os.environ["AIRFLOW_CONN_FLOOR_AWS"] = json.dumps({"conn_type": "aws", "login": "AKIAFLOOR", "password": "floor-secret",
+                                                   "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}})
+async def floor_async():
+    conn = await _aget_connection(ShardyfusionHook, "floor_aws")
+    return conn, *await asyncio.to_thread(_options_and_session, conn, True)
+conn, options, session = asyncio.run(floor_async())
+assert conn.login == "AKIAFLOOR" and options.endpoint_url == "http://127.0.0.1:9", options
+assert type(session).__module__.startswith("aiobotocore"), type(session)
+assert asyncio.run(ShardyfusionHook(aws_conn_id=None).aread_current("file:///nonexistent/floor")) is None
 print("FLOOR-OK")
 """
 
