@@ -96,11 +96,13 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
     lifecycle = RunRecordLifecycle(
         store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
         num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(), writer=writer_info(spark, config),
+        clock=fault_injection.driver_clock(faults),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
     cached = None
     with spark_conf_overrides(spark, config.spark_conf_overrides), lifecycle:
         try:
+            lifecycle.check_clock()
             with _Step(run_id, durations, "read_input"):
                 df = read_input(spark, config)
                 key_kind = spark_types.key_kind(df.schema, config.key_column)

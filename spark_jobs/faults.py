@@ -10,6 +10,7 @@ Python workers were started before the variable was set. Keys:
   hold_shard_write: {"db_id": int, "attempt": int, <hold>}  the Python worker writing that shard attempt
                                                           holds after its files were uploaded
   hold_before_publish: {<hold>}                           the driver holds just before publishing
+  clock_offset_seconds: float                             the driver's run-record clock is this far off
 A hold: {"marker": path, "seconds": float, "release": path}: the process writes its pid to marker,
 then waits until the release file exists or seconds pass ("{run_id}" in either path is replaced).
 Tests use the pid to kill that process at that point, and the release file to let several
@@ -21,7 +22,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_shardyfusion.core import layout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ENV_VAR = "SHARDYFUSION_TEST_FAULTS"
 
@@ -33,6 +40,12 @@ class InjectedFault(RuntimeError):
 def load() -> dict[str, Any]:
     raw = os.environ.get(ENV_VAR)
     return json.loads(raw) if raw else {}
+
+
+def driver_clock(faults: dict[str, Any]) -> Callable[[], datetime]:
+    """The clock the driver stamps its run record with: the real one, or one skewed by the test."""
+    offset = timedelta(seconds=float(faults.get("clock_offset_seconds", 0)))
+    return (lambda: layout.utc_now() + offset) if offset else layout.utc_now
 
 
 def _for_attempt(faults: dict[str, Any], name: str, db_id: int, attempt: int) -> dict[str, Any] | None:

@@ -100,6 +100,14 @@ class WriterLost(RunRecordError):
     """A ``running`` run record's lease expired: the writer died without marking the run failed."""
 
 
+class ClockSkewError(RunRecordError):
+    """The writer's clock disagrees with the storage's by more than ``run_record.MAX_CLOCK_SKEW``.
+
+    Run start times decide which of two runs is newer (the never-backwards rule) and leases expire
+    by the clock, so such a run is refused at its start rather than judged wrongly later.
+    """
+
+
 class RunFailedError(RunRecordError):
     """A run ended without a snapshot to use: the writer failed, was lost, or never went live.
 

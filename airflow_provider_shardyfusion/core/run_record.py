@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
 from . import serialization as ser
-from .errors import ObjectNotFoundError, RunRecordError
+from .errors import ClockSkewError, ObjectNotFoundError, RunRecordError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +37,9 @@ _TRACEBACK_TAIL_CHARS = 2000
 # How long a publisher's claim (``publishing_at``) holds: a publish must move _CURRENT within it,
 # and cleanup leaves a run claimed more recently alone.
 PUBLISH_CLAIM_TTL = timedelta(minutes=15)
+# How far a writer's clock may be from the storage's. Generous next to NTP (milliseconds) and to S3's
+# whole-second LastModified, small next to the lease (10 min) and to the gaps between runs it orders.
+MAX_CLOCK_SKEW = timedelta(minutes=2)
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,29 @@ class RunRecordLifecycle:
         self._thread = threading.Thread(target=self._beat_loop, name=f"run-record-heartbeat-{self.record.run_id}", daemon=True)
         self._thread.start()
         return self
+
+    def check_clock(self) -> timedelta | None:
+        """Compare this machine's clock with the storage's (the time it stamped our new record).
+
+        Returns the measured skew (``None`` if the store gives no time); more than
+        ``MAX_CLOCK_SKEW`` raises ``ClockSkewError``. Run start times of different machines are
+        compared by the never-backwards rule, so one clock hours behind would have its fresh run
+        judged older than the live one and staged silently; refusing it here, before any data is
+        written, says what is wrong instead.
+        """
+        info = self.store.head(self.key)
+        if info is None or info.last_modified is None:
+            return None
+        ours, theirs = self.record.started_at, info.last_modified
+        skew = ours - theirs
+        if abs(skew) > MAX_CLOCK_SKEW:
+            raise ClockSkewError(
+                f"this machine's clock read {layout.format_ts(ours)} when it created {self.ref}, which the storage "
+                f"stamped {layout.format_ts(theirs)}: {abs(skew.total_seconds()):.0f} s apart, more than the "
+                f"{MAX_CLOCK_SKEW.total_seconds():.0f} s allowed. Run start times decide which run is newer and "
+                "leases expire by the clock; synchronise the clock (NTP) of the machine running the Spark driver"
+            )
+        return skew
 
     def heartbeat(self) -> bool:
         """Renew the lease once; a failed write is logged, never raised. True if renewed."""

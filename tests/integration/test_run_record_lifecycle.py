@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import timedelta
@@ -9,9 +10,17 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import RunAbandoned, RunKilled, RunRecordError, ShardWriteError, StorageError
+from airflow_provider_shardyfusion.core.errors import (
+    ClockSkewError,
+    RunAbandoned,
+    RunKilled,
+    RunRecordError,
+    ShardWriteError,
+    StorageError,
+)
 from airflow_provider_shardyfusion.core.run_record import (
     FAILED,
+    MAX_CLOCK_SKEW,
     RUNNING,
     SUCCEEDED,
     RunRecord,
@@ -274,3 +283,22 @@ def test_record_round_trips_through_store(store):
     lc.succeed(manifest_ref(store), stats={"rows": 1})
     raw = store.get(layout.run_record_key("run-1")).data
     assert RunRecord.from_bytes(raw) == lc.record
+
+
+def test_a_writer_clock_far_from_the_storages_is_refused_and_recorded(store):
+    """A writer hours behind would have its fresh run judged older than the live one; it is stopped."""
+    behind = lifecycle(store, "skewed", clock=lambda: layout.utc_now() - timedelta(hours=3))
+    with pytest.raises(ClockSkewError) as caught, behind:
+        behind.check_clock()
+    message = str(caught.value)
+    apart = int(re.search(r": (\d+) s apart", message).group(1))
+    assert 10795 <= apart <= 10805, message  # three hours, give or take the put and S3's whole seconds
+    assert store.uri(layout.run_record_key("skewed")) in message and "NTP" in message
+    record = read_run_record(store, "skewed")
+    assert record.status == FAILED and record.error.type == "ClockSkewError"
+
+    close = lifecycle(store, "in-sync", clock=lambda: layout.utc_now() - timedelta(seconds=20))
+    with close:
+        skew = close.check_clock()
+        assert timedelta(seconds=18) <= -skew <= timedelta(seconds=25) < MAX_CLOCK_SKEW, skew
+    assert read_run_record(store, "in-sync").status == RUNNING  # measured, within bounds, left running

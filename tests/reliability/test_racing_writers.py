@@ -195,3 +195,24 @@ def test_two_writers_with_one_run_id(tmp_path, figure, monkeypatch):
     checked = only_values_of(root, data[winner][1], data[loser][1])
     figure(writers=2, published=1, refused=1, refused_by=refused_by, polls=watch.polls,
            old_values_checked=watch.values_checked, rows_checked=checked)
+
+
+def test_a_writer_whose_clock_is_hours_behind_is_refused_before_writing(tmp_path, figure):
+    """Issue 22 #5: the never-backwards rule compares run start times of different machines. A driver
+    three hours behind would have its fresh run judged older than the live one and staged silently;
+    instead it fails at its start, saying so, and nothing of it is written or published."""
+    root = f"file://{tmp_path}/snap"
+    old_run, old_expected = old_snapshot(root)
+    input_path, _ = write_input(tmp_path / "input", range(500), "skewed")
+    config = job_config(root, input_path, num_dbs=4, run_id=layout.new_run_id())
+    job = submit(config, tmp_path, faults={"clock_offset_seconds": -3 * 3600})
+    code = job.wait()
+    assert code != 0, job.output()[-3000:]
+    record = SnapshotRoot(open_store(root)).read_run(config.run_id)
+    assert record.status == "failed" and record.error.type == "ClockSkewError", record.to_dict()
+    assert "s apart" in record.error.message and "NTP" in record.error.message
+    assert "ClockSkewError" in job.output()
+    assert live_run(root) == old_run
+    checked = read_exactly(root, old_expected)
+    assert run_objects(root, config.run_id) == []  # no shard file, no manifest
+    figure(skewed_writers=1, refused=1, objects_written=0, pointer_moves=0, values_checked=checked)
