@@ -15,7 +15,11 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^/?#]*)@")
+# User info per RFC 3986 ("user:pass@" before the first "/"), and also "key:secret@" whose secret holds
+# a "/" (AWS secret keys often do; Hadoop's S3A once accepted them so): a ":" not followed by a port.
+_USERINFO = re.compile(
+    r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#]*@|[^/?#:@]*:(?!\d*(?:[/?#]|$))[^@]*@)"
+)
 _CREDENTIAL_KEY = re.compile(r"(?i)secret|password|passwd|token|credential|access[._-]?key|private[._-]?key")
 
 HOW_TO_PASS_CREDENTIALS = (

@@ -453,6 +453,7 @@ CANARY = "CANARY-s3cr3t-9f2"
 @pytest.mark.parametrize(("where", "kwargs"), [
     ("input_path", {"input_path": f"s3a://AKIAX:{CANARY}@lake/x/"}),
     ("output_uri", {"output_uri": f"s3://AKIAX:{CANARY}@bucket/out"}),
+    ("input_path", {"input_path": f"s3a://AKIAX:{CANARY}/with+slash@lake/x/"}),  # AWS secrets hold "/"
 ])
 def test_credentials_in_a_uri_are_refused_without_repeating_them(where, kwargs):
     from airflow_provider_shardyfusion.core.config import build_write_config
@@ -461,6 +462,15 @@ def test_credentials_in_a_uri_are_refused_without_repeating_them(where, kwargs):
     with pytest.raises(ConfigError, match=rf"{where} .*carries credentials.*aws_conn_id") as err:
         build_write_config(**args)
     assert CANARY not in str(err.value) and "***@" in str(err.value)
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/team@example.com/x", "hdfs://nn:8020/users/a@b/x", "s3a://bucket/k:v@w",
+                                 "file:///data/a:b@c", "s3://bucket:9000/x@y"])
+def test_an_at_sign_in_a_path_is_not_mistaken_for_credentials(uri):
+    from airflow_provider_shardyfusion.core.secrets import redact_uri, refuse_userinfo
+
+    refuse_userinfo(uri, "input_path")
+    assert redact_uri(uri) == uri
 
 
 def test_credentials_in_an_endpoint_url_and_a_broken_one_name_the_setting():

@@ -1,0 +1,75 @@
+"""One canary secret, put everywhere a user might put it, found nowhere it must not be (issue 22 #6).
+
+The canary goes into the AWS connection (where credentials belong), into ``input_path`` as URI
+user info and into ``spark_conf`` as an S3A secret key (where they do not). The connection's run
+writes a real snapshot to the S3 server on loopback; spark-submit is stubbed (building the real
+command line through the spark provider's hook), because the process-level scan of a real
+spark-submit (``ps`` while it runs) is in ``tests/e2e/test_quickstart_dag.py``. Scanned: the
+command line, the job config, logs, XCom, every object under the root (records, manifests,
+pointer, shards), lineage and the errors of the refused arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from openlineage.client.serde import Serde
+
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.storage import open_store
+from tests.operator_helpers import connections, make_context, make_op, stub_submit
+from tests.snapshot_factory import build_snapshot
+
+pytestmark = pytest.mark.s3
+CANARY = "CanaryS3cret/9d27b1e5"
+ROWS = [(k, f"value-{k}") for k in range(0, 200, 3)]
+
+
+def scan(where: str, text: str) -> list[str]:
+    return [where] if CANARY in text else []
+
+
+def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
+        monkeypatch, tmp_path, s3_server, s3_root, s3_options, caplog):
+    caplog.set_level(logging.DEBUG)
+    connections(monkeypatch, aws={"conn_type": "aws", "login": "AKIACANARY", "password": CANARY,
+                                  "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}})
+    seen = stub_submit(monkeypatch, lambda config: build_snapshot(
+        config.output_uri, ROWS, num_dbs=4, run_id=config.run_id, storage_options=s3_options))
+    context = make_context()
+    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=f"{tmp_path}/in/", run_id="run-canary")
+    summary = op.execute(context)
+    assert summary["rows"] == len(ROWS)
+    call = seen.last
+    assert call["env"]["AWS_SECRET_ACCESS_KEY"] == CANARY  # control: the secret did reach spark-submit
+
+    found = scan("spark-submit argv", " ".join(call["cmd"])) + scan("job config", call["config"].to_json())
+    found += scan("spark conf", json.dumps(call["conf"])) + scan("XCom", json.dumps(context["ti"].xcoms, default=str))
+    found += scan("logs", caplog.text)
+    store = open_store(s3_root, s3_options)
+    keys = [o.key for o in store.list("")]
+    assert {"_CURRENT", "runs/run_id=run-canary/run.json"} <= set(keys) and any(k.endswith(".sst") for k in keys)
+    for key in keys:
+        found += scan(f"object {key}", store.get(key).data.decode("latin-1"))
+    lineage = op.get_openlineage_facets_on_complete(None)
+    assert lineage.outputs, "the write reported lineage"
+    found += scan("lineage", json.dumps([json.loads(Serde.to_json(d)) for d in [*lineage.inputs, *lineage.outputs]]))
+
+    # Where credentials do not belong, the operator refuses them before anything runs, without echoing them.
+    calls = len(seen.calls)
+    refused = {
+        "input_path": dict(input_path=f"s3a://AKIACANARY:{CANARY}@bucket/in/"),
+        "spark_conf": dict(spark_conf={"spark.hadoop.fs.s3a.secret.key": CANARY}),
+    }
+    for argument, override in refused.items():
+        bad = make_op(s3_root, aws_conn_id="sf_aws", run_id=f"run-refused-{argument.replace('_', '-')}", **override)
+        with pytest.raises(ConfigError) as caught:
+            bad.execute(make_context())
+        assert argument in str(caught.value), caught.value
+        found += scan(f"error for {argument}", str(caught.value))
+    found += scan("logs", caplog.text)
+    assert len(seen.calls) == calls, "a refused argument reached spark-submit"
+    assert [k.key for k in store.list("runs/") if "refused" in k.key] == []
+    assert not found, f"the canary leaked into: {found}"
