@@ -30,7 +30,7 @@ from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelecti
 
 from . import errors as job_errors
 from . import faults as fault_injection
-from . import spark_types
+from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
@@ -81,7 +81,7 @@ def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
     return {
         "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
         "spark_version": spark.version, "python_version": platform.python_version(),
-        "spark_app_id": spark.sparkContext.applicationId, "spark_ui_url": spark.sparkContext.uiWebUrl,
+        "spark_app_id": session_info.app_id(spark), "spark_ui_url": session_info.ui_url(spark),
         "airflow": config.airflow_context, "publish": config.options.publish is True,
     }
 
@@ -263,7 +263,7 @@ TASKS_PER_CORE = 8
 
 def _num_tasks(spark, num_dbs: int) -> int:
     """One task per shard while num_dbs fits TASKS_PER_CORE waves of the cluster's cores."""
-    return min(num_dbs, max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE)
+    return min(num_dbs, session_info.default_parallelism(spark) * TASKS_PER_CORE)
 
 
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
@@ -281,7 +281,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             f"CAST((CAST(`{SHARD_ID_COL}` AS BIGINT) * {num_tasks}) DIV {plan.num_dbs} AS INT)"))
             .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
-                 df.sparkSession.sparkContext.defaultParallelism, TASKS_PER_CORE)
+                 session_info.default_parallelism(df.sparkSession), TASKS_PER_CORE)
         writing = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL)
     else:
         # Partition index == shard id: one task per shard, never a hash partitioner on the id.

@@ -89,8 +89,14 @@ def make_route_fn(plan: RoutingPlan):
 
 
 def with_shard_id(df, plan: RoutingPlan):
-    """``df`` plus the shard id column: on the JVM for hashed integer keys, else the Arrow UDF."""
-    if plan.sharding.strategy == "hash" and plan.key_kind == "int":
+    """``df`` plus the shard id column: on the JVM for hashed integer keys, else the Arrow UDF.
+
+    Not on the JVM through Spark Connect: there a plan is analyzed only when it runs, under the
+    session's ANSI mode, so the wrapping multiplications of xxh3 would raise on overflow.
+    """
+    from .session_info import is_connect
+
+    if plan.sharding.strategy == "hash" and plan.key_kind == "int" and not is_connect(df.sparkSession):
         return _with_jvm_int_shard_id(df, plan.sharding.key_column, plan.num_dbs, wrong_router=plan.wrong_router)
     return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
 

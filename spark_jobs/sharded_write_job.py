@@ -48,20 +48,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    from pyspark.sql import SparkSession
-
+    from spark_jobs import connect_session
     from spark_jobs.driver import run_write
     from spark_jobs.orphan_guard import exit_when_orphaned
 
     exit_when_orphaned()
-
-    builder = SparkSession.builder.appName(f"shardyfusion-{config.run_id}")
-    for name in _FORWARDED_ENV:
-        if os.environ.get(name):
-            # Cluster executors do not inherit the driver's environment. SparkConf keeps the values
-            # off argv, and Spark's default redaction hides the secret ones in UI and event logs.
-            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
-    spark = builder.getOrCreate()
+    try:
+        spark = connect_session.open_session() if connect_session.requested() else _classic_session(config.run_id)
+    except Exception as exc:  # e.g. the Connect server cannot be reached: no run record exists yet
+        print(f"shardyfusion job failed: {type(exc).__name__}: could not open the Spark session: {exc}", file=sys.stderr)
+        return 2
+    if connect_session.requested():
+        connect_session.stop_on_terminate(spark)
     try:
         record = run_write(spark, config)
         done = "published" if record.get("published_at") else "staged"
@@ -72,6 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         spark.stop()
+
+
+def _classic_session(run_id: str):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"shardyfusion-{run_id}")
+    for name in _FORWARDED_ENV:
+        if os.environ.get(name):
+            # Cluster executors do not inherit the driver's environment. SparkConf keeps the values
+            # off argv, and Spark's default redaction hides the secret ones in UI and event logs.
+            builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    return builder.getOrCreate()
 
 
 if __name__ == "__main__":

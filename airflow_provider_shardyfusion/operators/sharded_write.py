@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.run_record import RunRecord
     from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
     from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
+    from airflow_provider_shardyfusion.submission.bundle import Bundle
+    from airflow_provider_shardyfusion.submission.connect import ConnectPlan
     from airflow_provider_shardyfusion.submission.plan import SparkSettings, SubmitPlan
 
 __all__ = ["ShardedWriteOperator", "SparkApplicationLink", "SparkSubmitError"]
@@ -368,19 +370,64 @@ class ShardedWriteOperator(BaseOperator):
             self._mark_abandoned(config, reason)
         return self._conclude(context, failure)
 
-    def _submit(self, context: Context, config: WriteConfig, spark: SparkSettings) -> tuple[SubmitPlan, Exception | None]:
-        """Run spark-submit with the plan for ``config``; returns the plan and what spark-submit raised."""
+    def _submit(self, context: Context, config: WriteConfig,
+                spark: SparkSettings) -> tuple[SubmitPlan | ConnectPlan, Exception | None]:
+        """Run the job for ``config`` (spark-submit, or a Spark Connect client); returns the plan and
+        what the submission raised."""
         from airflow.sdk.log import mask_secret
 
-        from airflow_provider_shardyfusion.hooks.spark_submit import resolve_spark_connection
+        from airflow_provider_shardyfusion.hooks.spark_connect import is_connect_connection
         from airflow_provider_shardyfusion.submission.bundle import build_bundle
-        from airflow_provider_shardyfusion.submission.plan import Host, build_submit_plan
 
         credential_env = self.hook.credential_env(config.output_uri)
         for value in credential_env.values():
             mask_secret(value)
-        target = resolve_spark_connection(self.spark_conn_id)
         bundle = build_bundle()
+        if is_connect_connection(self.spark_conn_id):
+            return self._run_connect(context, config, spark, bundle, credential_env)
+        return self._spark_submit(context, config, spark, bundle, credential_env)
+
+    def _run_connect(self, context: Context, config: WriteConfig, spark: SparkSettings, bundle: Bundle,
+                     credential_env: Mapping[str, str]) -> tuple[ConnectPlan, Exception | None]:
+        import sys
+
+        from airflow.sdk.log import mask_secret
+
+        from airflow_provider_shardyfusion.hooks.spark_connect import ShardyfusionConnectJobHook, connect_url
+        from airflow_provider_shardyfusion.submission.connect import build_connect_plan
+
+        plan = build_connect_plan(
+            conn_id=self.spark_conn_id, remote_url=connect_url(self.spark_conn_id), spark=spark,
+            python=sys.executable, application=bundle.entry_script, bundle_zip=bundle.zip_path,
+            config_json=config.to_json(), credential_env=credential_env, deferrable=bool(self.deferrable),
+        )
+        for secret in plan.redact:
+            mask_secret(secret)
+        for note in plan.notes:
+            self.log.warning("Run %s: %s", config.run_id, note)
+        job = ShardyfusionConnectJobHook(plan)
+        self._start(context, config, job)
+        self.log.info("Run %s: running the sharded write of %s as a Spark Connect client (connection %r, bundle %s)",
+                      config.run_id, config.output_uri, self.spark_conn_id, bundle.zip_path)
+        self.log.info("Run %s: write config %s", config.run_id, config.to_json())
+        try:
+            job.submit()
+        except Exception as exc:
+            return plan, exc
+        return plan, None
+
+    def _start(self, context: Context, config: WriteConfig, job: Any) -> None:
+        """Remember the running job (for ``on_kill``) and tell XCom which run this try writes."""
+        self._submit_hook, self._active_run_id, self._active_output_uri = job, config.run_id, config.output_uri
+        if self.do_xcom_push:
+            context["ti"].xcom_push(key="run_id", value=config.run_id)
+
+    def _spark_submit(self, context: Context, config: WriteConfig, spark: SparkSettings, bundle: Bundle,
+                      credential_env: Mapping[str, str]) -> tuple[SubmitPlan, Exception | None]:
+        from airflow_provider_shardyfusion.hooks.spark_submit import resolve_spark_connection
+        from airflow_provider_shardyfusion.submission.plan import Host, build_submit_plan
+
+        target = resolve_spark_connection(self.spark_conn_id)
         plan = build_submit_plan(
             target=target, spark=spark, host=Host.current(target.spark_binary), application=bundle.entry_script,
             py_files=bundle.zip_path, config_json=config.to_json(), name=f"shardyfusion-{self.task_id}-{config.run_id}",
@@ -389,9 +436,7 @@ class ShardedWriteOperator(BaseOperator):
         for note in plan.notes:
             self.log.warning("Run %s (connection %r, %s): %s", config.run_id, self.aws_conn_id, config.output_uri, note)
         submit_hook = _submit_hook_class()(**plan.hook_kwargs())
-        self._submit_hook, self._active_run_id, self._active_output_uri = submit_hook, config.run_id, config.output_uri
-        if self.do_xcom_push:
-            context["ti"].xcom_push(key="run_id", value=config.run_id)
+        self._start(context, config, submit_hook)
         self.log.info("Run %s: submitting the sharded write of %s to %s (bundle %s)",
                       config.run_id, config.output_uri, target.master, bundle.zip_path)
         # The job gets this as base64 on its command line; the plain JSON (no secrets) is for humans.

@@ -1,0 +1,148 @@
+"""ShardedWriteOperator with a ``spark_connect`` connection, against a real Spark Connect server.
+
+The server runs as its own process on loopback (started once for this module from the pip
+pyspark). The operator runs the job as a Connect client in a child process of the task, exactly
+as on a worker without Java: nothing here calls spark-submit for the job. Every snapshot is read
+back and compared with the input.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_shardyfusion.core import encoding
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, RunFailedError
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.run_record import read_run_record
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.operators import sharded_write as sw
+from tests.operator_helpers import connections, make_context, make_op
+from tests.polling import wait_for
+from tests.spark_connect_server import connect_server
+from tests.spark_helpers import assert_exact, assert_reader_agrees, int_table, read_snapshot, write_parquet
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def connect_conn(tmp_path_factory):
+    with connect_server(tmp_path_factory.mktemp("connect")) as port:
+        yield {"conn_type": "spark_connect", "host": "127.0.0.1", "port": port}
+
+
+@pytest.fixture
+def no_spark_submit(monkeypatch):
+    """The job must not go through spark-submit: fail loudly if the operator tries."""
+    def refuse():
+        raise AssertionError("spark-submit was used with a Spark Connect connection")
+    monkeypatch.setattr(sw, "_submit_hook_class", refuse)
+
+
+def write(monkeypatch, connect_conn, root, **kwargs):
+    connections(monkeypatch, spark=connect_conn)
+    context = make_context()
+    op = make_op(root, aws_conn_id=None, **kwargs)
+    return op, context, op.execute(context)
+
+
+def test_int_keys_written_through_spark_connect_read_back_exactly(monkeypatch, tmp_path, connect_conn, no_spark_submit):
+    table, expected = int_table(3_000)
+    root = f"file://{tmp_path}/snap"
+    _, context, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), num_dbs=4)
+    assert summary["published"] is True and summary["rows"] == 3_000 and summary["num_dbs"] == 4
+    assert context["ti"].xcoms["run_id"] == summary["run_id"]
+    manifest, shards = read_snapshot(root)
+    assert_exact(manifest, shards, expected, "u64be")
+    assert_reader_agrees(root, expected, absent=[10**9])
+    record = read_run_record(open_store(root), summary["run_id"])
+    assert record.writer["spark_app_id"].startswith("local-") and record.writer["spark_ui_url"] is None
+
+
+def test_string_keys_cel_categorical_staged_then_published(monkeypatch, tmp_path, connect_conn, no_spark_submit):
+    rows = 2_000
+    names = [f"user-{i:05d}-é" for i in range(rows)]
+    regions = [["eu", "us", "apac"][i % 3] for i in range(rows)]
+    table = pa.table({"name": names, "region": regions, "payload": [f"p{i}" for i in range(rows)]})
+    root = f"file://{tmp_path}/cat"
+    _, _, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table),
+                          key_column="name", value_column="payload", num_dbs=None, cel_expr="region",
+                          cel_columns={"region": "string"}, routing_values=["us", "eu", "apac"], publish=False)
+    snapshots = SnapshotRoot(open_store(root))
+    assert summary["published"] is False and snapshots.current() is None  # staged: nothing live
+    publish_run(snapshots, run_id=summary["run_id"])
+    manifest, shards = read_snapshot(root)
+    order = ["us", "eu", "apac"]
+    assert manifest.num_dbs == 3 and list(manifest.sharding.routing_values) == order
+    expected = {n: f"p{i}".encode() for i, n in enumerate(names)}
+    assert_exact(manifest, shards, expected, "utf8", router=lambda k: order.index(regions[names.index(k)]))
+    assert encoding.decode_key(next(iter(shards[0])), "utf8") in expected
+
+
+@pytest.mark.s3
+def test_the_s3_server_as_storage(monkeypatch, tmp_path, connect_conn, s3_server, s3_root, s3_options,
+                                  no_spark_submit):
+    """Executors reach S3 with the cluster's own credentials (the server's environment); the client
+    with the task's connection."""
+    table, expected = int_table(1_500, seed=3)
+    connections(monkeypatch, spark=connect_conn, aws={"conn_type": "aws", "login": "testing",
+                                                      "password": "testing-secret",
+                                                      "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}})
+    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=write_parquet(tmp_path, table), num_dbs=3)
+    summary = op.execute(make_context())
+    assert summary["published"] is True
+    manifest, shards = read_snapshot(s3_root, s3_options)
+    assert_exact(manifest, shards, expected, "u64be")
+
+
+def test_a_bad_input_fails_with_the_writers_own_error(monkeypatch, tmp_path, connect_conn, no_spark_submit):
+    table = pa.table({"id": pa.array([1, 2, 3, 2], pa.int64()), "payload": ["a", "b", "c", "d"]})
+    root = f"file://{tmp_path}/dup"
+    with pytest.raises(RunFailedError) as caught:
+        write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), num_dbs=2)
+    assert caught.value.error_type == InputDataError.__name__ and "duplicate key 2" in str(caught.value)
+    assert SnapshotRoot(open_store(root)).current() is None
+
+
+def test_deferrable_with_a_connect_connection_is_a_config_error(monkeypatch, tmp_path, connect_conn, no_spark_submit):
+    table, _ = int_table(10)
+    root = f"file://{tmp_path}/d"
+    with pytest.raises(ConfigError, match=r"deferrable=True cannot be used with the Spark Connect connection 'sf_spark'"):
+        write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), deferrable=True)
+    assert list(open_store(root).list("")) == []  # refused before any run record
+
+
+def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatch, tmp_path, connect_conn,
+                                                                      no_spark_submit):
+    table, _ = int_table(2_000)
+    marker, release = tmp_path / "held.pid", tmp_path / "release"
+    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps({"hold_shard_write": {
+        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(release), "seconds": 120}}))
+    connections(monkeypatch, spark=connect_conn)
+    root = f"file://{tmp_path}/kill"
+    op = make_op(root, aws_conn_id=None, input_path=write_parquet(tmp_path, table), num_dbs=4, run_id="run-killed")
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = op.execute(make_context())
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    task = threading.Thread(target=run)
+    task.start()
+    wait_for(marker.exists, 120, "a shard write to be held on the Connect server")
+    started = time.monotonic()
+    op.on_kill()
+    task.join(timeout=120)
+    release.touch()
+    assert not task.is_alive() and "error" in outcome, outcome
+    assert time.monotonic() - started < 60
+    record = read_run_record(open_store(root), "run-killed")
+    assert record.status == "failed" and record.error.type == "RunKilled", record.to_dict()
+    assert SnapshotRoot(open_store(root)).current() is None
