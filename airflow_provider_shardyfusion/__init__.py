@@ -36,7 +36,8 @@ def get_provider_info() -> dict[str, Any]:
             f"{base}.operators.cleanup"]}],
         "sensors": [{"integration-name": integration, "python-modules": [
             f"{base}.sensors.run_record", f"{base}.sensors.current"]}],
-        "hooks": [{"integration-name": integration, "python-modules": [f"{base}.hooks.shardyfusion"]}],
+        "hooks": [{"integration-name": integration, "python-modules": [
+            f"{base}.hooks.shardyfusion", f"{base}.hooks.spark_submit", f"{base}.hooks.spark_connect"]}],
         "triggers": [{"integration-name": integration, "python-modules": [
             f"{base}.triggers.run_record", f"{base}.triggers.current"]}],
         "extra-links": [f"{base}.operators.sharded_write.SparkApplicationLink"],

@@ -68,7 +68,8 @@ def sample_keys(rows: int) -> list[int]:
 
 
 def build_quickstart_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None = "aws_default",
-                         description: str = "") -> DAG:
+                         description: str = "", spark_conn_id: str = "spark_default",
+                         spark_conf: dict[str, str] | None = None) -> DAG:
     with DAG(
         dag_id=dag_id,
         description=description or "Generate a table, publish a 16-shard RocksDB snapshot, read keys back",
@@ -99,8 +100,9 @@ def build_quickstart_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | Non
             key_column="id",
             value_column="payload",
             num_dbs=NUM_DBS,
-            spark_conn_id="spark_default",
-            spark_conf={"spark.sql.shuffle.partitions": "16", "spark.ui.enabled": "false"},
+            spark_conn_id=spark_conn_id,
+            spark_conf=spark_conf if spark_conf is not None else {"spark.sql.shuffle.partitions": "16",
+                                                                  "spark.ui.enabled": "false"},
             aws_conn_id=aws_conn_id,
         )
 

@@ -61,6 +61,13 @@ def build_connect_plan(
             f"spark_env_vars cannot be used with the Spark Connect connection {conn_id!r}: the Connect server's "
             "executors already run; set their environment on the server (spark.executorEnv.* in its conf)"
         )
+    archive = spark.python_env_archive
+    if archive and "://" in archive and not archive.startswith("file://"):
+        raise ConfigError(
+            f"python_env_archive {archive!r} must be a file on this worker with the Spark Connect connection "
+            f"{conn_id!r}: the client uploads it with addArtifacts(archive=True); a cluster-side URI belongs in "
+            "the Connect server's own configuration (spark.archives)"
+        )
     notes = [f"{name} is ignored with the Spark Connect connection {conn_id!r}: the Connect server sizes its own "
              "executors" for name in _SERVER_SIDE if getattr(spark, name) is not None]
     credentials = dict(credential_env or {})

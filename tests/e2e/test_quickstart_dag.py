@@ -7,19 +7,16 @@ bundled job → publish → reader.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import threading
 from pathlib import Path
 
-import psutil
 import pytest
 
-from airflow_provider_shardyfusion import ShardedReader
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.run_record import FAILED, SUCCEEDED, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.e2e.quickstart_helpers import ProcessSampler, assert_snapshot_matches_input, quickstart
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
 
@@ -28,52 +25,6 @@ LOCAL_SPARK = json.dumps({"conn_type": "spark", "host": "local[2]"})
 # Distinctive, so that any copy of it anywhere is found; moto accepts any credentials.
 FAKE_SECRET = "sfySecretKey/ZQ8w-GREP-ME-7f3c1d2e9b"
 FAKE_KEY_ID = "AKIASHARDYFUSIONTEST"
-
-
-def _load_quickstart():
-    spec = importlib.util.spec_from_file_location("quickstart_example", REPO / "dags_example" / "quickstart.py")
-    # The DAG file imports its helper module from the DAGs folder (on sys.path under Airflow).
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-quickstart = _load_quickstart()
-
-
-class ProcessSampler:
-    """Collects the command line of every process, every 0.2 s, in a background thread."""
-
-    def __init__(self):
-        self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            for proc in psutil.process_iter(["cmdline"]):
-                cmdline = proc.info.get("cmdline")
-                if cmdline:
-                    self.seen.add(" ".join(cmdline))
-
-    def __enter__(self) -> ProcessSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-def assert_snapshot_matches_input(output_uri: str, rows: int, storage_options=None) -> None:
-    keys = [quickstart.key_of(i) for i in range(rows)]
-    with ShardedReader(output_uri, storage_options=storage_options) as reader:
-        assert reader.manifest.num_dbs == quickstart.NUM_DBS
-        assert sum(s.row_count for s in reader.manifest.shards) == rows
-        values = reader.multi_get(keys)
-        assert reader.multi_get([7, keys[-1] + 1]) == [None, None]
-    wrong = [(k, v) for k, v in zip(keys, values, strict=False) if v != quickstart.payload_of(k).encode()]
-    assert not wrong, f"{len(wrong)} of {rows} keys read back wrong, e.g. {wrong[:3]}"
 
 
 def test_quickstart_publishes_a_snapshot_that_reads_back_exactly(run_dag, tmp_path):

@@ -136,3 +136,47 @@ def test_the_plan_modules_import_no_airflow():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- Spark Connect (the job as a Connect client in a child process) ------------------------------
+
+def connect_plan(**kw):
+    from airflow_provider_shardyfusion.submission.connect import build_connect_plan
+    from airflow_provider_shardyfusion.submission.plan import SparkSettings
+
+    args = dict(conn_id="sc", remote_url="sc://cluster:15002/;user_id=bob;token=TOKEN-42;use_ssl=True",
+                spark=SparkSettings(conf={"spark.sql.shuffle.partitions": "64"}), python="/venv/bin/python",
+                application="/cache/sharded_write_job.py", bundle_zip="/cache/bundle.zip", config_json='{"a": 1}',
+                credential_env={"AWS_SECRET_ACCESS_KEY": "S3CRET"})
+    args.update(kw)
+    return build_connect_plan(**args)
+
+
+def test_connect_plan_keeps_the_url_and_credentials_off_argv():
+    from airflow_provider_shardyfusion.core import job_environment as job_env
+
+    plan = connect_plan()
+    assert plan.argv == ("/venv/bin/python", "/cache/sharded_write_job.py", "--config-b64", "eyJhIjogMX0=")
+    assert not [a for a in plan.argv if "TOKEN-42" in a or "S3CRET" in a]
+    assert plan.env[job_env.REMOTE_URL].endswith("token=TOKEN-42;use_ssl=True")
+    assert plan.env[job_env.BUNDLE] == plan.env["PYTHONPATH"] == "/cache/bundle.zip"
+    assert json.loads(plan.env[job_env.SPARK_CONF]) == {"spark.sql.shuffle.partitions": "64"}
+    assert {"TOKEN-42", "S3CRET"} <= set(plan.redact) and plan.env["AWS_SECRET_ACCESS_KEY"] == "S3CRET"
+    assert "TOKEN-42" not in repr(plan) and "S3CRET" not in repr(plan)
+    assert not plan.defer and not plan.cluster_mode
+
+
+def test_connect_plan_refuses_what_a_connect_client_cannot_do():
+    from airflow_provider_shardyfusion.submission.plan import SparkSettings
+
+    with pytest.raises(ConfigError, match=r"deferrable=True cannot be used with the Spark Connect connection 'sc'"):
+        connect_plan(deferrable=True)
+    with pytest.raises(ConfigError, match=r"spark_env_vars cannot be used with the Spark Connect connection 'sc'"):
+        connect_plan(spark=SparkSettings(env_vars={"X": "1"}))
+    with pytest.raises(ConfigError, match=r"spark_conf keys \['spark.hadoop.fs.s3a.secret.key'\] look like credentials"):
+        connect_plan(spark=SparkSettings(conf={"spark.hadoop.fs.s3a.secret.key": "x"}))
+    with pytest.raises(ConfigError, match=r"python_env_archive 's3://b/env.tgz#e' must be a file on this worker"):
+        connect_plan(spark=SparkSettings(python_env_archive="s3://b/env.tgz#e"))
+    plan = connect_plan(spark=SparkSettings(executor_memory="4g", num_executors=8, python_env_archive="/envs/e.tgz#e"))
+    assert [n.split(" ")[0] for n in plan.notes] == ["executor_memory", "num_executors"]
+    assert plan.env["SHARDYFUSION_PYTHON_ENV_ARCHIVE"] == "/envs/e.tgz#e"
