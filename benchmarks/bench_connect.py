@@ -47,7 +47,6 @@ def main() -> None:
 
     from airflow_provider_shardyfusion.core import job_environment as job_env
     from airflow_provider_shardyfusion.core.config import build_write_config
-    from airflow_provider_shardyfusion.core.manifest import Manifest
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.storage import open_store
     from airflow_provider_shardyfusion.submission.bundle import build_bundle
@@ -69,8 +68,7 @@ def main() -> None:
 
     def rows_of(out: Path) -> int:
         snapshots = SnapshotRoot(open_store(f"file://{out}"))
-        manifest: Manifest = snapshots.load_manifest(snapshots.current())
-        return manifest.row_count
+        return snapshots.load_manifest(snapshots.current()).row_count
 
     rounds = []
     with connect_server(work) as port:
