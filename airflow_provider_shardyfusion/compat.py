@@ -57,11 +57,13 @@ class PysparkInstall:
         return {d.name: d.version for d in self.distributions if d.package_dir == self.package_dir}
 
 
-def pyspark_install_problem(install: PysparkInstall) -> str | None:
+def pyspark_install_problem(install: PysparkInstall, *, connect_client: bool = False) -> str | None:
     """Why this pyspark installation cannot run the shardyfusion job, or ``None`` when it can.
 
     Only distributions installed into the folder that is actually imported are compared: a
     pyspark from ``SPARK_HOME/python`` or another ``sys.path`` entry is not this check's business.
+    ``connect_client``: the job runs as a Spark Connect client, for which pyspark-client alone is
+    the intended installation (a mix of the two is still refused).
     """
     if install.package_dir is None:
         return None
@@ -77,6 +79,8 @@ def pyspark_install_problem(install: PysparkInstall) -> str | None:
     pyspark_version = owners.get("pyspark")
     client_version = owners.get("pyspark-client")
     if pyspark_version is None:
+        if connect_client:
+            return None
         return (
             f"only pyspark-client {client_version} (the Spark Connect client) is installed {where}; "
             "spark-submit jobs need the full pyspark distribution "
@@ -123,9 +127,11 @@ def inspect_pyspark_install(path: list[str] | None = None) -> PysparkInstall:
     return PysparkInstall(package_dir=package_dir, file_version=file_version, distributions=tuple(found))
 
 
-def check_pyspark_install(install: PysparkInstall | None = None) -> None:
-    """Raise ``ConfigError`` when pyspark and pyspark-client are mixed in the imported folder."""
-    problem = pyspark_install_problem(install if install is not None else inspect_pyspark_install())
+def check_pyspark_install(install: PysparkInstall | None = None, *, connect_client: bool = False) -> None:
+    """Raise ``ConfigError`` when pyspark and pyspark-client are mixed in the imported folder (or when
+    only pyspark-client is there for a job that is not a Spark Connect client)."""
+    problem = pyspark_install_problem(install if install is not None else inspect_pyspark_install(),
+                                      connect_client=connect_client)
     if problem:
         raise ConfigError(f"broken pyspark installation: {problem}")
 

@@ -39,11 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from airflow_provider_shardyfusion.compat import check_pyspark_install
+    from airflow_provider_shardyfusion.core.job_environment import REMOTE_URL
 
     try:
         # Before pyspark is imported: a pyspark / pyspark-client mix may fail on import with an
         # error that names neither distribution.
-        check_pyspark_install()
+        check_pyspark_install(connect_client=bool(os.environ.get(REMOTE_URL)))
     except ShardyfusionError as exc:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

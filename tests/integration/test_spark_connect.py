@@ -9,8 +9,12 @@ back and compared with the input.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -146,3 +150,44 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
     record = read_run_record(open_store(root), "run-killed")
     assert record.status == "failed" and record.error.type == "RunKilled", record.to_dict()
     assert SnapshotRoot(open_store(root)).current() is None
+
+
+THIN_CLIENT_PACKAGES = ("pyspark-client=={version}", "pyarrow", "pandas>=2.2", "numpy", "xxhash", "cel-python",
+                        "rocksdict", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
+
+
+def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path):
+    """What a managed Airflow worker has: pyspark-client (no jars, no Java needed) and not this provider's
+    code on the executors. One venv without either plays both: the job's client process (importing the job
+    from the bundle zip) and the Connect server's Python workers (importing it from addArtifacts only)."""
+    import pyspark
+
+    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.submission.bundle import build_bundle
+    from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
+
+    venv, uv = tmp_path / "thin", Path(sys.executable).parent / "uv"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    packages = [p.format(version=pyspark.__version__) for p in THIN_CLIENT_PACKAGES]
+    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *packages], check=True)
+    python = str(venv / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import importlib.util as u, pyspark, os; print(u.find_spec("
+                            "'airflow_provider_shardyfusion') is None, os.path.isdir(os.path.join("
+                            "os.path.dirname(pyspark.__file__), 'jars')))"], capture_output=True, text=True, check=True,
+                           cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert probe.stdout.split() == ["True", "False"], probe  # no provider code, no Spark jars
+
+    table, expected = int_table(2_500, seed=7)
+    root = f"file://{tmp_path}/snap"
+    config = build_write_config(output_uri=root, input_path=write_parquet(tmp_path, table), key_column="id",
+                                value_column="payload", num_dbs=4)
+    bundle = build_bundle()
+    with connect_server(tmp_path, env={"PYSPARK_PYTHON": python}) as port:
+        job = subprocess.run(
+            [python, bundle.entry_script, CONFIG_ARG, encode_config(config.to_json())], capture_output=True, text=True,
+            env={**os.environ, job_env.REMOTE_URL: f"sc://127.0.0.1:{port}", job_env.BUNDLE: bundle.zip_path,
+                 "PYTHONPATH": bundle.zip_path}, cwd=str(tmp_path), timeout=600)
+    assert job.returncode == 0, job.stderr[-3000:]
+    manifest, shards = read_snapshot(root)
+    assert_exact(manifest, shards, expected, "u64be")

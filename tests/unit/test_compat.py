@@ -73,9 +73,14 @@ def test_two_versions_sharing_the_folder_are_refused_even_when_pyspark_won(tmp_p
     assert text and "pyspark 4.3.0 and pyspark-client 4.2.0 are both installed" in text
 
 
-def test_client_only_is_refused(tmp_path):
+def test_client_only_is_refused_unless_the_job_is_a_connect_client(tmp_path):
     text = problem(tmp_path, files="4.2.0", client="4.2.0")
     assert text and "only pyspark-client 4.2.0" in text and "[spark]" in text
+    install = compat.inspect_pyspark_install([str(fake_site(tmp_path / "thin", files="4.2.0", client="4.2.0"))])
+    assert compat.pyspark_install_problem(install, connect_client=True) is None
+    mixed = compat.inspect_pyspark_install([str(fake_site(tmp_path / "mixed", files="4.3.0", pyspark="4.3.0",
+                                                          client="4.2.0"))])
+    assert "are both installed" in compat.pyspark_install_problem(mixed, connect_client=True)  # a mix stays refused
 
 
 def test_distributions_elsewhere_on_the_path_are_not_compared(tmp_path):
