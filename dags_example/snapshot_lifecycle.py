@@ -9,7 +9,9 @@ run and ``_CURRENT`` keeps naming the last good snapshot. Two DAGs are defined h
 
 - ``shardyfusion_snapshot_lifecycle`` on ``file://<demo dir>/shardyfusion_snapshot_lifecycle/snapshot``;
 - ``shardyfusion_snapshot_lifecycle_s3`` on ``s3://$SHARDYFUSION_S3_BUCKET/lifecycle`` through the
-  ``aws_default`` connection (an S3-compatible endpoint goes in its extra ``endpoint_url``).
+  ``aws_default`` connection (an S3-compatible endpoint goes in its extra ``endpoint_url``);
+- ``shardyfusion_snapshot_lifecycle_connect``: the ``file://`` one, written through the Spark Connect
+  connection ``spark_connect_default`` (see ``quickstart_connect.py``).
 
 Params: ``rows``, ``min_rows`` (the gate: set it above ``rows`` to see a staged run refused),
 ``keep_runs`` and ``grace_minutes`` for the cleanup. Spark comes from ``spark_default`` (see the
@@ -45,7 +47,8 @@ def value_of(key: int, generation: str) -> str:
     return f"value-{key}-{generation}"
 
 
-def build_lifecycle_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None) -> DAG:
+def build_lifecycle_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None,
+                        spark_conn_id: str = "spark_default") -> DAG:
     with DAG(
         dag_id=dag_id,
         description="Stage a snapshot, validate it, publish it, wait for it as a consumer, clean up",
@@ -85,7 +88,10 @@ def build_lifecycle_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None
             value_column="value",
             num_dbs=NUM_DBS,
             publish=False,
-            spark_conf={"spark.sql.shuffle.partitions": str(NUM_DBS), "spark.ui.enabled": "false"},
+            spark_conn_id=spark_conn_id,
+            # A Spark Connect session can change SQL settings only; the UI is the server's business.
+            spark_conf={"spark.sql.shuffle.partitions": str(NUM_DBS)} | (
+                {} if spark_conn_id.startswith("spark_connect") else {"spark.ui.enabled": "false"}),
             aws_conn_id=aws_conn_id,
         )
 
@@ -144,4 +150,9 @@ lifecycle_s3 = build_lifecycle_dag(
     "shardyfusion_snapshot_lifecycle_s3",
     f"s3://{os.environ.get('SHARDYFUSION_S3_BUCKET', 'shardyfusion-demo')}/lifecycle",
     aws_conn_id="aws_default",
+)
+lifecycle_connect = build_lifecycle_dag(
+    "shardyfusion_snapshot_lifecycle_connect",
+    f"file://{DEMO_DIR}/shardyfusion_snapshot_lifecycle_connect/snapshot", aws_conn_id=None,
+    spark_conn_id="spark_connect_default",
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,3 +42,24 @@ def connect_server(log_dir: Path, *, env: dict[str, str] | None = None, timeout:
         yield port
     finally:
         stop_process(proc, timeout=30)
+
+
+def path_without_java(tmp_path: Path, path: str | None = None) -> str:
+    """``path`` (default: this PATH) with every directory holding ``java`` replaced by a copy of it
+    (symlinks) without java: a worker where no JVM can start."""
+    dirs: list[str] = []
+    for entry in (os.environ["PATH"] if path is None else path).split(os.pathsep):
+        if not entry or not os.path.isdir(entry):
+            continue
+        if not os.path.exists(os.path.join(entry, "java")):
+            dirs.append(entry)
+            continue
+        shadow = tmp_path / f"bin-{len(dirs)}"
+        shadow.mkdir()
+        for name in os.listdir(entry):
+            if not name.startswith("java"):
+                (shadow / name).symlink_to(os.path.join(entry, name))
+        dirs.append(str(shadow))
+    joined = os.pathsep.join(dirs)
+    assert shutil.which("java", path=joined) is None
+    return joined

@@ -29,11 +29,17 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from tests.spark_connect_server import connect_server, path_without_java
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.s3]
 
@@ -189,7 +195,9 @@ def postgres_bin() -> Path:
     return path
 
 
-def build_venv(scratch: Path, base_env: dict[str, str]) -> Path:
+def build_venv(scratch: Path, base_env: dict[str, str], *, connect: bool = False) -> Path:
+    """The wheel under the constraints. ``connect``: as a managed Airflow worker that writes through
+    Spark Connect has it, without the ``[spark]`` extra (only the spark provider's pyspark-client)."""
     dist = scratch / "dist"
     run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist], env=base_env, cwd=REPO)
     (wheel,) = dist.glob("airflow_provider_shardyfusion-*.whl")
@@ -198,6 +206,13 @@ def build_venv(scratch: Path, base_env: dict[str, str]) -> Path:
     venv = scratch / "venv"
     run([uv, "venv", "--quiet", "--python", sys.executable, venv], env=base_env)
     python = venv / "bin" / "python"
+    if connect:
+        run([uv, "pip", "install", "--quiet", "--python", python, "-c", CONSTRAINTS, wheel, "apache-airflow[postgres]"],
+            env=base_env, timeout=1200)
+        installed = run([uv, "pip", "freeze", "--python", python], env=base_env).splitlines()
+        assert f"pyspark-client=={constraint_pin('pyspark-client')}" in installed
+        assert not [line for line in installed if line.startswith("pyspark==")], "full pyspark installed"
+        return venv
     # The spark provider pulls pyspark-client at the constraints' version; pyspark must match it
     # (README "Supported versions"), and its files go back last.
     pyspark = f"pyspark=={constraint_pin('pyspark-client')}"
@@ -209,8 +224,22 @@ def build_venv(scratch: Path, base_env: dict[str, str]) -> Path:
     return venv
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def deployment(s3_server):
+    with deploy(s3_server) as d:
+        yield d
+
+
+@pytest.fixture
+def connect_deployment(s3_server, tmp_path):
+    """A deployment whose Airflow has no full pyspark and no ``java`` on its PATH, writing through a
+    Spark Connect server (the cluster: its own process, with Java) on loopback."""
+    with connect_server(tmp_path) as port, deploy(s3_server, connect_port=port) as d:
+        yield d
+
+
+@contextmanager
+def deploy(s3_server: str, *, connect_port: int | None = None) -> Iterator[Deployment]:
     started = time.monotonic()
     # Not under pytest's 0700 tmp dir: PostgreSQL runs as another user when the tests run as root.
     scratch = Path(tempfile.mkdtemp(prefix="shardyfusion-deploy-"))
@@ -219,7 +248,7 @@ def deployment(s3_server):
                 if not k.startswith(("AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PYSPARK_", "SHARDYFUSION_"))}
     dev_bin = str(Path(sys.executable).parent)
     base_env["PATH"] = os.pathsep.join(p for p in base_env.get("PATH", "").split(os.pathsep) if p and p != dev_bin)
-    venv = build_venv(scratch, base_env)
+    venv = build_venv(scratch, base_env, connect=connect_port is not None)
     timings = {"venv_s": round(time.monotonic() - started, 1)}
 
     pg_bin, pg_port = postgres_bin(), free_port()
@@ -270,6 +299,13 @@ def deployment(s3_server):
            "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": str(python),
            "PYSPARK_DRIVER_PYTHON": str(python)}
+    if connect_port is not None:
+        for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "AIRFLOW_CONN_SPARK_DEFAULT", "JAVA_HOME"):
+            env.pop(name, None)
+        env["PATH"] = f"{venv / 'bin'}{os.pathsep}{path_without_java(scratch, base_env.get('PATH', ''))}"
+        env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_port})
+        assert shutil.which("java", path=env["PATH"]) is None
     d = Deployment(home=home, scratch=scratch, venv=venv, env=env, api=f"http://127.0.0.1:{api_port}",
                    pg_bin=pg_bin, pg_port=pg_port)
     try:
@@ -475,3 +511,45 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     task_logs = list((d.home / "logs").rglob("*.log"))
     assert any("Spark-Submit cmd" in p.read_text(errors="replace") for p in task_logs), "task logs not where expected"
     print(f"deployment timings: {d.timings}, runs: {round(time.monotonic() - started, 1)}s")  # type: ignore[attr-defined]
+
+
+CONNECT_DAG = "shardyfusion_snapshot_lifecycle_connect"
+
+
+def test_connect_deployment_without_java_writes_validates_and_publishes(connect_deployment: Deployment):
+    """Issue 20: the wheel without full pyspark, every Airflow service started with no ``java`` on its
+    PATH; the lifecycle DAG stages a write through the Spark Connect server, validates and publishes
+    it, a deferred consumer sees it; the snapshot reads back exactly."""
+    from airflow_provider_shardyfusion import ShardedReader
+
+    d = connect_deployment
+    wait_for(f"DAG {CONNECT_DAG} parsed by the dag-processor",
+             lambda: d.request("GET", f"/api/v2/dags/{CONNECT_DAG}", expect=(200, 404)).get("dag_id"),
+             120, 2.0, lambda: _service_logs(d))
+    import_errors = d.request("GET", "/api/v2/importErrors")
+    assert import_errors["total_entries"] == 0, import_errors  # every example DAG parses without pyspark
+
+    rows = 2_000
+    run_id = trigger(d, CONNECT_DAG, {"rows": rows})
+    wait_for("the Connect lifecycle run to finish",
+             lambda: d.request("GET", f"/api/v2/dags/{CONNECT_DAG}/dagRuns/{run_id}")["state"] in ("success", "failed"),
+             RUN_TIMEOUT_S, 2.0, lambda: _service_logs(d))
+    states = task_states(d, CONNECT_DAG, run_id)
+    if set(states.values()) != {"success"}:
+        pytest.fail(f"{states}\n{_service_logs(d)}\n{_failed_task_logs(d, CONNECT_DAG, run_id, states)}\n{states}")
+
+    summary = xcom(d, CONNECT_DAG, run_id, "write_snapshot")
+    assert summary["rows"] == rows and summary["published"] is False  # staged, published by the gate
+    assert xcom(d, CONNECT_DAG, run_id, "validate_snapshot")["ok"] is True
+    assert xcom(d, CONNECT_DAG, run_id, "publish_snapshot")["pointer"]["run_id"] == summary["run_id"]
+    assert xcom(d, CONNECT_DAG, run_id, "consumer_waits")["run_id"] == summary["run_id"]
+
+    # An independent model of the DAG's input (snapshot_lifecycle.key_of / value_of).
+    expected = {i * 7919 + 13: f"value-{i * 7919 + 13}-{run_id}".encode() for i in range(rows)}
+    with ShardedReader(summary["output_uri"]) as reader:
+        assert reader.run_id == summary["run_id"]
+        assert reader.multi_get(list(expected)) == list(expected.values())
+        assert reader.get(7) is None
+    write_logs = "\n".join(p.read_text(errors="replace") for p in (d.home / "logs").rglob("*.log")
+                           if "task_id=write_snapshot" in str(p))
+    assert "as a Spark Connect client" in write_logs and "Spark-Submit cmd" not in write_logs

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,32 +17,9 @@ from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, read_run_re
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG
 from tests.e2e.quickstart_helpers import ProcessSampler, assert_snapshot_matches_input
-from tests.spark_connect_server import connect_server
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from tests.spark_connect_server import connect_server, path_without_java
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]
-
-
-def path_without_java(tmp_path: Path) -> str:
-    """PATH with every directory that holds ``java`` replaced by a copy of it (symlinks) minus java."""
-    dirs = []
-    for entry in os.environ["PATH"].split(os.pathsep):
-        if not entry or not os.path.isdir(entry):
-            continue
-        if not os.path.exists(os.path.join(entry, "java")):
-            dirs.append(entry)
-            continue
-        shadow = tmp_path / f"bin-{len(dirs)}"
-        shadow.mkdir()
-        for name in os.listdir(entry):
-            if not name.startswith("java"):
-                (shadow / name).symlink_to(os.path.join(entry, name))
-        dirs.append(str(shadow))
-    path = os.pathsep.join(dirs)
-    assert shutil.which("java", path=path) is None
-    return path
 
 
 def test_the_connect_quickstart_writes_with_no_java_on_the_workers_path(run_dag, tmp_path):
