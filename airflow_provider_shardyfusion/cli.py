@@ -5,6 +5,8 @@
     shardyfusion runs     URI                     every run record under runs/
     shardyfusion get      URI KEY [KEY ...]       look keys up through ShardedReader
     shardyfusion publish  URI --run-id RUN [--allow-older]   move _CURRENT to a staged run / roll back
+    shardyfusion history  URI                     every run: live / staged / superseded / rolled back / ...
+    shardyfusion diff     URI RUN_A RUN_B         per-shard rows and bytes of two runs
 
 S3-compatible servers: ``--endpoint-url``, ``--region``, ``--path-style``. Credentials are never
 flags: boto3 takes them from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...).
@@ -96,6 +98,14 @@ def _build_parser() -> argparse.ArgumentParser:
     get.add_argument("--routing-context", metavar="JSON",
                      help="JSON object of the other CEL routing columns, for multi-column CEL snapshots")
     get.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
+    subs.add_parser(
+        "history", parents=[common], help="every run with what became of it, newest first",
+        description="States: running, failed, staged (never published), live, superseded (replaced by a newer run), "
+                    "rolled_back (_CURRENT moved from it to an older run), deleted (cleaned up), unreadable.",
+    )
+    diff = subs.add_parser("diff", parents=[common], help="compare two runs' manifests shard by shard")
+    diff.add_argument("run_a", metavar="RUN_A")
+    diff.add_argument("run_b", metavar="RUN_B")
     clean = subs.add_parser(
         "cleanup", parents=[common], help="delete failed, abandoned, orphaned and expired snapshot data",
         description="Plans, then deletes: never the live run, pinned runs, anything younger than the grace period "
@@ -244,9 +254,24 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         return {"run_id": reader.run_id, "results": out}
 
 
+def _cmd_history(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.history import root_history
+
+    return root_history(snapshots).to_dict()
+
+
+def _cmd_diff(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.history import diff_runs
+
+    for name in ("run_a", "run_b"):
+        layout.validate_run_id(getattr(args, name), what=name.upper())
+    return diff_runs(snapshots, args.run_a, args.run_b).to_dict()
+
+
 _COMMANDS = {
     "current": _cmd_current, "manifest": _cmd_manifest, "runs": _cmd_runs, "get": _cmd_get,
     "validate": _cmd_validate, "publish": _cmd_publish, "cleanup": _cmd_cleanup,
+    "history": _cmd_history, "diff": _cmd_diff,
 }
 
 

@@ -90,6 +90,8 @@ class RunRecord:
     # The manifest the writer finished with: publish and validation refuse any other bytes.
     manifest_checksum: str | None = None
     manifest_size: int | None = None
+    # The last validation report of the run (ValidateManifestOperator / 'shardyfusion validate'), for audits.
+    validation: dict[str, Any] | None = None
     format_version: int = RUN_RECORD_FORMAT_VERSION
 
     @property

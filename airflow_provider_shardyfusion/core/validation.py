@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -317,6 +317,7 @@ def validate_snapshot(
         live=target.live, checks=tuple(checks), num_dbs=manifest.num_dbs if manifest else None,
         rows=manifest.row_count if manifest else None, lookups=tuple(lookups),
     )
+    record_report(snapshots, report)
     if not report.ok:
         failures = report.failures
         what = f"run {report.run_id!r}" if report.run_id else "the snapshot"
@@ -326,6 +327,25 @@ def validate_snapshot(
             report=report,
         )
     return report
+
+
+def record_report(snapshots: SnapshotRoot, report: ValidationReport, when: datetime | None = None) -> None:
+    """Keep the report's outcome in the run's record (``validation``), for the history UI and audits.
+
+    Best effort: the report is the result; a record that cannot be written is logged, not raised.
+    """
+    if report.run_id is None:
+        return
+    summary = {
+        "ok": report.ok, "validated_at": layout.format_ts(when or layout.utc_now()), "live": report.live,
+        "manifest_ref": report.manifest_ref, "rows": report.rows, "failures": report.failures[:_MAX_LISTED],
+        "checks": [{"name": c.name, "ok": c.ok, "skipped": c.skipped, "figure": c.figure, "limit": c.limit}
+                   for c in report.checks],
+    }
+    try:
+        snapshots.update_run(report.run_id, lambda r: replace(r, validation=summary))
+    except ShardyfusionError as exc:
+        log.warning("run %s: validation report not recorded in its run record: %s", report.run_id, exc)
 
 
 def _storage_check(snapshots: SnapshotRoot, manifest: Manifest, verify_checksums: bool) -> Check:

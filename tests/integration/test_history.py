@@ -1,0 +1,90 @@
+"""A root's history and the difference of two runs (SPEC §16 models), on both stores, through the CLI.
+
+The root is built with every state a run can end in: live, superseded, rolled back, staged,
+failed, running, deleted (by a real cleanup) and unreadable; the expected states are stated
+independently of the code under test, from how the root was built.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from airflow_provider_shardyfusion.cli import main
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.validation import validate_snapshot
+from tests.snapshot_factory import build_snapshot
+from tests.snapshot_helpers import write_run_record
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def flags(opts):
+    return ["--endpoint-url", opts["endpoint_url"], "--region", opts["region_name"], "--path-style"] if opts else []
+
+
+def test_every_state_a_run_can_end_in_and_a_diff(any_root, capsys):
+    root, opts = any_root
+    store = open_store(root, opts)
+    snapshots = SnapshotRoot(store)
+    t0 = layout.utc_now() - timedelta(hours=5)
+    runs = {}
+    for i, name in enumerate(("gone", "v1", "v2", "v3", "staged")):
+        rows = [(k, f"{name}-{k}".encode()) for k in range(10 * (i + 1))]
+        runs[name] = build_snapshot(root, rows, num_dbs=3, storage_options=opts, run_id=f"2026010{i + 1}T000000Z-{name:0>8}",
+                                    published_at=t0 + timedelta(hours=i), publish=name != "staged").run_id
+    # v3 went live last; rolling back to v2 makes v3 "rolled back", v1 stays "superseded".
+    publish_run(snapshots, run_id=runs["v2"], allow_older=True)
+    # A real cleanup deletes the oldest run (keep 3 newest, no grace).
+    plan = make_plan(snapshots, keep_runs=3, grace_period=timedelta(0), keep_run_ids=[runs["v1"]])
+    assert [i.run_id for i in plan.items if i.run_id == runs["gone"]] == [runs["gone"]], plan.to_dict()
+    execute_cleanup(snapshots, plan)
+    # After the cleanup, which would reclaim a failed run at once.
+    write_run_record(store, "20260107T000000Z-failed00", FAILED, error=RunError("InputDataError", "duplicate key 4"),
+                     now=layout.utc_now() - timedelta(minutes=2))
+    write_run_record(store, "20260108T000000Z-running0", RUNNING)
+    store.put(layout.run_record_key("20260109T000000Z-broken00"), b"{not json")
+    report = validate_snapshot(snapshots, run_id=runs["staged"], min_rows=1)
+
+    history = cli(capsys, "history", root, *flags(opts))
+    states = {r["run_id"]: r["state"] for r in history["runs"]}
+    assert states == {
+        runs["gone"]: "deleted", runs["v1"]: "superseded", runs["v2"]: "live", runs["v3"]: "rolled_back",
+        runs["staged"]: "staged", "20260107T000000Z-failed00": "failed", "20260108T000000Z-running0": "running",
+        "20260109T000000Z-broken00": "unreadable",
+    }, history
+    assert history["live_run_id"] == runs["v2"]
+    by_id = {r["run_id"]: r for r in history["runs"]}
+    # Records keep each run's last publish time: v2 was re-published by the rollback, so the run
+    # published after v1 is v3 by the records.
+    assert by_id[runs["v3"]]["replaced_by"] == runs["v2"] and by_id[runs["v1"]]["replaced_by"] == runs["v3"]
+    assert [by_id[runs[n]]["rows"] for n in ("v1", "v2", "v3", "staged")] == [20, 30, 40, 50]
+    assert by_id[runs["v2"]]["bytes"] > 0 and by_id[runs["v2"]]["duration_s"] == 1.0
+    assert by_id[runs["staged"]]["validation"]["ok"] is True and report.ok
+    assert {c["name"] for c in by_id[runs["staged"]]["validation"]["checks"]} >= {"structure", "min_rows"}
+    assert by_id["20260107T000000Z-failed00"]["error"] == "InputDataError: duplicate key 4"
+    assert by_id["20260109T000000Z-broken00"]["error"].startswith("RunRecordError: ")
+    order = [r["run_id"] for r in history["runs"] if r["state"] != "unreadable"]
+    assert order == sorted(order, reverse=True)  # newest start first (run ids here sort by start)
+
+    diff = cli(capsys, "diff", root, runs["v2"], runs["v3"], *flags(opts))
+    assert (diff["rows_a"], diff["rows_b"], diff["rows_change"]) == (30, 40, 10) and diff["same_routing"] is True
+    assert [s["db_id"] for s in diff["shards"]] == [0, 1, 2]
+    assert sum(s["rows_a"] for s in diff["shards"]) == 30 and sum(s["rows_b"] for s in diff["shards"]) == 40
+    assert not any(s["same_files"] for s in diff["shards"])
+    same = cli(capsys, "diff", root, runs["v2"], runs["v2"], *flags(opts))
+    assert all(s["same_files"] for s in same["shards"]) and same["rows_change"] == 0
+
+    code = main(["diff", root, runs["v2"], runs["gone"], *flags(opts)])
+    _, err = capsys.readouterr()
+    assert code == 1 and f"run {runs['gone']!r} has no manifest" in err
