@@ -41,4 +41,5 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [{"integration-name": integration, "python-modules": [
             f"{base}.triggers.run_record", f"{base}.triggers.current"]}],
         "extra-links": [f"{base}.operators.sharded_write.SparkApplicationLink"],
+        "plugins": [{"name": "shardyfusion", "plugin-class": f"{base}.ui.plugin.ShardyfusionHistoryPlugin"}],
     }

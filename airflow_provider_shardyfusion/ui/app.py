@@ -1,0 +1,146 @@
+"""The snapshot history app (SPEC §16): FastAPI routes, each an HTML page with a JSON twin.
+
+``create_app`` takes where roots come from and how a root is opened, so the Airflow plugin
+(``ui/plugin.py``) wires in the metadata DB, ``[shardyfusion]`` settings and Airflow's own auth,
+and tests wire in real stores. Only listed roots are served: a URI in a query string never makes
+the API server read a place nobody published to. Read-only: nothing here writes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+from airflow_provider_shardyfusion.core.history import RootHistory, diff_runs, root_history
+from airflow_provider_shardyfusion.ui import render
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+# The key look-up opens one shard per run: the newest runs only.
+MAX_KEY_LOOKUP_RUNS = 20
+_VALUE_PREVIEW_CHARS = 200
+
+
+class HistorySource:
+    """Where the pages' data comes from: the listed roots, how to open a root and a pinned reader."""
+
+    def __init__(self, roots: Callable[[], list[str]], open_root: Callable[[str], SnapshotRoot],
+                 open_reader: Callable[[str, str], Any]):
+        self.roots, self.open_root, self.open_reader = roots, open_root, open_reader
+
+    def known(self, uri: str) -> str:
+        listed = {r.rstrip("/"): r for r in self.roots()}
+        if uri.rstrip("/") not in listed:
+            raise HTTPException(status_code=404, detail=f"{uri!r} is not a known snapshot root")
+        return listed[uri.rstrip("/")]
+
+    def history(self, uri: str) -> RootHistory:
+        try:
+            return root_history(self.open_root(uri))
+        except ShardyfusionError as exc:
+            raise HTTPException(status_code=502, detail=f"{uri}: {exc}") from None
+
+    def roots_data(self) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
+        for uri in self.roots():
+            try:
+                h = root_history(self.open_root(uri)).to_dict()
+                out.append({"root": uri, "live_run_id": h["live_run_id"], "live_since": h["live_since"],
+                            "runs": len(h["runs"])})
+            except ShardyfusionError as exc:
+                out.append({"root": uri, "error": str(exc)})
+        return {"roots": out}
+
+    def run_data(self, uri: str, run_id: str) -> dict[str, Any]:
+        entry = next((r for r in self.history(uri).runs if r.run_id == run_id), None)
+        if entry is None:
+            raise HTTPException(status_code=404, detail=f"no run {run_id!r} under {uri}")
+        data: dict[str, Any] = {"root": uri, "run": entry.to_dict(), "shards": [], "links": {}}
+        snapshots = self.open_root(uri)
+        ref = snapshots.find_manifest(run_id) if entry.state not in ("deleted", "unreadable") else None
+        if ref is None:
+            return data
+        manifest = snapshots.read_manifest(ref)
+        shards = [{"db_id": s.db_id, "rows": s.row_count, "bytes": sum(f.size for f in s.files), "files": len(s.files)}
+                  for s in manifest.shards]
+        mean = manifest.row_count / manifest.num_dbs if manifest.num_dbs else 0
+        data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=manifest.writer.get("spark_app_id"),
+                    skew=round(max(s["rows"] for s in shards) / mean, 3) if shards and mean else None)
+        if manifest.writer.get("spark_ui_url"):
+            data["links"]["Spark application UI"] = str(manifest.writer["spark_ui_url"])
+        task = entry.airflow
+        if task.get("dag_id") and task.get("run_id") and task.get("task_id"):
+            data["links"]["Airflow task"] = f"/dags/{task['dag_id']}/runs/{task['run_id']}/tasks/{task['task_id']}"
+        return data
+
+    def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:
+        try:
+            return diff_runs(self.open_root(uri), a, b).to_dict()
+        except ShardyfusionError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+
+    def key_data(self, uri: str, key: str) -> dict[str, Any]:
+        snapshots = self.open_root(uri)
+        runs = [r for r in self.history(uri).runs if r.manifest_ref and r.state not in ("deleted", "running", "failed")]
+        found = [{"run_id": r.run_id, "state": r.state, **_look_up(snapshots, self.open_reader, uri, r.run_id, key)}
+                 for r in runs[:MAX_KEY_LOOKUP_RUNS]]
+        return {"root": uri, "key": key, "runs": found}
+
+
+def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None) -> FastAPI:
+    """The app over ``source``; ``auth`` is the dependency every route requires (Airflow's asset
+    read access in the plugin). ``?format=json`` gives each page's JSON twin."""
+    app = FastAPI(title="shardyfusion snapshot history", dependencies=[Depends(auth)] if auth else [],
+                  docs_url=None, redoc_url=None, openapi_url=None)
+
+    def respond(data: dict[str, Any], fmt: str, html: Callable[[dict[str, Any]], str]) -> Any:
+        return JSONResponse(data) if fmt == "json" else HTMLResponse(html(data))
+
+    @app.get("/")
+    def roots_view(format: str = Query("html")) -> Any:
+        return respond(source.roots_data(), format, render.roots_page)
+
+    @app.get("/root")
+    def timeline(uri: str, format: str = Query("html")) -> Any:
+        return respond(source.history(source.known(uri)).to_dict(), format, render.timeline_page)
+
+    @app.get("/run")
+    def run_view(uri: str, run_id: str, format: str = Query("html")) -> Any:
+        return respond(source.run_data(source.known(uri), run_id), format, render.run_page)
+
+    @app.get("/diff")
+    def diff_view(uri: str, a: str, b: str, format: str = Query("html")) -> Any:
+        return respond(source.diff_data(source.known(uri), a, b), format, render.diff_page)
+
+    @app.get("/key")
+    def key_view(uri: str, key: str, format: str = Query("html")) -> Any:
+        return respond(source.key_data(source.known(uri), key), format, render.key_page)
+
+    return app
+
+
+def _look_up(snapshots: SnapshotRoot, open_reader: Callable[[str, str], Any], root: str, run_id: str,
+             text: str) -> dict[str, Any]:
+    try:
+        ref = snapshots.find_manifest(run_id)
+        if ref is None:
+            return {"found": None, "error": "no manifest"}
+        with open_reader(root, ref.uri) as reader:
+            key: Any = text
+            if reader.manifest.key_encoding in ("u64be", "u32be") and text.lstrip("-").isdigit():
+                key = int(text)
+            elif reader.manifest.key_encoding == "raw":
+                key = text.encode()
+            value = reader.get(key)
+    except (ShardyfusionError, ValueError, TypeError) as exc:
+        return {"found": None, "error": f"{type(exc).__name__}: {exc}"}
+    if value is None:
+        return {"found": False, "value": None}
+    shown = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
+    return {"found": True, "value": shown[:_VALUE_PREVIEW_CHARS]}

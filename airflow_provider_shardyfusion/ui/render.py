@@ -1,0 +1,165 @@
+"""HTML of the snapshot history pages: server-rendered, inline SVG charts, nothing loaded from outside.
+
+Pure functions of the JSON twins (``core.history`` models as dicts), so the HTML and the JSON of a
+page always say the same thing. Every value is escaped; no page carries a credential because no
+model holds one.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+PREFIX = "/shardyfusion"
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1f2933}
+table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .6rem;border-bottom:1px solid #d9e2ec;text-align:left}
+th{background:#f0f4f8}.state{padding:.1rem .4rem;border-radius:.3rem;font-size:.85em}
+.live{background:#c6f6d5}.failed,.unreadable{background:#fed7d7}.staged,.running{background:#feebc8}
+.superseded,.rolled_back,.deleted{background:#e2e8f0}nav a{margin-right:1rem}.muted{color:#829ab1}
+svg{background:#fafcfe;border:1px solid #d9e2ec}
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def link(path: str, text: Any, **params: Any) -> str:
+    query = urlencode({k: v for k, v in params.items() if v is not None})
+    return f'<a href="{esc(PREFIX + path + ("?" + query if query else ""))}">{esc(text)}</a>'
+
+
+def page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)} · Snapshots</title>"
+            f"<style>{_STYLE}</style></head><body><nav>{link('/', 'Snapshot roots')}</nav>"
+            f"<h1>{esc(title)}</h1>{body}</body></html>")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def state(value: str) -> str:
+    return f'<span class="state {esc(value)}">{esc(value.replace("_", " "))}</span>'
+
+
+def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | None], *, width: int = 640,
+              height: int = 160) -> str:
+    """Vertical bars with the largest value labelled; ``None`` values leave a gap."""
+    numbers = [v or 0 for v in values]
+    top = max(numbers, default=0) or 1
+    n = max(len(numbers), 1)
+    slot = width / n
+    bars = []
+    for i, (label, value) in enumerate(zip(labels, numbers, strict=True)):
+        h = (height - 20) * value / top
+        bars.append(f'<rect x="{i * slot + slot * 0.1:.1f}" y="{height - h:.1f}" width="{slot * 0.8:.1f}" '
+                    f'height="{h:.1f}" fill="#4c7bd9"><title>{esc(label)}: {esc(value)}</title></rect>')
+    return (f'<figure><figcaption>{esc(title)} (max {esc(top)})</figcaption>'
+            f'<svg class="chart" role="img" aria-label="{esc(title)}" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}">{"".join(bars)}</svg></figure>')
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def roots_page(data: dict[str, Any]) -> str:
+    rows = [[link("/root", r["root"], uri=r["root"]), esc(r.get("live_run_id") or "—"), esc(r.get("live_since") or ""),
+             esc(r.get("runs", "")), esc(r.get("error") or "")] for r in data["roots"]]
+    note = "" if data["roots"] else "<p class='muted'>No snapshot roots yet: none emitted an asset event, and " \
+                                     "[shardyfusion] history_roots is empty.</p>"
+    return page("Snapshot roots", table(["root", "live run", "live since", "runs", "problem"], rows) + note)
+
+
+def timeline_page(data: dict[str, Any]) -> str:
+    runs = data["runs"]
+    rows = [[link("/run", r["run_id"], uri=data["root"], run_id=r["run_id"]), state(r["state"]),
+             esc(r.get("started_at") or ""), esc(r.get("published_at") or ""), esc(r.get("rows")),
+             esc(_fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
+             esc(r.get("error") or "")] for r in runs]
+    oldest_first = list(reversed([r for r in runs if r.get("rows") is not None]))
+    charts = (bar_chart("rows per run (oldest → newest)", [r["run_id"] for r in oldest_first],
+                        [r["rows"] for r in oldest_first])
+              + bar_chart("bytes per run (oldest → newest)", [r["run_id"] for r in oldest_first],
+                          [r.get("bytes") for r in oldest_first]))
+    live = data.get("live_run_id")
+    head = (f"<p>Live: {link('/run', live, uri=data['root'], run_id=live) if live else 'nothing'}"
+            f" {esc('since ' + data['live_since']) if data.get('live_since') else ''}</p>")
+    form = (f"<form action='{PREFIX}/key'><input type='hidden' name='uri' value='{esc(data['root'])}'>"
+            "Key look-up across runs: <input name='key'> <button>look up</button></form>")
+    return page(data["root"], head + form + charts + table(
+        ["run", "state", "started", "published", "rows", "bytes", "duration s", "validation", "error"], rows))
+
+
+def _validation_text(validation: dict[str, Any] | None) -> str:
+    if not validation:
+        return ""
+    return ("passed" if validation.get("ok") else "FAILED") + f" at {validation.get('validated_at')}"
+
+
+def run_page(data: dict[str, Any]) -> str:
+    entry, shards = data["run"], data.get("shards") or []
+    facts = table(["", ""], [[esc(k), esc(v)] for k, v in (
+        ("state", entry["state"]), ("started", entry.get("started_at")), ("finished", entry.get("finished_at")),
+        ("published", entry.get("published_at")), ("rows", entry.get("rows")), ("bytes", _fmt_bytes(entry.get("bytes"))),
+        ("shards", data.get("num_dbs")), ("skew (largest / mean rows)", data.get("skew")),
+        ("replaced by", entry.get("replaced_by")), ("error", entry.get("error")),
+        ("Airflow task", " / ".join(str(entry["airflow"].get(k)) for k in ("dag_id", "task_id", "run_id", "try_number")
+                                    if entry.get("airflow")) or None),
+        ("Spark application", data.get("spark_app_id")),
+    ) if v not in (None, "")])
+    links = "".join(f"<li><a href='{esc(url)}'>{esc(name)}</a></li>" for name, url in data.get("links", {}).items())
+    charts = ""
+    if shards:
+        labels = [f"shard {s['db_id']}" for s in shards]
+        charts = (bar_chart("rows per shard", labels, [s["rows"] for s in shards])
+                  + bar_chart("bytes per shard", labels, [s["bytes"] for s in shards]))
+    validation = entry.get("validation")
+    checks = ""
+    if validation:
+        checks = "<h2>Validation</h2>" + table(["check", "ok", "figure", "limit"], [
+            [esc(c["name"]), esc("skipped" if c.get("skipped") else c["ok"]), esc(c.get("figure")), esc(c.get("limit"))]
+            for c in validation.get("checks", [])])
+    shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(_fmt_bytes(s["bytes"])), esc(s["files"])] for s in shards]
+    return page(f"Run {entry['run_id']}", facts + (f"<ul>{links}</ul>" if links else "") + charts + checks
+                + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files"], shard_rows) if shards else ""))
+
+
+def diff_page(data: dict[str, Any]) -> str:
+    rows = [[esc(s["db_id"]), esc(s["rows_a"]), esc(s["rows_b"]), esc(_delta(s["rows_a"], s["rows_b"])),
+             esc(_fmt_bytes(s["bytes_a"])), esc(_fmt_bytes(s["bytes_b"])), esc("same" if s["same_files"] else "changed")]
+            for s in data["shards"]]
+    summary = (f"<p>rows {esc(data['rows_a'])} → {esc(data['rows_b'])} ({esc(_delta(data['rows_a'], data['rows_b']))}),"
+               f" bytes {esc(_fmt_bytes(data['bytes_a']))} → {esc(_fmt_bytes(data['bytes_b']))};"
+               f" {'same routing' if data['same_routing'] else 'different routing: shards are not comparable one to one'}"
+               "</p>")
+    chart = bar_chart("row change per shard", [f"shard {s['db_id']}" for s in data["shards"]],
+                      [abs(_delta(s["rows_a"], s["rows_b"]) or 0) for s in data["shards"]])
+    return page(f"Diff {data['run_a']} → {data['run_b']}", summary + chart + table(
+        ["shard", f"rows {data['run_a']}", f"rows {data['run_b']}", "change", "bytes a", "bytes b", "files"], rows))
+
+
+def _delta(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else b - a
+
+
+def key_page(data: dict[str, Any], show: Callable[[Any], str] = str) -> str:
+    rows = [[esc(r["run_id"]), state(r["state"]), esc(r.get("found")), esc(r.get("value")), esc(r.get("error") or "")]
+            for r in data["runs"]]
+    return page(f"Key {data['key']!s} in {data['root']}", table(["run", "state", "found", "value", "problem"], rows))

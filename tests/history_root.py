@@ -1,0 +1,43 @@
+"""A snapshot root holding every state a run can end in, for the history tests (CLI and UI)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.publish import publish_run
+from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.validation import validate_snapshot
+from tests.snapshot_factory import build_snapshot
+from tests.snapshot_helpers import write_run_record
+
+
+def build_history_root(root: str, opts: dict[str, Any] | None) -> dict[str, str]:
+    """Runs named gone (deleted), v1 (superseded), v2 (live after a rollback), v3 (rolled back) and
+    staged (validated), of 10, 20, 30, 40 and 50 rows with values ``b"<name>-<key>"``; plus a failed,
+    a running and an unreadable record. Returns the run id of each name."""
+    store = open_store(root, opts)
+    snapshots = SnapshotRoot(store)
+    t0 = layout.utc_now() - timedelta(hours=5)
+    runs = {}
+    for i, name in enumerate(("gone", "v1", "v2", "v3", "staged")):
+        rows = [(k, f"{name}-{k}".encode()) for k in range(10 * (i + 1))]
+        runs[name] = build_snapshot(root, rows, num_dbs=3, storage_options=opts, run_id=f"2026010{i + 1}T000000Z-{name:0>8}",
+                                    published_at=t0 + timedelta(hours=i), publish=name != "staged").run_id
+    # v3 went live last; rolling back to v2 makes v3 "rolled back", v1 stays "superseded".
+    publish_run(snapshots, run_id=runs["v2"], allow_older=True)
+    # A real cleanup deletes the oldest run (keep 3 newest, no grace).
+    plan = make_plan(snapshots, keep_runs=3, grace_period=timedelta(0), keep_run_ids=[runs["v1"]])
+    assert [i.run_id for i in plan.items if i.run_id == runs["gone"]] == [runs["gone"]], plan.to_dict()
+    execute_cleanup(snapshots, plan)
+    # After the cleanup, which would reclaim a failed run at once.
+    write_run_record(store, "20260107T000000Z-failed00", FAILED, error=RunError("InputDataError", "duplicate key 4"),
+                     now=layout.utc_now() - timedelta(minutes=2))
+    write_run_record(store, "20260108T000000Z-running0", RUNNING)
+    store.put(layout.run_record_key("20260109T000000Z-broken00"), b"{not json")
+    assert validate_snapshot(snapshots, run_id=runs["staged"], min_rows=1).ok
+    return runs

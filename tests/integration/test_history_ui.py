@@ -1,0 +1,116 @@
+"""The snapshot history app (SPEC §16) through FastAPI's test client, on both stores.
+
+The app is built over real stores with the same ``HistorySource`` the plugin uses; only Airflow's
+authentication is left out of the page tests (the API server provides it) and checked on the
+plugin's own app, which refuses a request without a token.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+from tests.history_root import build_history_root
+from tests.snapshot_helpers import write_run_record
+
+
+def client_for(roots, opts, tmp_path) -> TestClient:
+    source = HistorySource(
+        roots=lambda: list(roots), open_root=lambda uri: SnapshotRoot(open_store(uri, opts)),
+        open_reader=lambda uri, ref: ShardedReader(uri, storage_options=opts, manifest_ref=ref,
+                                                   cache_dir=str(tmp_path / "cache")))
+    return TestClient(create_app(source))
+
+
+@pytest.fixture
+def ui(any_root, tmp_path):
+    root, opts = any_root
+    runs = build_history_root(root, opts)
+    return client_for([root], opts, tmp_path), root, runs
+
+
+def test_roots_and_timeline_pages_and_their_json_twins(ui):
+    client, root, runs = ui
+    roots = client.get("/", params={"format": "json"}).json()
+    assert roots == {"roots": [{"root": root, "live_run_id": runs["v2"], "live_since": roots["roots"][0]["live_since"],
+                                "runs": 8}]}
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert runs["v2"] in page.text and "/shardyfusion/root?uri=" in page.text
+
+    data = client.get("/root", params={"uri": root, "format": "json"}).json()
+    assert {r["run_id"]: r["state"] for r in data["runs"]}[runs["v3"]] == "rolled_back"
+    html = client.get("/root", params={"uri": root}).text
+    for state in ("live", "superseded", "rolled back", "staged", "failed", "running", "deleted", "unreadable"):
+        assert f">{state}</span>" in html, state
+    assert html.count("<svg") == 2 and html.count("<rect") == 2 * 5  # rows and bytes of the 5 runs that wrote
+    assert "InputDataError: duplicate key 4" in html and "passed at" in html  # failed run's error, validation
+    assert "<script" not in html and "http://" not in html and "https://" not in html  # nothing from outside
+
+
+def test_run_page_with_shards_validation_and_links(ui):
+    client, root, runs = ui
+    data = client.get("/run", params={"uri": root, "run_id": runs["staged"], "format": "json"}).json()
+    assert data["run"]["state"] == "staged" and data["num_dbs"] == 3
+    assert sum(s["rows"] for s in data["shards"]) == 50 and all(s["bytes"] > 0 for s in data["shards"])
+    assert data["skew"] == round(max(s["rows"] for s in data["shards"]) / (50 / 3), 3)
+    assert data["run"]["validation"]["ok"] is True
+    html = client.get("/run", params={"uri": root, "run_id": runs["staged"]}).text
+    assert html.count("<rect") == 2 * 3 and "<h2>Validation</h2>" in html and "min_rows" in html
+    deleted = client.get("/run", params={"uri": root, "run_id": runs["gone"], "format": "json"}).json()
+    assert deleted["run"]["state"] == "deleted" and deleted["shards"] == []
+    assert client.get("/run", params={"uri": root, "run_id": "20990101T000000Z-nothere0"}).status_code == 404
+
+
+def test_diff_and_key_look_up_across_runs(ui):
+    client, root, runs = ui
+    diff = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"], "format": "json"}).json()
+    assert (diff["rows_a"], diff["rows_b"]) == (30, 40) and len(diff["shards"]) == 3
+    html = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"]}).text
+    assert "30 → 40 (10)" in html and "<svg" in html
+    assert client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["gone"]}).status_code == 404
+
+    # Key 25 exists in v2 (30 rows), v3 and staged; not in v1 (20 rows). Deleted/failed runs are not read.
+    found = client.get("/key", params={"uri": root, "key": "25", "format": "json"}).json()
+    values = {r["run_id"]: (r["found"], r["value"]) for r in found["runs"]}
+    assert values == {runs["v1"]: (False, None), runs["v2"]: (True, "v2-25"), runs["v3"]: (True, "v3-25"),
+                      runs["staged"]: (True, "staged-25")}
+    html = client.get("/key", params={"uri": root, "key": "25"}).text
+    assert "staged-25" in html and "v3-25" in html
+
+
+def test_only_listed_roots_are_served(ui, tmp_path):
+    client, _root, _ = ui
+    other = f"file://{tmp_path}/elsewhere"
+    for path in ("/root", "/run", "/diff", "/key"):
+        response = client.get(path, params={"uri": other, "run_id": "x", "a": "x", "b": "y", "key": "1"})
+        assert response.status_code == 404 and "not a known snapshot root" in response.text, path
+
+
+def test_a_thousand_runs_render(tmp_path):
+    root = f"file://{tmp_path}/many"
+    store = open_store(root)
+    for i in range(1000):
+        write_run_record(store, f"20260101T{i // 60:02d}{i % 60:02d}00Z-{i:08d}", "running")
+    html = client_for([root], None, tmp_path).get("/root", params={"uri": root}).text
+    assert len(re.findall(r">running</span>", html)) == 1000
+
+
+def test_the_plugin_app_refuses_a_request_without_airflow_authentication():
+    import airflow_provider_shardyfusion as provider
+    from airflow_provider_shardyfusion.ui.plugin import ShardyfusionHistoryPlugin
+
+    (declared,) = provider.get_provider_info()["plugins"]
+    assert declared["plugin-class"].endswith(".ui.plugin.ShardyfusionHistoryPlugin")
+    (mounted,) = ShardyfusionHistoryPlugin.fastapi_apps
+    assert mounted["url_prefix"] == "/shardyfusion"
+    assert ShardyfusionHistoryPlugin.external_views[0]["href"] == "/shardyfusion/"
+    client = TestClient(mounted["app"])
+    for path in ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/key?uri=file:///x&key=1"):
+        assert client.get(path).status_code == 401, path
