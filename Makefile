@@ -14,10 +14,16 @@ install: $(VENV)/.installed system-tools
 # Debian's RocksDB 7.8 tools (ldb, sst_dump): the tests read every shard with them to prove older
 # RocksDB releases read our shards (SPEC §5). Installed only where apt-get exists and we are root;
 # elsewhere nothing happens here and those tests fail naming the missing tool.
+# Debian's chromium and chromedriver: the deployment test opens the snapshot history UI in a real
+# headless browser.
 system-tools:
 	@if ! command -v ldb >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q rocksdb-tools >/dev/null \
 		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rocksdb-tools >/dev/null; }; \
+	fi
+	@if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	fi
 
 $(VENV)/.installed: pyproject.toml Makefile

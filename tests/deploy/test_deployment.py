@@ -296,6 +296,7 @@ def deploy(s3_server: str, *, connect_port: int | None = None) -> Iterator[Deplo
            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
            "SHARDYFUSION_DEMO_DIR": str(demo),
            "SHARDYFUSION_DEMO_S3_URI": "s3://deploy-test/quickstart",
+           "AIRFLOW__SHARDYFUSION__HISTORY_AWS_CONN_ID": "aws_default",
            "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": str(python),
            "PYSPARK_DRIVER_PYTHON": str(python)}
@@ -510,7 +511,83 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     assert checked > 10
     task_logs = list((d.home / "logs").rglob("*.log"))
     assert any("Spark-Submit cmd" in p.read_text(errors="replace") for p in task_logs), "task logs not where expected"
+    quickstart_runs = [summaries[r] for s, r in write_runs if s.dag_id == "shardyfusion_quickstart"]
+    check_history_ui(d, quickstart_runs)
     print(f"deployment timings: {d.timings}, runs: {round(time.monotonic() - started, 1)}s")  # type: ignore[attr-defined]
+
+
+ARTIFACTS = REPO / "test-artifacts" / "history-ui"
+
+
+def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]]) -> None:
+    """Issue 21: a real headless chromium logs in to the API server through its login page, opens the
+    Snapshots pages of a quickstart root (written by two runs), and reads what they show."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.storage import open_store
+
+    plugins = d.request("GET", "/api/v2/plugins")["plugins"]
+    ours = next(p for p in plugins if p["name"] == "shardyfusion")
+    assert [v["href"] for v in ours["external_views"]] == ["/shardyfusion/"], ours  # the "Snapshots" nav entry
+
+    root = quickstart[0]["output_uri"]
+    live = d.request("GET", "/api/v2/assets/events?limit=100")  # any event of the root proves it is listed
+    assert any((e.get("uri") or "").rstrip("/") == root.rstrip("/") for e in live["asset_events"]), live
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(arg)
+    chromedriver = shutil.which("chromedriver")
+    assert chromedriver, "chromedriver is missing: make install (system-tools) installs Debian's chromium-driver"
+    browser = webdriver.Chrome(service=Service(chromedriver), options=options)
+    try:
+        wait = WebDriverWait(browser, 60)
+        browser.get(f"{d.api}/shardyfusion/")
+        assert "Not authenticated" in browser.page_source  # no session yet: refused
+        browser.get(f"{d.api}/auth/login/?next=/")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "input[type='password']"))
+        name = browser.find_element(By.CSS_SELECTOR, "input[name='username'], input:not([type='password'])")
+        name.send_keys("admin")
+        browser.find_element(By.CSS_SELECTOR, "input[type='password']").send_keys(ADMIN_PASSWORD)
+        browser.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+        wait.until(lambda b: b.get_cookie("_token"))
+
+        browser.get(f"{d.api}/shardyfusion/")
+        wait.until(lambda b: "Snapshot roots" in b.page_source)
+        assert root in browser.page_source
+        browser.save_screenshot(str(ARTIFACTS / "roots.png"))
+
+        live_run_id = SnapshotRoot(open_store(root)).current().run_id  # the pointer itself, read here
+        assert live_run_id in {q["run_id"] for q in quickstart}
+        browser.get(f"{d.api}/shardyfusion/root?uri={root}")
+        wait.until(lambda b: "Live:" in b.page_source)
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert f"Live: {live_run_id}" in text, text[:2000]
+        assert all(q["run_id"] in text for q in quickstart)
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 2
+        browser.save_screenshot(str(ARTIFACTS / "timeline.png"))
+
+        browser.get(f"{d.api}/shardyfusion/run?uri={root}&run_id={live_run_id}")
+        wait.until(lambda b: "Shards" in b.page_source)
+        facts = {row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
+                 for row in browser.find_elements(By.CSS_SELECTOR, "table")[0].find_elements(By.CSS_SELECTOR, "tbody tr")}
+        assert facts["state"] == "live" and facts["shards"] == "16", facts
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart rect")) == 2 * 16
+        browser.save_screenshot(str(ARTIFACTS / "run.png"))
+
+        a, b = sorted(q["run_id"] for q in quickstart)
+        rows = {q["run_id"]: q["rows"] for q in quickstart}
+        browser.get(f"{d.api}/shardyfusion/diff?uri={root}&a={a}&b={b}")
+        wait.until(lambda b_: "Diff" in b_.page_source)
+        assert f"rows {rows[a]} → {rows[b]}" in browser.find_element(By.TAG_NAME, "body").text
+        browser.save_screenshot(str(ARTIFACTS / "diff.png"))
+    finally:
+        browser.quit()
 
 
 CONNECT_DAG = "shardyfusion_snapshot_lifecycle_connect"
