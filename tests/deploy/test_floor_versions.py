@@ -70,6 +70,11 @@ conn, options, session = asyncio.run(floor_async())
 assert conn.login == "AKIAFLOOR" and options.endpoint_url == "http://127.0.0.1:9", options
 assert type(session).__module__.startswith("aiobotocore"), type(session)
 assert asyncio.run(ShardyfusionHook(aws_conn_id=None).aread_current("file:///nonexistent/floor")) is None
+
+# The history UI plugin loads on the floor Airflow and its routes require authentication.
+from fastapi.testclient import TestClient
+from airflow_provider_shardyfusion.ui.plugin import ShardyfusionHistoryPlugin
+assert TestClient(ShardyfusionHistoryPlugin.fastapi_apps[0]["app"]).get("/").status_code == 401
 print("FLOOR-OK")
 """
 
