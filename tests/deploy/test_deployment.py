@@ -512,14 +512,15 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     task_logs = list((d.home / "logs").rglob("*.log"))
     assert any("Spark-Submit cmd" in p.read_text(errors="replace") for p in task_logs), "task logs not where expected"
     quickstart_runs = [summaries[r] for s, r in write_runs if s.dag_id == "shardyfusion_quickstart"]
-    check_history_ui(d, quickstart_runs)
+    (s3_run,) = [summaries[r] for s, r in write_runs if s.output == "s3"]
+    check_history_ui(d, quickstart_runs, s3_run)
     print(f"deployment timings: {d.timings}, runs: {round(time.monotonic() - started, 1)}s")  # type: ignore[attr-defined]
 
 
 ARTIFACTS = REPO / "test-artifacts" / "history-ui"
 
 
-def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]]) -> None:
+def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: dict[str, Any]) -> None:
     """Issue 21: a real headless chromium logs in to the API server through its login page, opens the
     Snapshots pages of a quickstart root (written by two runs), and reads what they show."""
     from selenium import webdriver
@@ -560,6 +561,10 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]]) -> None:
         browser.get(f"{d.api}/shardyfusion/")
         wait.until(lambda b: "Snapshot roots" in b.page_source)
         assert root in browser.page_source
+        # The S3 root is read with [shardyfusion] history_aws_conn_id (aws_default), whose secret no page shows.
+        s3_row = next(r.text for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr") if s3_run["output_uri"] in r.text)
+        assert s3_run["run_id"].split("-")[-1] in s3_row, s3_row
+        assert FAKE_SECRET not in browser.page_source
         browser.save_screenshot(str(ARTIFACTS / "roots.png"))
 
         live_run_id = SnapshotRoot(open_store(root)).current().run_id  # the pointer itself, read here
