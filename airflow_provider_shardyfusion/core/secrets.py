@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 # User info per RFC 3986 ("user:pass@" before the first "/"), and also "key:secret@" whose secret holds
 # a "/" (AWS secret keys often do; Hadoop's S3A once accepted them so): a ":" not followed by a port.
@@ -52,3 +52,11 @@ def refuse_credential_settings(settings: Mapping[str, object] | None, what: str)
             f"{what} {named} look like credentials; Spark settings travel on the spark-submit command line "
             f"(visible in `ps`) and into logs. Do not pass them here: {HOW_TO_PASS_CREDENTIALS}"
         )
+
+
+def redact_values(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each (non-empty) secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text

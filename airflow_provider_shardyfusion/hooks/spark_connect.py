@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from airflow.sdk.bases.hook import BaseHook
 
 from airflow_provider_shardyfusion.core.errors import SparkSubmitError
+from airflow_provider_shardyfusion.core.secrets import redact_values
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.submission.connect import ConnectPlan
@@ -52,9 +53,7 @@ class ShardyfusionConnectJobHook(BaseHook):
         self._proc: subprocess.Popen[str] | None = None
 
     def redacted(self, text: str) -> str:
-        for secret in self.plan.redact:
-            text = text.replace(secret, "***")
-        return text
+        return redact_values(text, self.plan.redact)
 
     def tail_text(self) -> str:
         return "\n".join(self.output_tail)

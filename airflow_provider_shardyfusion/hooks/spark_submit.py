@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+from airflow_provider_shardyfusion.core.secrets import redact_values
 from airflow_provider_shardyfusion.submission.plan import SparkTarget
 
 if TYPE_CHECKING:
@@ -79,9 +80,7 @@ class ShardyfusionSparkSubmitHook(SparkSubmitHook):
         super()._process_spark_submit_log(tee())
 
     def redacted(self, text: str) -> str:
-        for secret in self._redact:
-            text = text.replace(secret, "***")
-        return text
+        return redact_values(text, self._redact)
 
     def tail_text(self) -> str:
         return "\n".join(self.output_tail)

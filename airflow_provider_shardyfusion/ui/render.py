@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Iterable, Sequence
 
 PREFIX = "/shardyfusion"
 
@@ -159,7 +159,7 @@ def _delta(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else b - a
 
 
-def key_page(data: dict[str, Any], show: Callable[[Any], str] = str) -> str:
+def key_page(data: dict[str, Any]) -> str:
     rows = [[esc(r["run_id"]), state(r["state"]), esc(r.get("found")), esc(r.get("value")), esc(r.get("error") or "")]
             for r in data["runs"]]
     return page(f"Key {data['key']!s} in {data['root']}", table(["run", "state", "found", "value", "problem"], rows))
