@@ -236,6 +236,8 @@ class PlanContext:
     kept: frozenset[str]  # the newest keep_runs succeeded runs
     winners: Mapping[str, Collection[str]]
     live_until: Mapping[str, datetime]  # when each run that was ever live stopped being live (at the latest)
+    # Runs whose layers a kept run's manifest reads (SPEC §13) -> that kept run.
+    referenced_by: Mapping[str, str] = field(default_factory=dict)
 
     def old(self, objs: Iterable[ObjectInfo]) -> list[ObjectInfo]:
         # An object without a modification time is treated as young: never delete what we cannot date.
@@ -289,6 +291,12 @@ def rule_recently_live(run: RunData, ctx: PlanContext) -> Decision | None:
     if pointer is not None and run.run_id == pointer.previous_run_id and pointer.updated_at > ctx.cutoff:
         return _skip("recently_live", "named by _CURRENT less than the grace period ago")
     return None
+
+
+def rule_referenced(run: RunData, ctx: PlanContext) -> Decision | None:
+    """A run whose layers a kept run's manifest reads stays, however old: that snapshot needs them."""
+    keeper = ctx.referenced_by.get(run.run_id)
+    return _skip("referenced", f"its layers are read by kept run {keeper}") if keeper is not None else None
 
 
 def rule_orphan(run: RunData, ctx: PlanContext) -> Decision | None:
@@ -357,7 +365,7 @@ def rule_losing_attempts(run: RunData, ctx: PlanContext) -> Decision | None:
 # Evaluated in order; the first rule with a verdict decides. Keep-rules come first, so nothing
 # later can delete what they protect.
 RULES: tuple[Rule, ...] = (
-    rule_live, rule_pinned, rule_recently_live, rule_orphan, rule_unreadable, rule_running, rule_young,
+    rule_live, rule_pinned, rule_recently_live, rule_referenced, rule_orphan, rule_unreadable, rule_running, rule_young,
     rule_failed, rule_expired, rule_losing_attempts,
 )
 
@@ -405,19 +413,21 @@ def plan_cleanup(
     keep_run_ids: Collection[str] = (),
     winners: Mapping[str, Collection[str]] | None = None,
     root: str = "",
+    referenced_by: Mapping[str, str] | None = None,
 ) -> CleanupPlan:
     """Decide what a cleanup deletes. No I/O: each run is judged by ``RULES``, first verdict wins.
 
     ``listing``: objects under ``shards/`` and ``manifests/`` (sizes, last_modified); ``runs``: every
     run record by run id (``None``: the record exists but cannot be read, so the run is left alone);
     ``winners``: for the runs ``runs_needing_winners`` names, the attempt keys their manifest uses
-    (``layout.attempt_key`` form); a run missing from it keeps all its attempts.
+    (``layout.attempt_key`` form); a run missing from it keeps all its attempts; ``referenced_by``:
+    runs whose layers a kept run's manifest reads, and that run (``layer_references``).
     """
     keep_runs, grace_period, pinned = check_settings(keep_runs, grace_period, tuple(keep_run_ids))
     refuse_without_pointer(runs, pointer, root)
     ctx = PlanContext(now=now, cutoff=now - grace_period, pointer=pointer, pinned=frozenset(pinned),
                       kept=frozenset(_succeeded_by_age(runs)[:keep_runs]), winners=winners or {},
-                      live_until=live_until(runs, pointer))
+                      live_until=live_until(runs, pointer), referenced_by=referenced_by or {})
     items: list[PlanItem] = []
     skipped: list[Skipped] = []
     decided_by: dict[str, str] = {}
@@ -483,9 +493,37 @@ def read_winners(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], 
             if ref is None:
                 raise ManifestValidationError("no manifest")
             manifest = snapshots.read_manifest(ref)
-            out[run_id] = {snapshots.store.key_of(s.db_url).rstrip("/") for s in manifest.shards}
+            out[run_id] = {snapshots.store.key_of(layer.db_url).rstrip("/")
+                           for s in manifest.shards for layer in s.all_layers() if layer.run_id == run_id}
         except (StorageError, ManifestValidationError) as exc:
             log.warning("cleanup: winning attempts of run %s unknown (%s); its attempts are kept", run_id, exc)
+    return out
+
+
+def layer_references(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], kept: Iterable[str], *,
+                     within: Collection[str]) -> dict[str, str]:
+    """Runs of ``within`` whose layers the manifest of a ``kept`` succeeded run reads -> that run.
+
+    An unreadable manifest of a kept run keeps every run of ``within``: what it reads is unknown.
+    """
+    out: dict[str, str] = {}
+    if not within:
+        return out
+    for run_id in sorted(kept):
+        record = runs.get(run_id)
+        if record is None or record.status != SUCCEEDED or record.deleted_at is not None:
+            continue
+        try:
+            ref = (snapshots.manifest_ref(record.manifest_ref) if record.manifest_ref else snapshots.find_manifest(run_id))
+            if ref is None:
+                continue
+            manifest = snapshots.read_manifest(ref)
+        except (StorageError, ManifestValidationError) as exc:
+            log.warning("cleanup: manifest of kept run %s unreadable (%s); runs it may read are kept", run_id, exc)
+            return dict.fromkeys(within, run_id)
+        if manifest.is_chain:
+            for layer_run in manifest.layer_run_ids() & set(within):
+                out.setdefault(layer_run, run_id)
     return out
 
 
@@ -503,8 +541,20 @@ def make_plan(snapshots: SnapshotRoot, *, now: datetime | None = None, keep_runs
     listing = [*store.list(layout.SHARDS_DIR + "/"), *store.list(layout.MANIFESTS_DIR + "/")]
     manifests = snapshots.list_manifests()
     winners = read_winners(snapshots, runs, runs_needing_winners(runs, keep_runs))
-    plan = plan_cleanup(listing, runs, manifests, pointer, now or layout.utc_now(), keep_runs=keep_runs,
-                        grace_period=grace_period, keep_run_ids=pinned, winners=winners, root=snapshots.root)
+    now = now or layout.utc_now()
+
+    def plan_with(referenced_by: Mapping[str, str] | None) -> CleanupPlan:
+        return plan_cleanup(listing, runs, manifests, pointer, now, keep_runs=keep_runs, grace_period=grace_period,
+                            keep_run_ids=pinned, winners=winners, root=snapshots.root, referenced_by=referenced_by)
+
+    plan = plan_with(None)
+    # A chain's layers live in the folders of the runs that wrote them: a run the plan keeps may
+    # read layers of a run it deletes. Plan again with those runs kept (references only point to
+    # older runs, and a kept run's manifest lists every layer it reads, so once is enough).
+    doomed = {i.run_id for i in plan.items if i.category in _CLAIMED}
+    referenced = layer_references(snapshots, runs, [rid for rid in runs if rid not in doomed], within=doomed)
+    if referenced:
+        plan = plan_with(referenced)
     for category, t in plan.totals().items():
         if t["runs"]:
             log.info("cleanup plan for %s: %s: %d run(s), %d object(s), %d bytes", snapshots.root, category,

@@ -25,10 +25,19 @@ from .errors import ShardyfusionError
 from .run_record import SUCCEEDED
 
 if TYPE_CHECKING:
-    from .manifest import Manifest, ShardEntry
+    from .manifest import Manifest, ShardEntry, ShardFile
     from .run_record import RunRecord
     from .snapshot import ManifestRef, SnapshotRoot
     from .storage.base import ObjectStore
+
+
+def deletion_problems(record: RunRecord, where: str) -> list[str]:
+    """Whether cleanup deleted (or began deleting) the run's data, which a live snapshot may not read."""
+    if record.deleted_at is not None:
+        return [f"{where}: the run's data was deleted by cleanup at {layout.format_ts(record.deleted_at)}"]
+    if record.deleting_at is not None:
+        return [f"{where}: cleanup began deleting the run's data at {layout.format_ts(record.deleting_at)}"]
+    return []
 
 
 def record_problems(record: RunRecord | None, ref: ManifestRef, where: str) -> list[str]:
@@ -39,10 +48,7 @@ def record_problems(record: RunRecord | None, ref: ManifestRef, where: str) -> l
     if record.status != SUCCEEDED:
         why = f" ({record.error.type}: {record.error.message})" if record.error else ""
         problems.append(f"{where}: status is {record.status!r}, not 'succeeded'{why}")
-    if record.deleted_at is not None:
-        problems.append(f"{where}: the run's data was deleted by cleanup at {layout.format_ts(record.deleted_at)}")
-    elif record.deleting_at is not None:
-        problems.append(f"{where}: cleanup began deleting the run's data at {layout.format_ts(record.deleting_at)}")
+    problems.extend(deletion_problems(record, where))
     if record.manifest_ref is not None and record.manifest_ref != ref.uri:
         problems.append(f"{where}: names manifest {record.manifest_ref!r}, not {ref.uri!r}")
     return problems
@@ -90,16 +96,27 @@ def check_storage(snapshots: SnapshotRoot, manifest: Manifest, *, verify_checksu
 
 
 def _shard_problems(store: ObjectStore, run_id: str, shard: ShardEntry, scratch: str | None) -> list[str]:
-    where = f"shard {shard.db_id} of run {run_id!r}"
-    if not shard.files:
-        return [f"{where} ({shard.db_url}): the manifest lists no files"]
+    """Every layer of the shard (one for a full snapshot's shard) present on storage as recorded."""
+    problems: list[str] = []
+    for i, layer in enumerate(shard.all_layers()):
+        where = f"shard {shard.db_id} of run {run_id!r}"
+        if shard.layers:
+            where += f" (layer {i}, written by run {layer.run_id!r})"
+        problems.extend(_files_problems(store, where, layer.db_url, layer.files, scratch))
+    return problems
+
+
+def _files_problems(store: ObjectStore, where: str, db_url: str, files: tuple[ShardFile, ...],
+                    scratch: str | None) -> list[str]:
+    if not files:
+        return [f"{where} ({db_url}): the manifest lists no files"]
     try:
-        base = store.key_of(shard.db_url).rstrip("/")
+        base = store.key_of(db_url).rstrip("/")
         listed = {info.key: info.size for info in store.list(base + "/")}
     except ShardyfusionError as exc:
-        return [f"{where}: cannot list {shard.db_url}: {exc}"]
+        return [f"{where}: cannot list {db_url}: {exc}"]
     problems = []
-    for f in shard.files:
+    for f in files:
         key = layout.join(base, f.name)
         size = listed.get(key)
         if size is None:

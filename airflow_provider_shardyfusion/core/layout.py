@@ -229,3 +229,18 @@ def local_cache_dir(cache_root: str, run_id: str, db_id: int) -> str:
     """Where a reader keeps its local copy of one shard."""
     validate_run_id(run_id)
     return os.path.join(cache_root, f"run_id={run_id}", f"db={db_id:05d}")
+
+
+def run_id_of_shard_url(url: str) -> str:
+    """The run whose folder holds a shard URL (``<root>/shards/run_id=<run>/db=…``)."""
+    _, sep, rest = str(url).rpartition(f"/{SHARDS_DIR}/")
+    parsed = parse_shard_key(f"{SHARDS_DIR}/{rest}") if sep else None
+    if parsed is None:
+        raise ConfigError(f"{url!r} is not a shard URL ('<output_uri>/{SHARDS_DIR}/run_id=<run_id>/db=<db_id>/...')")
+    return parsed.run_id
+
+
+def local_layer_dir(cache_root: str, run_id: str, db_id: int) -> str:
+    """Where a reader keeps the verified files of one layer (the run that wrote it, for one shard)."""
+    validate_run_id(run_id)
+    return os.path.join(cache_root, "layers", f"run_id={run_id}", f"db={db_id:05d}")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import encoding, layout, routing
 from . import serialization as ser
@@ -13,7 +14,13 @@ from .errors import ManifestValidationError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-MANIFEST_FORMAT_VERSION = 1
+# 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers.
+# Full snapshots are still written as 1, so readers that predate deltas keep reading them.
+MANIFEST_FORMAT_VERSION = 2
+FULL_FORMAT_VERSION = 1
+CHAIN_FORMAT_VERSION = 2
+WRITE_MODES = ("full", "delta", "compact")
+WriteMode = Literal["full", "delta", "compact"]
 # How a shard's files are laid out, recorded as storage_engine["shard_layout"]: "db", a RocksDB
 # database folder (CURRENT, MANIFEST-*, *.sst; manifests without the key), or "sst", only the SST
 # file(s) of the shard, one per sort run, which a reader ingests into a local database in order.
@@ -45,6 +52,39 @@ class ShardFile:
 
 
 @dataclass(frozen=True)
+class ShardLayer:
+    """One layer of a shard in a chain: the SST file(s) one run wrote for it, oldest first in a shard.
+
+    A ``full`` layer holds the shard's whole data (a full write or a compaction); a ``delta``
+    layer holds the puts and point tombstones of one delta run. ``inserted`` / ``updated`` /
+    ``deleted`` say what the layer did to the rows before it; ``deleted_absent`` counts tombstones
+    of keys that were not there (kept apart: they change nothing).
+    """
+
+    run_id: str
+    db_url: str
+    kind: Literal["full", "delta"]
+    files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
+    puts: int = 0
+    deletes: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    deleted_absent: int = 0
+
+    @property
+    def byte_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return ser.to_plain(self)
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> ShardLayer:
+        return ser.from_plain(cls, obj, f"{_WHAT} shard layer", _ERR)
+
+
+@dataclass(frozen=True)
 class ShardEntry:
     """One non-empty shard of a snapshot: where its winning attempt lives, its rows, bytes, key range and files."""
 
@@ -57,6 +97,16 @@ class ShardEntry:
     min_key: str  # hex of the encoded key
     max_key: str
     files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
+    # A chain's shard (format 2): every layer, oldest first; db_url / files are then the newest
+    # layer's and byte_size the sum of all. Empty for a full snapshot's shard: db_url / files are it.
+    layers: tuple[ShardLayer, ...] = field(default=(), metadata={"entry": "layer"})
+
+    def all_layers(self) -> tuple[ShardLayer, ...]:
+        """The layers a reader ingests, oldest first (one full layer for a shard without ``layers``)."""
+        if self.layers:
+            return self.layers
+        return (ShardLayer(run_id=layout.run_id_of_shard_url(self.db_url), db_url=self.db_url, kind="full",
+                           files=self.files, puts=self.row_count, inserted=self.row_count),)
 
     def to_dict(self) -> dict[str, Any]:
         return ser.to_plain(self)
@@ -112,7 +162,12 @@ class Manifest:
     writer: dict[str, Any] = field(default_factory=dict)
     # When the writer's run started: the never-backwards rule of a publish compares runs by it.
     run_started_at: datetime | None = None
-    format_version: int = MANIFEST_FORMAT_VERSION
+    # A chain (SPEC §13): the run this one was written on (null for a full write; a compaction keeps
+    # it, so it too goes live only on its base), and how many delta runs separate it from a full layer.
+    base_run_id: str | None = None
+    chain_depth: int = 0
+    write_mode: WriteMode = "full"
+    format_version: int = FULL_FORMAT_VERSION
 
     def validate(self) -> Manifest:
         """Reject every unsafe or inconsistent manifest (SPEC §7); return self for chaining."""
@@ -121,7 +176,26 @@ class Manifest:
         root = self._checked(self._validate_fields)
         self._validate_sharding()
         self._validate_shards(root)
+        self._validate_chain()
         return self
+
+    def _validate_chain(self) -> None:
+        chained = self.base_run_id is not None or self.chain_depth or any(s.layers for s in self.shards)
+        if chained and self.format_version < CHAIN_FORMAT_VERSION:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: base_run_id, chain_depth and shard layers need "
+                       f"format_version {CHAIN_FORMAT_VERSION}, not {self.format_version}")
+        if self.write_mode not in WRITE_MODES:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: write_mode {self.write_mode!r} is not one of {list(WRITE_MODES)}")
+        if self.chain_depth < 0:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: chain_depth {self.chain_depth} is negative")
+        if self.base_run_id is not None:
+            self._checked(lambda: layout.validate_run_id(self.base_run_id))
+            if self.base_run_id == self.run_id:
+                raise _ERR(f"{_WHAT} of run {self.run_id!r}: base_run_id names the run itself")
+        if (self.write_mode == "delta") != (self.chain_depth > 0):
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: write_mode {self.write_mode!r} with chain_depth {self.chain_depth}")
+        if self.write_mode != "full" and self.base_run_id is None:
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: a {self.write_mode} run needs base_run_id")
 
     def _checked(self, check: Callable[[], Any]) -> Any:
         """``check()``, its error restated as this manifest's (naming the run)."""
@@ -174,14 +248,42 @@ class Manifest:
             if shard.db_id in seen:
                 raise _ERR(f"{_WHAT}: shard db_id {shard.db_id} appears more than once")
             seen.add(shard.db_id)
-            own_db = layout.join(root, layout.shard_db_prefix(self.run_id, shard.db_id))
-            if not shard.db_url.startswith(own_db) or ".." in shard.db_url.split("/"):
-                raise _ERR(
-                    f"{_WHAT}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this snapshot's "
-                    f"{own_prefix!r} in its own folder {own_db!r}"
-                )
+            if shard.layers:
+                self._validate_layers(root, shard)
+            else:
+                own_db = layout.join(root, layout.shard_db_prefix(self.run_id, shard.db_id))
+                if not shard.db_url.startswith(own_db) or ".." in shard.db_url.split("/"):
+                    raise _ERR(
+                        f"{_WHAT}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this snapshot's "
+                        f"{own_prefix!r} in its own folder {own_db!r}"
+                    )
             if shard.row_count < 0 or shard.byte_size < 0:
                 raise _ERR(f"{_WHAT}: shard {shard.db_id} has negative row_count or byte_size")
+
+    def _validate_layers(self, root: str, shard: ShardEntry) -> None:
+        """Each layer in its own run's folder for this shard, each run once, the newest one the entry's."""
+        runs: set[str] = set()
+        for i, layer in enumerate(shard.layers):
+            self._checked(functools.partial(layout.validate_run_id, layer.run_id))
+            where = f"{_WHAT}: layer {i} ({layer.run_id!r}) of shard {shard.db_id}"
+            own_db = layout.join(root, layout.shard_db_prefix(layer.run_id, shard.db_id))
+            if not layer.db_url.startswith(own_db) or ".." in layer.db_url.split("/"):
+                raise _ERR(f"{where}: db_url {layer.db_url!r} is not in that run's folder {own_db!r}")
+            if layer.run_id in runs:
+                raise _ERR(f"{where}: the run has a layer in this shard already")
+            runs.add(layer.run_id)
+            if layer.kind == "full" and i:
+                raise _ERR(f"{where}: a full layer can only be the oldest")
+            if not layer.files:
+                raise _ERR(f"{where}: lists no files")
+            counts = (layer.puts, layer.deletes, layer.inserted, layer.updated, layer.deleted, layer.deleted_absent)
+            if min(counts) < 0 or layer.inserted + layer.updated != layer.puts \
+                    or layer.deleted + layer.deleted_absent != layer.deletes:
+                raise _ERR(f"{where}: counts are negative or inconsistent (puts = inserted + updated, "
+                           "deletes = deleted + deleted_absent)")
+        newest = shard.layers[-1]
+        if (shard.db_url, shard.files) != (newest.db_url, newest.files):
+            raise _ERR(f"{_WHAT}: shard {shard.db_id}: db_url and files must be its newest layer's")
 
     @property
     def shard_layout(self) -> str:
@@ -201,6 +303,19 @@ class Manifest:
     @property
     def row_count(self) -> int:
         return sum(s.row_count for s in self.shards)
+
+    @property
+    def is_chain(self) -> bool:
+        """Written on a base run (a delta or a compaction), so it goes live only on that base."""
+        return self.base_run_id is not None
+
+    def layer_run_ids(self) -> set[str]:
+        """Every run whose shard files this snapshot reads: its own and, in a chain, earlier ones."""
+        return {layer.run_id for s in self.shards for layer in s.all_layers()} | {self.run_id}
+
+    def layer_bytes(self, run_id: str) -> int:
+        """Bytes of the layers ``run_id`` wrote that this snapshot reads."""
+        return sum(layer.byte_size for s in self.shards for layer in s.all_layers() if layer.run_id == run_id)
 
     @property
     def byte_size(self) -> int:

@@ -204,11 +204,42 @@ def _checked_move(snapshots: SnapshotRoot, ref: ManifestRef, claimed: RunRecord,
         problems = integrity.check_storage(snapshots, manifest)
     if problems or manifest is None:
         raise PublishManifestError(_refusal(ref, problems))
+    layer_runs = sorted(manifest.layer_run_ids() - {ref.run_id})
+    try:
+        _claim_layer_runs(snapshots, ref, layer_runs, clock)
+        return _move(snapshots, ref, manifest, claimed, allow_older=allow_older, sleep=sleep, clock=clock)
+    finally:
+        for layer_run in layer_runs:
+            release_publish_claim(snapshots, layer_run)
+
+
+def _claim_layer_runs(snapshots: SnapshotRoot, ref: ManifestRef, layer_runs: list[str],
+                      clock: Callable[[], datetime]) -> None:
+    """A chain reads the layers of earlier runs: claim each against cleanup, as the run itself is claimed."""
+    for layer_run in layer_runs:
+        where = f"run record {snapshots.run_record_ref(layer_run)} (its layers are part of run {ref.run_id!r})"
+        problems: list[str] = []
+
+        def claim(record: RunRecord, where: str = where, problems: list[str] = problems) -> RunRecord | None:
+            problems[:] = integrity.deletion_problems(record, where)
+            return None if problems else replace(record, publishing_at=clock())
+
+        if snapshots.update_run(layer_run, claim) is None and not problems:
+            problems.append(f"{where} does not exist")
+        if problems:
+            raise PublishManifestError(_refusal(ref, problems))
+
+
+def _move(snapshots: SnapshotRoot, ref: ManifestRef, manifest: Manifest, claimed: RunRecord, *, allow_older: bool,
+          sleep: Callable[[float], None], clock: Callable[[], datetime]) -> PublishResult:
     if clock() - (claimed.publishing_at or clock()) > PUBLISH_CLAIM_TTL:
         # Cleanup ignores a claim older than this: past it, the run's data may be going.
         raise PublishManifestError(_refusal(ref, [f"checking took longer than the claim holds ({PUBLISH_CLAIM_TTL})"]))
     before = snapshots.current()
-    pointer = snapshots.move_pointer(ref, allow_older=allow_older, sleep=sleep)
+    # A chain's run that was never live needs its base live even in a rollback: its changes were
+    # computed on that base. One that was live before is a self-contained snapshot to go back to.
+    require_base = not allow_older or claimed.published_at is None
+    pointer = snapshots.move_pointer(ref, allow_older=allow_older, require_base=require_base, sleep=sleep)
     moved = before is None or before.manifest_ref != pointer.manifest_ref
     # The pointer this publish replaced is the one its successful conditional put read, which
     # differs from ``before`` when a concurrent publisher moved it in between.

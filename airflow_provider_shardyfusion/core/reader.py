@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import layout
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    """What the last ``refresh()`` that swapped snapshots cost: layers and bytes downloaded, shards rebuilt."""
+
+    run_id: str
+    previous_run_id: str
+    shards_rebuilt: int
+    layers_downloaded: int
+    bytes_downloaded: int
+    layers_reused: int
 
 
 class ShardedReader:
@@ -65,6 +78,7 @@ class ShardedReader:
         self._swap_lock = threading.Lock()
         self._state: LoadedSnapshot | None = None
         self._cache = ShardCache(self._store, cache_dir)
+        self.last_refresh: RefreshReport | None = None
         try:
             pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()
             if pointer is None:
@@ -186,12 +200,46 @@ class ShardedReader:
             # Back to a run whose folder awaits deletion (a rollback): keep it. Done before the
             # swap, so no download for ``new`` can start while the folder is still doomed.
             self._cache.keep_run(new.run_id)
+            before = self._cache.stats.snapshot()
+            rebuilt = self._carry_over(old, new)
+            after = self._cache.stats.snapshot()
             self._state = new
             old.retire()
             if new.run_id != old.run_id:
                 self._cache.drop_run(old.run_id)
-            log.info("reader %s: now serving run %s (was %s)", self._root, new.run_id, old.run_id)
+                self._cache.prune_layers(new.manifest.layer_run_ids())
+            self.last_refresh = RefreshReport(
+                run_id=new.run_id, previous_run_id=old.run_id, shards_rebuilt=rebuilt,
+                layers_downloaded=after["layers_downloaded"] - before["layers_downloaded"],
+                bytes_downloaded=after["bytes_downloaded"] - before["bytes_downloaded"],
+                layers_reused=after["layers_reused"] - before["layers_reused"],
+            )
+            log.info("reader %s: now serving run %s (was %s): %s", self._root, new.run_id, old.run_id, self.last_refresh)
             return True
+
+    def open_shard(self, db_id: int) -> Any:
+        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer."""
+        while True:
+            state = self._current()
+            try:
+                return self._cache.open_shard(state, db_id)
+            except StaleSnapshot:
+                self._check_swapped(state)
+
+    def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
+        """Open in ``new`` every shard ``old`` served that a chain extends, building on the cached layers.
+
+        A shard of a chain is rebuilt by ingesting only the layers the served copy lacks, while that
+        copy still exists; shards nobody read stay cold as before.
+        """
+        rebuilt = 0
+        for db_id in list(old.handles):
+            entry, before = new.shards.get(db_id), old.shards.get(db_id)
+            if entry is None or not entry.layers or entry == before:
+                continue
+            self._cache.open_shard(new, db_id)
+            rebuilt += 1
+        return rebuilt
 
     def close(self) -> None:
         """Close every shard and, for a private cache, delete the downloads. Idempotent."""

@@ -55,7 +55,7 @@ def shard_file_needed(name: str) -> bool:
     return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
 
 
-def _rocksdb_options() -> Any:
+def rocksdb_options() -> Any:
     from rocksdict import BlockBasedOptions, Options
 
     # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
@@ -277,7 +277,7 @@ class ShardBuilder:
         self.timings["sort_s"] += t1 - t0
         from rocksdict import IngestExternalFileOptions, Rdict, SstFileWriter
 
-        opts = _rocksdb_options()
+        opts = rocksdb_options()
         as_db = self.shard_layout == SHARD_LAYOUT_DB
         if as_db and self._db is None:
             os.makedirs(self.db_dir, exist_ok=True)  # creates the build folder too

@@ -30,7 +30,7 @@ from . import layout
 from .checksum import file_checksum, verify_file
 from .errors import ChecksumMismatchError, ReaderError
 from .loaded_snapshot import LoadedSnapshot, StaleSnapshot
-from .manifest import SHARD_LAYOUT_SST, ShardEntry
+from .manifest import SHARD_LAYOUT_SST, ShardEntry, ShardFile, ShardLayer
 
 if TYPE_CHECKING:
     from .storage import ObjectStore
@@ -42,6 +42,32 @@ log = logging.getLogger(__name__)
 _MARKER = ".shardyfusion-shard.json"
 # "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
 _INCOMING = ".incoming"
+
+
+class CacheStats:
+    """What a cache downloaded and built; ``ShardedReader.last_refresh`` reports the part one refresh caused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.layers_downloaded = 0
+        self.bytes_downloaded = 0
+        self.shards_built = 0
+        self.layers_reused = 0
+
+    def layer_downloaded(self, size: int) -> None:
+        with self._lock:
+            self.layers_downloaded += 1
+            self.bytes_downloaded += size
+
+    def shard_built(self, *, reused_layers: int) -> None:
+        with self._lock:
+            self.shards_built += 1
+            self.layers_reused += reused_layers
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"layers_downloaded": self.layers_downloaded, "bytes_downloaded": self.bytes_downloaded,
+                    "shards_built": self.shards_built, "layers_reused": self.layers_reused}
 
 
 class ShardCache:
@@ -58,6 +84,7 @@ class ShardCache:
         self._downloads: collections.Counter[str] = collections.Counter()  # run_id -> shard downloads in flight
         self._doomed_runs: set[str] = set()  # run folders to delete when their last download ends
         self._close_pending = False  # the private cache goes when the last download ends
+        self.stats = CacheStats()
         self._cleanup: weakref.finalize[Any, Any] | None
         if cache_dir is None:
             self.root = tempfile.mkdtemp(prefix="shardyfusion-reader-")
@@ -81,7 +108,7 @@ class ShardCache:
                 return db
             self._begin_download(snapshot)
             try:
-                path = self._local_copy(snapshot, shard)
+                path = self._layered_copy(snapshot, shard) if shard.layers else self._local_copy(snapshot, shard)
                 try:
                     db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
                 except Exception as exc:
@@ -129,6 +156,18 @@ class ShardCache:
         if not busy:
             self._remove_run(run_id)
 
+    def prune_layers(self, keep_runs: set[str]) -> None:
+        """Delete a private cache's layer files of runs outside ``keep_runs`` (the served chain), when no download runs."""
+        if self._cleanup is None:
+            return
+        with self._lock:
+            if self._downloads:
+                return  # a later refresh prunes them
+            base = os.path.join(self.root, "layers")
+            for name in os.listdir(base) if os.path.isdir(base) else ():
+                if name.startswith("run_id=") and name[len("run_id="):] not in keep_runs:
+                    shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
     def close(self) -> None:
         """Delete a private cache, now or when the last download ends; call only once every snapshot is retired."""
         with self._lock:
@@ -160,16 +199,17 @@ class ShardCache:
                 self._doomed_runs.discard(run_id)
                 self._remove_run(run_id)
 
-    def _download_verified(self, snapshot: LoadedSnapshot, shard: ShardEntry, into: str) -> list[str]:
-        """Download every file of ``shard`` into ``into``, each checked against the manifest."""
-        base_key = self._store.key_of(shard.db_url)
+    def _download_verified(self, snapshot: LoadedSnapshot, shard: ShardEntry, into: str, db_url: str,
+                           files: tuple[ShardFile, ...]) -> list[str]:
+        """Download ``files`` of ``db_url`` (a shard or one of its layers) into ``into``, each checked against the manifest."""
+        base_key = self._store.key_of(db_url)
         local_files: list[str] = []
-        for f in shard.files:
+        for f in files:
             if snapshot.retired:  # nobody will open it: stop fetching a shard of a retired snapshot
                 raise StaleSnapshot()
             local = os.path.join(into, *f.name.split("/"))
             local_files.append(local)
-            source = f"{shard.db_url}/{f.name} (shard {shard.db_id} of run {snapshot.run_id!r})"
+            source = f"{db_url}/{f.name} (shard {shard.db_id} of run {snapshot.run_id!r})"
             self._store.download_file(f"{base_key}/{f.name}", local)
             try:
                 verify_file(local, f.size, f.checksum, source=source)
@@ -188,7 +228,7 @@ class ShardCache:
             entry["shard_layout"] = SHARD_LAYOUT_SST
         marker = json.dumps(entry, sort_keys=True)
         if os.path.isdir(final):
-            if _cached_copy_ok(final, marker, shard, run_id):
+            if _cached_copy_ok(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
                 return final
             log.info("shard %s of run %s: cached copy at %s is stale, incomplete or corrupt; downloading again",
                      shard.db_id, run_id, final)
@@ -201,7 +241,8 @@ class ShardCache:
         # shard is never visible under its final name (to this or another process sharing cache_dir).
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
         try:
-            local_files = self._download_verified(snapshot, shard, os.path.join(staging, _INCOMING) if ingest else staging)
+            local_files = self._download_verified(snapshot, shard, os.path.join(staging, _INCOMING) if ingest else staging,
+                                                  shard.db_url, shard.files)
             if ingest and snapshot.retired:
                 raise StaleSnapshot()
             written = _ingest_into_db(staging, local_files, entry, shard, run_id) if ingest else marker
@@ -213,13 +254,116 @@ class ShardCache:
                 os.rename(staging, final)
             except OSError:
                 # Another reader sharing cache_dir won the race; use its copy if it is sound.
-                if not _cached_copy_ok(final, marker, shard, run_id):
+                if not _cached_copy_ok(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
                     raise
+            self.stats.layer_downloaded(shard.byte_size)
+            self.stats.shard_built(reused_layers=0)
             log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
             return final
         finally:
             if os.path.isdir(staging):
                 shutil.rmtree(staging, ignore_errors=True)
+
+    # -- shards of a chain (SPEC §13) --------------------------------------------------------------
+
+    def _layer_files(self, snapshot: LoadedSnapshot, shard: ShardEntry, layer: ShardLayer) -> list[str]:
+        """The verified local files of one layer, downloaded once per cache and shared by every run that reads it."""
+        folder = layout.local_layer_dir(self.root, layer.run_id, shard.db_id)
+        marker = json.dumps({"db_url": layer.db_url, "files": [f.to_dict() for f in layer.files]}, sort_keys=True)
+        paths = [os.path.join(folder, *f.name.split("/")) for f in layer.files]
+        if os.path.isdir(folder):
+            if _cached_copy_ok(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
+                return paths
+            shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(folder)}-", dir=os.path.dirname(folder))
+        try:
+            self._download_verified(snapshot, shard, staging, layer.db_url, layer.files)
+            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
+                fh.write(marker)
+            try:
+                os.rename(staging, folder)
+            except OSError:
+                if not _cached_copy_ok(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
+                    raise
+            self.stats.layer_downloaded(layer.byte_size)
+            return paths
+        finally:
+            if os.path.isdir(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _layered_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:
+        """A database of the shard's layers ingested oldest first, newer winning and tombstones deleting.
+
+        Built from a cached database of an earlier run of the chain when one holds a prefix of the
+        layers (its files are hard-linked: SSTs never change once written, and auto-compaction is
+        off), so a refresh ingests only the layers it lacks; else from every layer.
+        """
+        run_id = snapshot.run_id
+        final = layout.local_cache_dir(self.root, run_id, shard.db_id)
+        layers = [_layer_sig(layer) for layer in shard.layers]
+        entry = {"layers": layers, "shard_layout": SHARD_LAYOUT_SST}
+        marker = json.dumps(entry, sort_keys=True)
+        where = f"shard {shard.db_id} of run {run_id!r}"
+        if os.path.isdir(final):
+            if _cached_copy_ok(final, marker, (), where):
+                return final
+            shutil.rmtree(final, ignore_errors=True)
+        parent = os.path.dirname(final)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        try:
+            source, done = self._clone_source(shard.db_id, layers, exclude=run_id)
+            if source is not None:
+                _clone_db(source, staging)
+            todo: list[str] = []
+            for layer in shard.layers[done:]:
+                incoming = os.path.join(staging, _INCOMING, layer.run_id)
+                os.makedirs(incoming, exist_ok=True)
+                for path in self._layer_files(snapshot, shard, layer):
+                    # A private copy: ingestion may stamp a sequence number into the file it takes.
+                    copy = os.path.join(incoming, os.path.basename(path))
+                    shutil.copyfile(path, copy)
+                    todo.append(copy)
+            if snapshot.retired:
+                raise StaleSnapshot()
+            written = _ingest_into_db(staging, todo, entry, shard, run_id)
+            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
+                fh.write(written)
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if not _cached_copy_ok(final, marker, (), where):
+                    raise
+            self.stats.shard_built(reused_layers=done)
+            log.info("shard %s of run %s: %d layer(s) ingested%s", shard.db_id, run_id, len(shard.layers) - done,
+                     f" on a copy of run {os.path.basename(os.path.dirname(source))[7:]}'s" if source else "")
+            return final
+        finally:
+            if os.path.isdir(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _clone_source(self, db_id: int, layers: list[Any], *, exclude: str) -> tuple[str | None, int]:
+        """The cached database of this shard holding the longest proper prefix of ``layers``, and its length."""
+        best: tuple[str | None, int] = (None, 0)
+        try:
+            runs = os.listdir(self.root)
+        except OSError:
+            return best
+        for name in runs:
+            if not name.startswith("run_id=") or name == f"run_id={exclude}":
+                continue
+            folder = os.path.join(self.root, name, f"db={db_id:05d}")
+            try:
+                with open(os.path.join(folder, _MARKER), encoding="utf-8") as fh:
+                    recorded = json.loads(fh.read())
+                have = recorded.get("layers") or [_full_sig(recorded)]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if best[1] < len(have) < len(layers) and have == layers[:len(have)] \
+                    and _cached_copy_ok(folder, "", (), f"cached {folder}"):
+                best = (folder, len(have))
+        return best
 
     def _remove_run(self, run_id: str) -> None:
         shutil.rmtree(os.path.join(self.root, f"run_id={run_id}"), ignore_errors=True)
@@ -267,7 +411,33 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
 
 
-def _cached_copy_ok(path: str, marker: str, shard: ShardEntry, run_id: str) -> bool:
+def _layer_sig(layer: ShardLayer) -> dict[str, Any]:
+    return {"run_id": layer.run_id, "db_url": layer.db_url, "files": [f.to_dict() for f in layer.files]}
+
+
+def _full_sig(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A full shard's marker read as the one layer it is (a chain's first layer may be one)."""
+    return {"run_id": layout.run_id_of_shard_url(recorded["db_url"]), "db_url": recorded["db_url"],
+            "files": recorded["files"]}
+
+
+def _clone_db(source: str, into: str) -> None:
+    """A copy of a closed database that shares its SSTs (hard links) and copies its small metadata files."""
+    for name in os.listdir(source):
+        path = os.path.join(source, name)
+        if not os.path.isfile(path) or name == "LOCK" or name.startswith("LOG") or name == _MARKER:
+            continue
+        target = os.path.join(into, name)
+        if name.endswith(".sst"):
+            try:
+                os.link(path, target)
+                continue
+            except OSError:  # another file system: copy
+                pass
+        shutil.copyfile(path, target)
+
+
+def _cached_copy_ok(path: str, marker: str, files: tuple[ShardFile, ...], where: str) -> bool:
     """A cached copy is reused only if it was verified for this very shard entry and still checks out.
 
     The marker says a download was verified once, maybe by another process; the files may have
@@ -279,16 +449,17 @@ def _cached_copy_ok(path: str, marker: str, shard: ShardEntry, run_id: str) -> b
         with open(os.path.join(path, _MARKER), encoding="utf-8") as fh:
             text = fh.read()
         if text == marker:
-            expected = [(f.name, f.size, f.checksum) for f in shard.files]
+            expected = [(f.name, f.size, f.checksum) for f in files]
         else:
             recorded = json.loads(text)
             local = recorded.pop("local_files", None) if isinstance(recorded, dict) else None
-            if not local or json.dumps(recorded, sort_keys=True) != marker:
+            # marker "": any database this cache built and verified (a clone source).
+            if not local or (marker and json.dumps(recorded, sort_keys=True) != marker):
                 return False
             expected = [(str(f["name"]), int(f["size"]), str(f["checksum"])) for f in local]
         for name, size, checksum in expected:
             local_path = os.path.join(path, *name.split("/"))
-            verify_file(local_path, size, checksum, source=f"cached {local_path} (shard {shard.db_id} of run {run_id!r})")
+            verify_file(local_path, size, checksum, source=f"cached {local_path} ({where})")
     except ChecksumMismatchError as exc:
         log.warning("%s", exc)
         return False

@@ -95,14 +95,20 @@ class SnapshotRoot:
         manifest: ManifestRef,
         *,
         allow_older: bool = False,
+        require_base: bool | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> CurrentPointer:
         """Point ``_CURRENT`` at ``manifest`` with a conditional put on the pointer just read.
 
         A concurrent move makes it re-read and decide again (never overwrite blindly); transient
         storage errors are retried (1 s, 2 s, 4 s). A run that started before the live one is
-        refused unless ``allow_older`` (a rollback). Already live: returns the live pointer.
+        refused unless ``allow_older`` (a rollback). A run written on a base (a delta or a
+        compaction) goes live only while ``_CURRENT`` names that base, unless ``require_base`` is
+        False (default: ``not allow_older``; a rollback to a run that was live before). Already
+        live: returns the live pointer.
         """
+        if require_base is None:
+            require_base = not allow_older
         data = self.store.get(manifest.key).data
         target = self._manifest_from_bytes(manifest.uri, data)
 
@@ -111,6 +117,12 @@ class SnapshotRoot:
             live = state.pointer
             if live is not None and live.manifest_ref == manifest.uri:
                 return live
+            if require_base and target.base_run_id is not None and (live is None or live.run_id != target.base_run_id):
+                raise PublishManifestError(
+                    f"run {target.run_id!r} was written on run {target.base_run_id!r}, but _CURRENT names "
+                    f"{live.run_id if live else 'no run'!r}: publishing it would drop that run's changes. Write the "
+                    "change again on the live snapshot (a new delta run)"
+                )
             if live is not None and live.run_id != target.run_id and not allow_older:
                 self._refuse_backwards(live, target)
             pointer = CurrentPointer(

@@ -27,6 +27,7 @@ from airflow_provider_shardyfusion.core.cleanup import (
     rule_orphan,
     rule_pinned,
     rule_recently_live,
+    rule_referenced,
     rule_running,
     rule_unreadable,
     rule_young,
@@ -440,6 +441,7 @@ RULE_CASES = [
     (rule_recently_live, run_data(record("r")),
      context(pointer=replace(LIVE, run_id="s", previous_run_id="r", updated_at=NOW - timedelta(minutes=5))),
      "recently_live", None),
+    (rule_referenced, run_data(record("r")), context(referenced_by={"r": "d2"}), "referenced", None),
     (rule_orphan, run_data(None, known=False), context(), "orphan", "orphans"),
     (rule_orphan, run_data(None, known=False, age=timedelta(minutes=5)), context(), "orphan", None),
     (rule_unreadable, run_data(None), context(), "unreadable", None),
@@ -458,6 +460,7 @@ PASS_CASES = [
     (rule_live, run_data(record("r")), context(pointer=replace(LIVE, run_id="s"))),
     (rule_pinned, run_data(record("r")), context(pinned=frozenset({"s"}))),
     (rule_recently_live, run_data(record("r")), context(live_until={"r": NOW - 2 * GRACE})),
+    (rule_referenced, run_data(record("r")), context(referenced_by={"s": "d2"})),
     (rule_orphan, run_data(record("r")), context()),
     (rule_unreadable, run_data(record("r")), context()),
     (rule_running, run_data(record("r")), context()),
@@ -488,7 +491,7 @@ def test_each_rule_passes_what_is_not_its_business(rule, run, ctx):
 
 def test_rules_run_in_order_keep_rules_first():
     names = [r.__name__ for r in RULES]
-    assert names == ["rule_live", "rule_pinned", "rule_recently_live", "rule_orphan", "rule_unreadable",
+    assert names == ["rule_live", "rule_pinned", "rule_recently_live", "rule_referenced", "rule_orphan", "rule_unreadable",
                      "rule_running", "rule_young", "rule_failed", "rule_expired", "rule_losing_attempts"]
     # First verdict wins: a live failed run is kept by rule_live, never reaches rule_failed.
     root = Root()

@@ -171,10 +171,10 @@ def test_manifest_empty_shard_list_is_valid():
 
 
 def test_manifest_future_format_version():
-    with pytest.raises(ManifestValidationError, match="format_version 2"):
-        Manifest.from_bytes(manifest_json(format_version=2))
+    with pytest.raises(ManifestValidationError, match="format_version 3"):
+        Manifest.from_bytes(manifest_json(format_version=3))
     with pytest.raises(ManifestValidationError, match="format_version"):
-        manifest(format_version=2).validate()
+        manifest(format_version=3).validate()
 
 
 def test_manifest_missing_hash_algorithm():
