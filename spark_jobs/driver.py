@@ -21,7 +21,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardAssignmentError,
     show_value,
 )
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardingInfo
+from airflow_provider_shardyfusion.core.manifest import CHAIN_FORMAT_VERSION, Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.retry import NO_RETRY, call_with_retry
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
@@ -99,44 +99,14 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
         clock=fault_injection.driver_clock(faults),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
-    cached = None
+    persisted: list[Any] = []  # the input, if persisted: unpersisted however the write ends
     with spark_conf_overrides(spark, config.spark_conf_overrides), lifecycle:
         try:
             lifecycle.check_clock()
-            with _Step(run_id, durations, "read_input"):
-                df = read_input(spark, config)
-                key_kind = spark_types.key_kind(df.schema, config.key_column)
-                key_encoding = (encoding.validate_key_encoding(config.key_encoding) if config.key_encoding
-                                else encoding.default_key_encoding(key_kind))
-                if encoding.key_kind_of_encoding(key_encoding) != key_kind:
-                    raise ConfigError(
-                        f"key_encoding {key_encoding!r} does not fit key_column {config.key_column!r} of kind {key_kind}"
-                    )
-                for col in config.value.value_columns():
-                    spark_types.field_of(df.schema, col, what="value column")
-            needs_prepass = config.sharding.max_keys_per_shard is not None or config.sharding.infer_routing_values
-            if config.options.cache_input or needs_prepass:
-                cached = _persist(df, run_id)
-                df = cached if cached is not None else df
-            rows = None
-            if _count_is_useful(config):
-                with _Step(run_id, durations, "count_rows"):
-                    rows = df.count()
-            with _Step(run_id, durations, "plan_routing"):
-                plan = _routing_plan(df, config, key_kind, faults, rows)
-            lifecycle.update(num_dbs=plan.num_dbs)
-            spark_sorts = _spark_sorts_shards(config, plan, rows)
-            write_plan = _write_plan(config, key_encoding, plan, faults, spark_sorts)
-            if plan.num_dbs == 1:
-                results = _write_single_db(df, config, plan, write_plan, faults, durations)
+            if config.delta.chained:
+                manifest = _write_chain(spark, config, store, lifecycle, durations, faults)
             else:
-                with _Step(run_id, durations, "route_shuffle_write"):
-                    results = _write_sharded(df, plan, write_plan)
-            with _Step(run_id, durations, "verify_routing"):
-                _verify_routing(config, plan, results)
-            selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
-            manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
-                                 shard_sort="spark" if write_plan.presorted else "writer")
+                manifest = _write_full(spark, config, lifecycle, durations, faults, persisted)
             stats = dict(manifest.stats, durations_s=dict(durations))
             fault_injection.before_publish(faults, run_id)
             with _Step(run_id, durations, "publish"):
@@ -144,12 +114,113 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
         except BaseException as exc:
             job_errors.raise_translated(exc)
         finally:
-            if cached is not None:
+            for cached in persisted:
                 cached.unpersist(blocking=False)
     with _Step(run_id, durations, "delete_losers"):
         deleted, failures = delete_losing_attempts(store, run_id, [s.db_url for s in manifest.shards])
         log.info("run %s: deleted %d objects of non-winning attempts (%d failures)", run_id, deleted, len(failures))
     return record.to_dict()
+
+
+def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durations: dict[str, float],
+                faults: dict[str, Any], persisted: list[Any]) -> Manifest:
+    """A full write: read, route, write every shard, verify, select winners; the manifest to publish."""
+    run_id = config.run_id
+    with _Step(run_id, durations, "read_input"):
+        df = read_input(spark, config)
+        key_kind = spark_types.key_kind(df.schema, config.key_column)
+        key_encoding = (encoding.validate_key_encoding(config.key_encoding) if config.key_encoding
+                        else encoding.default_key_encoding(key_kind))
+        if encoding.key_kind_of_encoding(key_encoding) != key_kind:
+            raise ConfigError(
+                f"key_encoding {key_encoding!r} does not fit key_column {config.key_column!r} of kind {key_kind}"
+            )
+        for col in config.value.value_columns():
+            spark_types.field_of(df.schema, col, what="value column")
+    needs_prepass = config.sharding.max_keys_per_shard is not None or config.sharding.infer_routing_values
+    if config.options.cache_input or needs_prepass:
+        cached = _persist(df, run_id)
+        if cached is not None:
+            persisted.append(cached)
+            df = cached
+    rows = None
+    if _count_is_useful(config):
+        with _Step(run_id, durations, "count_rows"):
+            rows = df.count()
+    with _Step(run_id, durations, "plan_routing"):
+        plan = _routing_plan(df, config, key_kind, faults, rows)
+    lifecycle.update(num_dbs=plan.num_dbs)
+    spark_sorts = _spark_sorts_shards(config, plan, rows)
+    write_plan = _write_plan(config, key_encoding, plan, faults, spark_sorts)
+    if plan.num_dbs == 1:
+        results = _write_single_db(df, config, plan, write_plan, faults, durations)
+    else:
+        with _Step(run_id, durations, "route_shuffle_write"):
+            results = _write_sharded(df, plan, write_plan)
+    with _Step(run_id, durations, "verify_routing"):
+        _verify_routing(config, plan, results)
+    selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+    manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
+                         shard_sort="spark" if write_plan.presorted else "writer")
+    return manifest
+
+
+def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
+                 faults: dict[str, Any]) -> Manifest:
+    """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
+    from airflow_provider_shardyfusion.core.delta import chain_shards, chain_stats, select_layer_winners
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    from .chain_write import ChainPlan, check_against_base, resolve_base, write_layers
+
+    run_id, mode = config.run_id, config.delta.write_mode
+    with _Step(run_id, durations, "resolve_base"):
+        base_ref, base = resolve_base(SnapshotRoot(store), config)
+        check_against_base(config, base)
+        compact = mode == "compact" or base.chain_depth >= config.delta.max_chain_depth
+        log.info("run %s: %s on base run %s (chain depth %d, %d rows, %d shards)%s", run_id, mode, base.run_id,
+                 base.chain_depth, base.row_count, base.num_dbs,
+                 f"; written compacted (max_chain_depth {config.delta.max_chain_depth} reached)"
+                 if compact and mode == "delta" else "")
+        lifecycle.update(num_dbs=base.num_dbs, stats={"base_run_id": base.run_id, "write_mode": mode})
+    df = None
+    key_kind = encoding.key_kind_of_encoding(base.key_encoding)
+    if mode == "delta":
+        with _Step(run_id, durations, "read_input"):
+            df = read_input(spark, config)
+            if spark_types.key_kind(df.schema, config.key_column) != key_kind:
+                raise ConfigError(f"key_column {config.key_column!r} is not of the base's key kind {key_kind} "
+                                  f"(key_encoding {base.key_encoding!r})")
+            for col in config.value.value_columns():
+                spark_types.field_of(df.schema, col, what="value column")
+            if config.delta.delete_column is not None:
+                spark_types.require_boolean(df.schema, config.delta.delete_column, what="delete_column")
+    plan = ChainPlan(
+        output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=run_id,
+        base_manifest_ref=base_ref, key_column=config.key_column, key_encoding=base.key_encoding,
+        value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
+        delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
+        compact=compact, has_input=df is not None,
+    )
+    routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind, wrong_router=bool(faults.get("wrong_router")))
+    with _Step(run_id, durations, "route_shuffle_write_layers"):
+        results = write_layers(spark, df, routing_plan, plan, base.num_dbs)
+    from airflow_provider_shardyfusion.core.delta import LayerResult
+
+    winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
+    shards = chain_shards(base, run_id, winners, compact=compact)
+    stats = dict(chain_stats(base, shards, winners), durations_s=dict(durations), write_mode=mode,
+                 attempts_seen=len(results))
+    log.info("run %s: %s", run_id, {k: stats[k] for k in ("rows", "inserted", "updated", "deleted", "deleted_absent",
+                                                          "shards_written", "layer_bytes")})
+    return Manifest(
+        run_id=run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=base.num_dbs,
+        sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
+        value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
+        writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
+        chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
+        format_version=CHAIN_FORMAT_VERSION,
+    ).validate()
 
 
 def _persist(df, run_id: str):

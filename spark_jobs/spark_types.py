@@ -51,3 +51,9 @@ def cel_type(schema: T.StructType, column: str) -> CelType:
     if typ is None:
         raise ConfigError(f"cel_columns entry {column!r} has type {dt.simpleString()}, which has no CEL type mapping")
     return typ
+
+
+def require_boolean(schema: T.StructType, column: str, *, what: str) -> None:
+    dt = field_of(schema, column, what=what).dataType
+    if not isinstance(dt, T.BooleanType):
+        raise ConfigError(f"{what} {column!r} must be a boolean column (true: the row deletes its key), not {dt.simpleString()}")

@@ -18,6 +18,7 @@ from typing import Any
 from . import encoding, layout, routing
 from .arguments import as_bool, as_int, as_list, as_number
 from .errors import ConfigError, show_value, text_number_hint
+from .manifest import WRITE_MODES
 from .retry import RetryPolicy
 from .secrets import refuse_userinfo
 from .storage.base import StorageOptions
@@ -206,6 +207,12 @@ class ShardingSpec:
         else:
             routing.validate_num_dbs(self.num_dbs)
 
+    @property
+    def unset(self) -> bool:
+        """Nothing given: a delta or compaction takes the base's sharding."""
+        return (self.strategy == "hash" and self.num_dbs is None and self.max_keys_per_shard is None
+                and self.cel_expr is None)
+
     def resolved_cel_columns(self, key_column: str) -> dict[str, str | None]:
         return routing.normalize_cel_columns(self.cel_columns if self.cel_columns is not None else [key_column])
 
@@ -326,6 +333,43 @@ class WriteOptions:
 
 
 @dataclass(frozen=True)
+class DeltaSpec:
+    """How a write relates to the live snapshot (SPEC §13): a full table, a change on a base, or a compaction."""
+
+    write_mode: str = _D.write_mode
+    delete_column: str | None = _D.delete_column
+    base_run_id: str | None = _D.base_run_id
+    max_chain_depth: int = _D.max_chain_depth
+
+    @property
+    def chained(self) -> bool:
+        return self.write_mode != "full"
+
+    def validate(self) -> None:
+        if self.write_mode not in WRITE_MODES:
+            raise ConfigError(f"write_mode {show_value(self.write_mode)} must be one of {list(WRITE_MODES)}")
+        _positive_int("max_chain_depth", self.max_chain_depth)
+        if self.delete_column is not None and (not isinstance(self.delete_column, str) or not self.delete_column):
+            raise ConfigError(f"delete_column {show_value(self.delete_column)} must be a column name")
+        if self.delete_column is not None and self.write_mode != "delta":
+            raise ConfigError(f"delete_column applies to write_mode 'delta', not {self.write_mode!r}")
+        if self.base_run_id is not None:
+            if self.write_mode == "full":
+                raise ConfigError("base_run_id applies to write_mode 'delta' or 'compact', not 'full'")
+            layout.validate_run_id(self.base_run_id, what="base_run_id")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DeltaSpec:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"write config delta has unknown keys {sorted(unknown)}")
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True)
 class WriteConfig:
     """The validated configuration of one write, passed to the Spark job inline (never secrets)."""
 
@@ -340,19 +384,30 @@ class WriteConfig:
     spark_conf_overrides: dict[str, str] = field(default_factory=dict)
     storage_options: StorageOptions = field(default_factory=StorageOptions)
     airflow_context: dict[str, Any] | None = None
+    delta: DeltaSpec = field(default_factory=DeltaSpec)
     format_version: int = CONFIG_FORMAT_VERSION
 
     def validate(self) -> WriteConfig:
         layout.validate_run_id(self.run_id)
         if layout.normalize_root(self.output_uri) != self.output_uri:
             raise ConfigError(f"output_uri {self.output_uri!r} is not in canonical form; build configs with build_write_config")
-        self.input.validate()
+        self.delta.validate()
+        if self.delta.write_mode == "compact":
+            given = [n for n, v in (("input_path", self.input.path), ("input_table", self.input.table),
+                                    ("input_sql", self.input.sql)) if v]
+            if given:
+                raise ConfigError(f"write_mode 'compact' reads no input, but {', '.join(given)} is given")
+        else:
+            self.input.validate()
         if not isinstance(self.key_column, str) or not self.key_column:
             raise ConfigError(f"key_column {self.key_column!r} must be a non-empty column name")
-        self.value.validate()
+        if self.delta.write_mode != "compact":
+            self.value.validate()
         if self.key_encoding is not None:
             encoding.validate_key_encoding(self.key_encoding)
-        self.sharding.validate(self.key_column)
+        # A chain inherits its sharding from the base manifest; what is given is checked against it then.
+        if not (self.delta.chained and self.sharding.unset):
+            self.sharding.validate(self.key_column)
         self.options.validate()
         self.storage_options.validate()
         if self.format_version != CONFIG_FORMAT_VERSION:
@@ -373,6 +428,7 @@ class WriteConfig:
             "spark_conf_overrides": dict(self.spark_conf_overrides),
             "storage_options": self.storage_options.to_dict(),
             "airflow_context": dict(self.airflow_context) if self.airflow_context else None,
+            "delta": self.delta.to_dict(),
         }
 
     @classmethod
@@ -391,6 +447,7 @@ class WriteConfig:
                 spark_conf_overrides=_str_map("spark_conf_overrides", d.get("spark_conf_overrides")),
                 storage_options=StorageOptions.from_dict(dict(_section(d, "storage_options", optional=True))),
                 airflow_context=dict(_section(d, "airflow_context", optional=True)) or None,
+                delta=DeltaSpec.from_dict(_section(d, "delta", optional=True)),
             )
         except KeyError as exc:
             raise ConfigError(f"write config is missing {exc.args[0]!r}") from None
@@ -448,6 +505,10 @@ def build_write_config(
     shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
     allow_duplicate_keys: bool = _D.allow_duplicate_keys,
     publish: bool = _D.publish,
+    write_mode: str = _D.write_mode,
+    delete_column: str | None = _D.delete_column,
+    base_run_id: str | None = _D.base_run_id,
+    max_chain_depth: int = _D.max_chain_depth,
     sort_run_rows: int = _D.sort_run_rows,
     lease_seconds: float = _D.lease_seconds,
     heartbeat_seconds: float = _D.heartbeat_seconds,
@@ -508,13 +569,15 @@ def build_write_config(
         spark_conf_overrides=_str_map("spark_conf_overrides", spark_conf_overrides),
         storage_options=storage,
         airflow_context=dict(airflow_context) if airflow_context else None,
+        delta=DeltaSpec(write_mode=write_mode, delete_column=delete_column, base_run_id=base_run_id,
+                        max_chain_depth=max_chain_depth),
     )
     return config.validate()
 
 
 _TEXT_BOOLS = ("infer_routing_values", "verify_routing", "cache_input", "sort_within_partitions",
                "allow_duplicate_keys", "publish")
-_TEXT_INTS = ("num_dbs", "max_keys_per_shard", "batch_size", "sample_size", "sort_run_rows")
+_TEXT_INTS = ("num_dbs", "max_keys_per_shard", "batch_size", "sample_size", "sort_run_rows", "max_chain_depth")
 _TEXT_NUMBERS = ("max_writes_per_second", "max_write_bytes_per_second", "lease_seconds", "heartbeat_seconds")
 _TEXT_LISTS = ("value_columns", "routing_values")
 

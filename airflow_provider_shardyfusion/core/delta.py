@@ -25,6 +25,8 @@ from .manifest import ShardFile
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
+    from .manifest import Manifest, ShardEntry
+
 LAYER_FILE = "layer-00000.sst"
 # Rows written per SST of a compacted layer; a reader ingests them in order (sort runs do not overlap).
 COMPACT_RUN_ROWS = 2_000_000
@@ -195,3 +197,97 @@ def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: An
     if not rows:
         return None
     return BuiltLayer(folder=folder, files=tuple(files), min_key=first, max_key=last, counts=counts, row_count=rows)
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """What one task attempt reports for one shard of a delta or compaction (``db_url`` None: nothing written)."""
+
+    db_id: int
+    attempt: int
+    task_attempt_id: int | None
+    db_url: str | None
+    row_count: int = 0
+    files: tuple[ShardFile, ...] = ()
+    counts: LayerCounts = LayerCounts()
+    min_key: str | None = None  # hex of the encoded key
+    max_key: str | None = None
+
+    def sort_key(self) -> tuple[int, int, str]:
+        return (self.attempt, self.task_attempt_id if self.task_attempt_id is not None else -1, self.db_url or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
+                "db_url": self.db_url, "row_count": self.row_count, "files": [f.to_dict() for f in self.files],
+                "counts": self.counts.to_dict(), "min_key": self.min_key, "max_key": self.max_key}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerResult:
+        return cls(db_id=int(d["db_id"]), attempt=int(d["attempt"]), task_attempt_id=d.get("task_attempt_id"),
+                   db_url=d.get("db_url"), row_count=int(d.get("row_count") or 0),
+                   files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
+                   counts=LayerCounts(**(d.get("counts") or {})), min_key=d.get("min_key"), max_key=d.get("max_key"))
+
+
+def select_layer_winners(results: Iterable[LayerResult], num_dbs: int) -> dict[int, LayerResult]:
+    """Per shard the attempt with the smallest (attempt, task attempt id, db_url), as for full writes."""
+    from .errors import ShardCoverageError
+
+    winners: dict[int, LayerResult] = {}
+    for result in results:
+        if not 0 <= result.db_id < num_dbs:
+            raise ShardCoverageError(f"a task reported shard {result.db_id}, outside [0, {num_dbs})")
+        best = winners.get(result.db_id)
+        if best is None or result.sort_key() < best.sort_key():
+            winners[result.db_id] = result
+    return winners
+
+
+def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *, compact: bool) -> tuple[ShardEntry, ...]:
+    """The shard entries of a run written on ``base``: each shard's layers, exact rows, key range.
+
+    A delta appends its layer to the shards it changed and lists the base's layers for the others
+    (a manifest is self-contained); a compaction has one full layer per non-empty shard.
+    """
+    from dataclasses import replace
+
+    from .manifest import ShardEntry, ShardLayer
+
+    out: list[ShardEntry] = []
+    for db_id in range(base.num_dbs):
+        before, new = base.shard(db_id), winners.get(db_id)
+        if compact:
+            if new is not None and new.db_url is not None:
+                out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt,
+                                      task_attempt_id=new.task_attempt_id, row_count=new.row_count,
+                                      byte_size=sum(f.size for f in new.files), min_key=new.min_key or "",
+                                      max_key=new.max_key or "", files=new.files))
+            continue
+        layers = before.all_layers() if before is not None else ()
+        if new is None or new.db_url is None:
+            if before is not None:
+                out.append(replace(before, layers=layers))
+            continue
+        c = new.counts
+        layer = ShardLayer(run_id=run_id, db_url=new.db_url, kind="delta", files=new.files, puts=c.puts,
+                           deletes=c.deletes, inserted=c.inserted, updated=c.updated, deleted=c.deleted,
+                           deleted_absent=c.deleted_absent)
+        layers = (*layers, layer)
+        # The key range bounds what any layer touched (deletions may leave it wider than the data).
+        lows = [k for k in (before.min_key if before else None, new.min_key) if k]
+        highs = [k for k in (before.max_key if before else None, new.max_key) if k]
+        out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt, task_attempt_id=new.task_attempt_id,
+                              row_count=new.row_count, byte_size=sum(x.byte_size for x in layers),
+                              min_key=min(lows, key=bytes.fromhex) if lows else "",
+                              max_key=max(highs, key=bytes.fromhex) if highs else "", files=new.files, layers=layers))
+    return tuple(out)
+
+
+def chain_stats(base: Manifest, shards: tuple[ShardEntry, ...], winners: dict[int, LayerResult]) -> dict[str, Any]:
+    """Totals of a chain run: exact rows and bytes, and what its layers did."""
+    written = [w for w in winners.values() if w.db_url is not None]
+    totals = {k: sum(w.counts.to_dict()[k] for w in written) for k in LayerCounts().to_dict()}
+    return {"rows": sum(s.row_count for s in shards), "bytes": sum(s.byte_size for s in shards),
+            "num_dbs": base.num_dbs, "empty_shards": base.num_dbs - len(shards), "shards_written": len(written),
+            "layer_bytes": sum(f.size for w in written for f in w.files), "base_run_id": base.run_id,
+            "base_rows": base.row_count, **totals}

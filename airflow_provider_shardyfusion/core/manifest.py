@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import encoding, layout, routing
 from . import serialization as ser
-from .errors import ManifestValidationError
+from .errors import ConfigError, ManifestValidationError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -105,7 +105,11 @@ class ShardEntry:
         """The layers a reader ingests, oldest first (one full layer for a shard without ``layers``)."""
         if self.layers:
             return self.layers
-        return (ShardLayer(run_id=layout.run_id_of_shard_url(self.db_url), db_url=self.db_url, kind="full",
+        try:
+            run_id = layout.run_id_of_shard_url(self.db_url)
+        except ConfigError as exc:  # validate() refuses such a manifest; say so in its terms
+            raise _ERR(f"{_WHAT} shard {self.db_id}: {exc}") from None
+        return (ShardLayer(run_id=run_id, db_url=self.db_url, kind="full",
                            files=self.files, puts=self.row_count, inserted=self.row_count),)
 
     def to_dict(self) -> dict[str, Any]:

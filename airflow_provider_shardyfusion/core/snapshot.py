@@ -299,17 +299,19 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
         raise ManifestValidationError(
             f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
         )
-    own_prefix = layout.join(root, layout.shards_prefix(manifest.run_id))
     for shard in manifest.shards:
-        parsed = None
-        if shard.db_url.startswith(own_prefix):
-            try:
-                parsed = layout.parse_shard_key(layout.relative_key(root, shard.db_url))
-            except ManifestValidationError:
-                parsed = None
-        if parsed is None or parsed.run_id != manifest.run_id or parsed.db_id != shard.db_id:
-            raise ManifestValidationError(
-                f"{pointer.manifest_ref}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this "
-                f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
-            )
+        # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
+        for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
+            own_prefix = layout.join(root, layout.shards_prefix(run_id))
+            parsed = None
+            if db_url.startswith(own_prefix):
+                try:
+                    parsed = layout.parse_shard_key(layout.relative_key(root, db_url))
+                except ManifestValidationError:
+                    parsed = None
+            if parsed is None or parsed.run_id != run_id or parsed.db_id != shard.db_id:
+                raise ManifestValidationError(
+                    f"{pointer.manifest_ref}: db_url {db_url!r} of shard {shard.db_id} is not under this "
+                    f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
+                )
     return manifest

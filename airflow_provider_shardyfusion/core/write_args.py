@@ -107,6 +107,15 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
     WriteArg("publish", "bool", True,
              "move ``_CURRENT`` to the run when it succeeds; ``False`` stages it (manifest and a succeeded run "
              "record, no asset event) for ``ValidateManifestOperator`` / ``PublishSnapshotOperator``."),
+    WriteArg("write_mode", "str", "full",
+             "``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a base "
+             "run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input)."),
+    WriteArg("delete_column", "str | None", None,
+             "with ``write_mode='delta'``: a boolean column, true for rows that delete their key."),
+    WriteArg("base_run_id", "str | None", None,
+             "the run a delta or compaction is written on; ``None``: the run ``_CURRENT`` names when the job starts."),
+    WriteArg("max_chain_depth", "int", 16,
+             "a delta whose base already has this many delta runs on its last full layer is written compacted."),
     _op("spark_conn_id", "str", "spark_default", "apache-spark connection (master, deploy mode, spark-submit binary)."),
     _op("spark_conf", "Mapping[str, Any] | None", None, "extra ``--conf`` settings of spark-submit.",
         renderer="json"),

@@ -171,6 +171,15 @@ class ShardedWriteOperator(BaseOperator):
     :param allow_duplicate_keys: keep the last row of a repeated key instead of failing. (templated)
     :param publish: move ``_CURRENT`` to the run when it succeeds; ``False`` stages it (manifest and a succeeded
         run record, no asset event) for ``ValidateManifestOperator`` / ``PublishSnapshotOperator``. (templated)
+    :param write_mode: ``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a
+        base run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input).
+        (templated)
+    :param delete_column: with ``write_mode='delta'``: a boolean column, true for rows that delete their key.
+        (templated)
+    :param base_run_id: the run a delta or compaction is written on; ``None``: the run ``_CURRENT`` names when the
+        job starts. (templated)
+    :param max_chain_depth: a delta whose base already has this many delta runs on its last full layer is written
+        compacted. (templated)
     :param spark_conn_id: apache-spark connection (master, deploy mode, spark-submit binary). (templated)
     :param spark_conf: extra ``--conf`` settings of spark-submit. (templated)
     :param spark_env_vars: environment of the Spark driver (``env_vars`` of the spark provider). (templated)
@@ -227,6 +236,10 @@ class ShardedWriteOperator(BaseOperator):
         shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
         allow_duplicate_keys: bool = _D.allow_duplicate_keys,
         publish: bool = _D.publish,
+        write_mode: str = _D.write_mode,
+        delete_column: str | None = _D.delete_column,
+        base_run_id: str | None = _D.base_run_id,
+        max_chain_depth: int = _D.max_chain_depth,
         spark_conn_id: str = _D.spark_conn_id,
         spark_conf: Mapping[str, Any] | None = _D.spark_conf,
         spark_env_vars: Mapping[str, Any] | None = _D.spark_env_vars,
@@ -273,6 +286,10 @@ class ShardedWriteOperator(BaseOperator):
         self.shard_retry = shard_retry
         self.allow_duplicate_keys = allow_duplicate_keys
         self.publish = publish
+        self.write_mode = write_mode
+        self.delete_column = delete_column
+        self.base_run_id = base_run_id
+        self.max_chain_depth = max_chain_depth
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf
         self.spark_env_vars = spark_env_vars

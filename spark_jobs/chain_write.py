@@ -1,0 +1,198 @@
+"""Delta and compaction runs (SPEC §13), on the Spark driver and in its tasks.
+
+The driver resolves the base run, takes its routing, encodings and shard count, routes the changed
+rows with the base's sharding and partitions them by shard id (partition index == shard id, as for
+full writes). Each task reads its base shard through the reader (verified download of its layers)
+to learn which changed keys exist, and writes one layer: the change (delta) or the whole merged
+shard (compaction). Shards without changes get no task output in a delta and keep their layers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from airflow_provider_shardyfusion.core import encoding, layout
+from airflow_provider_shardyfusion.core.errors import ConfigError
+
+from .shard_task import RESULT_DDL, RESULT_SCHEMA
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from airflow_provider_shardyfusion.core.manifest import Manifest
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+log = logging.getLogger("shardyfusion.job")
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """Plain data for the layer-writing closure."""
+
+    output_uri: str
+    storage_options: dict[str, Any]
+    run_id: str
+    base_manifest_ref: str
+    key_column: str
+    key_encoding: str
+    value_format: str
+    value_columns: tuple[str, ...]
+    delete_column: str | None
+    allow_duplicate_keys: bool
+    compact: bool
+    has_input: bool
+
+
+def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Manifest]:
+    """The base run's manifest URI and manifest: ``base_run_id``, else the run ``_CURRENT`` names now."""
+    from airflow_provider_shardyfusion.core.publish import resolve_manifest
+
+    mode = config.delta.write_mode
+    if config.delta.base_run_id is not None:
+        ref = resolve_manifest(snapshots, run_id=config.delta.base_run_id)
+        return ref.uri, snapshots.read_manifest(ref)
+    pointer = snapshots.current()
+    if pointer is None:
+        raise ConfigError(
+            f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
+            "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
+        )
+    return pointer.manifest_ref, snapshots.load_manifest(pointer)
+
+
+def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C901 - one check per inherited setting, each naming both values
+    """A chain inherits routing, encodings and shard count: anything given must agree, naming both values."""
+    conflicts = []
+    sharding = config.sharding
+    if base.shard_layout != "sst":
+        raise ConfigError(f"base run {base.run_id!r} ships its shards as database folders (shard_layout "
+                          f"{base.shard_layout!r}); deltas need SST shards: write a full snapshot first")
+    if config.key_column != base.sharding.key_column:
+        conflicts.append(f"key_column {config.key_column!r} vs the base's {base.sharding.key_column!r}")
+    if not sharding.unset:
+        if sharding.strategy != base.sharding.strategy:
+            conflicts.append(f"sharding {sharding.strategy!r} vs the base's {base.sharding.strategy!r}")
+        if sharding.num_dbs is not None and sharding.num_dbs != base.num_dbs:
+            conflicts.append(f"num_dbs {sharding.num_dbs} vs the base's {base.num_dbs}")
+        if sharding.max_keys_per_shard is not None:
+            conflicts.append("max_keys_per_shard (a chain keeps the base's num_dbs "
+                             f"{base.num_dbs})")
+        if sharding.cel_expr is not None and sharding.cel_expr != base.sharding.cel_expr:
+            conflicts.append(f"cel_expr {sharding.cel_expr!r} vs the base's {base.sharding.cel_expr!r}")
+    if config.key_encoding is not None and config.key_encoding != base.key_encoding:
+        conflicts.append(f"key_encoding {config.key_encoding!r} vs the base's {base.key_encoding!r}")
+    if config.delta.write_mode == "delta":
+        if config.value.format != base.value_format:
+            conflicts.append(f"value_format {config.value.format!r} vs the base's {base.value_format!r}")
+        elif base.value_columns and config.value.value_columns() != tuple(base.value_columns) \
+                and base.value_format == "json":
+            conflicts.append(f"value_columns {list(config.value.value_columns())} vs the base's {list(base.value_columns)}")
+    if conflicts:
+        raise ConfigError(f"write_mode {config.delta.write_mode!r} on base run {base.run_id!r}: " + "; ".join(conflicts)
+                          + " (a chain keeps the base's sharding and encodings; leave them unset or write a full snapshot)")
+
+
+def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
+    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values, first_null_row
+    from airflow_provider_shardyfusion.core.delta import sorted_changes
+
+    keys: list[Any] = []
+    values: list[bytes | None] = []
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        key_col = batch.column(plan.key_column)
+        if first_null_row(key_col) is not None:
+            raise encoding.null_key_error(plan.key_column)
+        check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
+        encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
+        if plan.delete_column is not None:
+            flags = batch.column(plan.delete_column).to_pylist()
+            encoded = [None if flag is True else v for v, flag in zip(encoded, flags, strict=True)]
+        keys.extend(key_col.to_pylist())
+        values.extend(encoded)
+    return sorted_changes(keys, values, key_encoding=plan.key_encoding, key_column=plan.key_column,
+                          allow_duplicate_keys=plan.allow_duplicate_keys)
+
+
+def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
+                task_attempt_id: int | None) -> dict[str, Any]:
+    """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
+    from airflow_provider_shardyfusion.core.delta import LayerResult, write_compacted_layer, write_delta_layer
+    from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.storage import open_store
+
+    changes = _changes_of(plan, batches) if plan.has_input else []
+    if not changes and not plan.compact:
+        return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
+    store = open_store(plan.output_uri, plan.storage_options)
+    akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
+    db_url = store.uri(akey)
+    work = tempfile.mkdtemp(prefix=f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-")
+    try:
+        with ShardedReader(plan.output_uri, storage_options=plan.storage_options, manifest_ref=plan.base_manifest_ref,
+                           cache_dir=os.path.join(work, "base")) as base:
+            base_db = base.open_shard(db_id)
+            entry = base.manifest.shard(db_id)
+            folder = os.path.join(work, "layer")
+            if plan.compact:
+                built = write_compacted_layer(folder, changes, base_db=base_db)
+            else:
+                built = write_delta_layer(folder, changes, base_db=base_db,
+                                          base_rows=entry.row_count if entry is not None else 0)
+        if built is None:  # compacted to nothing: an empty shard
+            return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
+        for f in built.files:
+            store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
+        log.info("shard %d attempt %d: %s layer of %d file(s), %d bytes, %s -> %d rows, written to %s", db_id, attempt,
+                 "compacted" if plan.compact else "delta", len(built.files), built.byte_size, built.counts.to_dict(),
+                 built.row_count, db_url)
+        return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=db_url,
+                           row_count=built.row_count, files=built.files, counts=built.counts,
+                           min_key=built.min_key.hex() if built.min_key is not None else None,
+                           max_key=built.max_key.hex() if built.max_key is not None else None).to_dict()
+    except ShardyfusionError as exc:
+        raise type(exc)(f"{exc} [shard {db_id}, attempt {attempt}]") from exc
+    except Exception as exc:
+        raise ShardWriteError(f"writing the layer of shard {db_id} attempt {attempt} to {db_url} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def make_layer_fn(plan: ChainPlan):
+    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        assert tc is not None  # always set inside a Spark task
+        out = write_layer(plan, batches, db_id=tc.partitionId(), attempt=tc.attemptNumber(),
+                          task_attempt_id=tc.taskAttemptId())
+        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
+
+    return write_partition
+
+
+def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) -> list[dict[str, Any]]:
+    """Run one task per shard (partition index == shard id) and collect their results."""
+    from .routing_task import SHARD_ID_COL, with_shard_id
+
+    if df is None:  # a compaction reads no input: one empty partition per shard
+        partitioned = spark.range(0, num_dbs, 1, num_dbs)
+    else:
+        keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]
+        routed = with_shard_id(df, routing_plan)
+        partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
+    rows = partitioned.mapInArrow(make_layer_fn(plan), RESULT_DDL).collect()
+    return [json.loads(r.result) for r in rows]

@@ -1,0 +1,233 @@
+"""Delta snapshots end to end (SPEC §13): real Spark, both stores, readers fresh and refreshing.
+
+After every step the snapshot is compared with a model dict the test builds on its own from the
+changes it asked for; the per-layer counts are checked against the same model.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage import open_store
+from tests.spark_helpers import run, write_parquet
+
+NUM_DBS = 4
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("shardyfusion-delta")
+               .config("spark.ui.enabled", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def change_table(upserts: dict[int, str], deletes: list[int]) -> pa.Table:
+    keys = [*upserts, *deletes]
+    return pa.table({"id": pa.array(keys, pa.int64()),
+                     "payload": [upserts.get(k) for k in keys],
+                     "deleted": pa.array([False] * len(upserts) + [True] * len(deletes), pa.bool_())})
+
+
+class Chain:
+    """Writes through the real job and keeps the model: the data every step must read back."""
+
+    def __init__(self, spark, tmp_path, root, options):
+        self.spark, self.tmp_path, self.root, self.options = spark, tmp_path, root, options
+        self.model: dict[int, bytes] = {}
+        self.step = 0
+
+    def write(self, mode: str, upserts: dict[int, str] | None = None, deletes: list[int] = (), **kw) -> dict:
+        self.step += 1
+        args = {"output_uri": self.root, "key_column": "id", "value_column": "payload",
+                "storage_options": self.options, "run_id": f"step{self.step:02d}-{mode}", **kw}
+        if mode == "full":
+            table = pa.table({"id": pa.array(list(upserts), pa.int64()), "payload": list(upserts.values())})
+            args.update(num_dbs=NUM_DBS, input_path=write_parquet(self.tmp_path, table, f"in{self.step}"))
+        elif mode == "delta":
+            table = change_table(upserts or {}, list(deletes))
+            args.update(write_mode="delta", delete_column="deleted",
+                        input_path=write_parquet(self.tmp_path, table, f"in{self.step}"))
+        else:
+            args.update(write_mode="compact")
+        record = run(self.spark, **args)
+        if mode == "full":
+            self.model = {}
+        for k, v in (upserts or {}).items():
+            self.model[k] = v.encode()
+        for k in deletes:
+            self.model.pop(k, None)
+        return record
+
+    def manifest(self):
+        snapshots = SnapshotRoot(open_store(self.root, self.options))
+        return snapshots.load_manifest(snapshots.current())
+
+    def check(self, reader: ShardedReader, absent=()) -> None:
+        keys = sorted(self.model)
+        assert reader.multi_get(keys) == [self.model[k] for k in keys]
+        assert reader.multi_get(list(absent)) == [None] * len(absent)
+        for k in list(absent)[:5]:
+            assert reader.get(k) is None
+        assert reader.manifest.row_count == len(self.model)
+
+
+def expected_counts(before: dict[int, bytes], upserts: dict[int, str], deletes: list[int]) -> dict[str, int]:
+    return {"puts": len(upserts), "deletes": len(deletes),
+            "inserted": sum(k not in before for k in upserts), "updated": sum(k in before for k in upserts),
+            "deleted": sum(k in before for k in deletes), "deleted_absent": sum(k not in before for k in deletes)}
+
+
+def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_path, any_root):
+    root, options = any_root
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(600)})
+    full = chain.manifest()
+    assert full.format_version == 1 and full.chain_depth == 0 and full.base_run_id is None
+
+    refreshing = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "follow")
+    chain.check(refreshing)
+    steps = [
+        # updates, inserts, deletes of present keys and of absent ones
+        ({**{k: f"v1-{k}" for k in range(0, 100, 2)}, **{k: f"v1-{k}" for k in range(600, 650)}},
+         [*range(101, 200, 5), 5000, 5001]),
+        # re-inserts of deleted keys, deletes of updated and of inserted keys
+        ({k: f"v2-{k}" for k in range(101, 200, 5)}, [0, 2, 4, 600, 601, 7777]),
+        # one shard's worth of change only: the other shards keep their layers
+        ({k: f"v3-{k}" for k in (3, 7, 11)}, []),
+    ]
+    gone: set[int] = set()
+    for depth, (upserts, deletes) in enumerate(steps, start=1):
+        before = dict(chain.model)
+        record = chain.write("delta", upserts, deletes)
+        manifest = chain.manifest()
+        assert manifest.run_id == record["run_id"] and manifest.format_version == 2
+        assert manifest.chain_depth == depth and manifest.base_run_id == f"step{depth:02d}-" + (
+            "full" if depth == 1 else "delta")
+        new_layers = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
+        got = {k: sum(getattr(layer, k) for layer in new_layers) for k in expected_counts({}, {}, [])}
+        assert got == expected_counts(before, upserts, deletes)
+        assert manifest.stats["rows"] == len(chain.model) == manifest.row_count
+        for shard in manifest.shards:  # layers oldest first, the newest the entry's own files
+            assert shard.layers[0].kind == "full" and shard.layers[0].run_id == "step01-full"
+            assert (shard.db_url, shard.files) == (shard.layers[-1].db_url, shard.layers[-1].files)
+        gone |= set(deletes)
+        gone -= set(upserts)
+        absent = sorted(gone | {9999})
+        with ShardedReader(root, storage_options=options) as fresh:
+            chain.check(fresh, absent)
+        assert refreshing.refresh() is True and refreshing.run_id == manifest.run_id
+        report = refreshing.last_refresh
+        assert report is not None and report.previous_run_id != manifest.run_id
+        # Only the new layers came down; the rest was built on the cached copies.
+        layer_bytes = sum(layer.byte_size for layer in new_layers)
+        assert report.layers_downloaded == len(new_layers) and report.bytes_downloaded == layer_bytes
+        assert report.shards_rebuilt == len(new_layers) and report.layers_reused >= len(new_layers)
+        chain.check(refreshing, absent)
+
+    # Compaction: the same data, one full layer per shard, depth 0.
+    chain.write("compact")
+    compacted = chain.manifest()
+    assert compacted.chain_depth == 0 and compacted.write_mode == "compact" and compacted.base_run_id == "step04-delta"
+    assert all(not s.layers and s.db_url.startswith(layout.join(root, layout.shards_prefix(compacted.run_id)))
+               for s in compacted.shards)
+    with ShardedReader(root, storage_options=options) as fresh:
+        chain.check(fresh, sorted(gone))
+    assert refreshing.refresh() is True
+    chain.check(refreshing, sorted(gone))
+    refreshing.close()
+
+
+def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(spark, tmp_path, any_root):
+    root, options = any_root
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(200)})
+    first_model = dict(chain.model)
+    chain.write("delta", {1: "d1"}, [2])
+    d1_model = dict(chain.model)
+    chain.write("delta", {3: "d2"}, [4])
+    # A delta on step02 while step03 is live: written, but publishing would drop step03's changes.
+    with pytest.raises(PublishManifestError, match=r"written on run 'step02-delta'.*names 'step03-delta'"):
+        chain.write("delta", {5: "late"}, [], base_run_id="step02-delta")
+    snapshots = SnapshotRoot(open_store(root, options))
+    assert snapshots.current().run_id == "step03-delta"
+    late = snapshots.read_run("step04-delta")
+    assert late.status == "succeeded" and late.published_at is None
+    from airflow_provider_shardyfusion.core.publish import publish_run
+
+    with pytest.raises(PublishManifestError, match="drop that run's changes"):
+        publish_run(snapshots, run_id="step04-delta", sleep=lambda s: None)
+    with pytest.raises(PublishManifestError, match="drop that run's changes"):
+        publish_run(snapshots, run_id="step04-delta", allow_older=True, sleep=lambda s: None)
+    # Rolling back to any run of the chain that was live works, and forward again.
+    for run_id, model in (("step02-delta", d1_model), ("step01-full", first_model)):
+        publish_run(snapshots, run_id=run_id, allow_older=True, sleep=lambda s: None)
+        with ShardedReader(root, storage_options=options) as reader:
+            assert reader.run_id == run_id
+            assert reader.multi_get(sorted(model)) == [model[k] for k in sorted(model)]
+    # And a delta with nothing published refuses to start.
+    with pytest.raises(ConfigError, match="needs a published snapshot"):
+        run(spark, output_uri=layout.join(root, "empty"), key_column="id", value_column="payload",
+            storage_options=options, write_mode="delta",
+            input_path=write_parquet(tmp_path, change_table({1: "x"}, []), "lonely"))
+
+
+def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_root):
+    root, options = file_root, None
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(100)})
+    with pytest.raises(ConfigError, match=r"num_dbs 8 vs the base's 4"):
+        chain.write("delta", {1: "x"}, [], num_dbs=8)
+    chain.model[1] = b"v0-1"  # that write was refused before anything was written
+    chain.write("delta", {1: "d1"}, [2], max_chain_depth=1)
+    assert chain.manifest().chain_depth == 1
+    chain.write("delta", {3: "d2"}, [4], max_chain_depth=1)  # the base is at the limit: written compacted
+    manifest = chain.manifest()
+    assert manifest.chain_depth == 0 and manifest.write_mode == "compact" and not any(s.layers for s in manifest.shards)
+    with ShardedReader(root, storage_options=options) as reader:
+        chain.check(reader, [2, 4])
+
+
+def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
+    root, options = any_root
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(300)})
+    chain.write("delta", {k: f"v1-{k}" for k in range(0, 300, 7)}, [1, 2, 3])
+    chain.write("delta", {k: f"v2-{k}" for k in range(0, 300, 11)}, [5])
+    store = open_store(root, options)
+    snapshots = SnapshotRoot(store)
+
+    def shard_objects(run_id):
+        return sorted(o.key for o in store.list(layout.shards_prefix(run_id)))
+
+    before = {r: shard_objects(r) for r in ("step01-full", "step02-delta", "step03-delta")}
+    assert all(before.values())
+    plan = make_plan(snapshots, keep_runs=1, grace_period=timedelta(0))
+    assert not [i for i in plan.items if i.category == "expired_snapshots"], plan.to_dict()
+    reasons = {s.run_id: s.reason for s in plan.skipped}
+    assert reasons["step01-full"] == "its layers are read by kept run step03-delta"
+    assert reasons["step02-delta"] == "its layers are read by kept run step03-delta"
+    execute_cleanup(snapshots, plan)
+    assert {r: shard_objects(r) for r in before} == before
+    with ShardedReader(root, storage_options=options) as reader:
+        chain.check(reader)
+
+    chain.write("compact")
+    plan = make_plan(snapshots, keep_runs=1, grace_period=timedelta(0))
+    doomed = {i.run_id for i in plan.items if i.category == "expired_snapshots"}
+    assert doomed == {"step01-full", "step02-delta", "step03-delta"}, plan.to_dict()
+    execute_cleanup(snapshots, plan)
+    assert all(shard_objects(r) == [] for r in before)
+    with ShardedReader(root, storage_options=options) as reader:
+        chain.check(reader)
