@@ -83,6 +83,10 @@ def _build_parser() -> argparse.ArgumentParser:
     val.add_argument("--expected-key", dest="expected_keys", action="append", metavar="KEY",
                      help="a key that must be present (repeat; text converted to the snapshot's key type)")
     val.add_argument("--verify-checksums", action="store_true", help="download every file and check its checksum")
+    val.add_argument("--max-delta-ratio", type=float,
+                     help="for a delta run: fail when (puts + deletes) / its base's rows is larger")
+    val.add_argument("--absent-key", dest="absent_keys", action="append", metavar="KEY",
+                     help="a key that must read nothing, e.g. one a delta deleted (repeat)")
     val.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
     get = subs.add_parser(
         "get", parents=[common], help="look keys up in the live snapshot",
@@ -176,6 +180,7 @@ def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         max_row_change_ratio=args.max_row_change_ratio, max_empty_shards=args.max_empty_shards,
         max_shard_skew=args.max_shard_skew, sample_lookups=args.sample_lookups, expected_keys=args.expected_keys,
         verify_checksums=args.verify_checksums, cache_dir=args.cache_dir, storage_options=_storage_options(args),
+        max_delta_ratio=args.max_delta_ratio, absent_keys=args.absent_keys,
     )
     return report.to_dict()
 

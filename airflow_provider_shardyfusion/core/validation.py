@@ -134,9 +134,12 @@ def threshold_checks(
     max_row_change_ratio: float | None = None,
     max_empty_shards: int | None = None,
     max_shard_skew: float | None = None,
+    max_delta_ratio: float | None = None,
 ) -> list[Check]:
     """The data-quality thresholds of one manifest; only the ones asked for are returned."""
     checks: list[Check] = []
+    if max_delta_ratio is not None:
+        checks.append(_delta_ratio_check(manifest, max_delta_ratio))
     rows = manifest.row_count
     where = f"run {manifest.run_id!r}"
     if min_rows is not None:
@@ -188,6 +191,24 @@ def threshold_checks(
     return checks
 
 
+def _delta_ratio_check(manifest: Manifest, limit: float) -> Check:
+    """(puts + deletes) of the run's own layers over the rows of its base (SPEC §13)."""
+    if manifest.write_mode != "delta":
+        return Check("max_delta_ratio", True, limit=limit, skipped=True,
+                     detail=f"a {manifest.write_mode} run, not a delta")
+    own = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
+    changes = sum(layer.puts + layer.deletes for layer in own)
+    base_rows = manifest.row_count - sum(layer.inserted - layer.deleted for layer in own)
+    detail = f"{changes} puts and deletes on base run {manifest.base_run_id!r} of {base_rows} rows"
+    if base_rows == 0:
+        return Check("max_delta_ratio", True, limit=limit, skipped=True, detail=f"{detail}: the ratio is undefined")
+    ratio = changes / base_rows
+    ok = ratio <= limit
+    return Check("max_delta_ratio", ok, figure=round(ratio, 6), limit=limit, detail=detail,
+                 problems=() if ok else (f"run {manifest.run_id!r}: delta ratio {ratio:.4f} exceeds max_delta_ratio "
+                                         f"{limit} ({detail})",))
+
+
 def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
     """Up to ``n`` distinct ``(db_id, key)`` from the shards' min/max keys, spread over the shards.
 
@@ -204,7 +225,7 @@ def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
         for shard in shards:
             if len(out) >= n:
                 return out
-            if shard.row_count == 0:
+            if shard.row_count == 0 or shard.layers:  # a chain's key range may name deleted keys
                 continue
             text = getattr(shard, attr)
             try:
@@ -271,6 +292,8 @@ def validate_snapshot(
     sample_lookups: int = 0,
     expected_keys: Iterable[Any] | None = None,
     verify_checksums: bool = False,
+    max_delta_ratio: float | None = None,
+    absent_keys: Iterable[Any] | None = None,
     cache_dir: str | None = None,
     storage_options: StorageOptions | Mapping[str, Any] | None = None,
 ) -> ValidationReport:
@@ -283,12 +306,18 @@ def validate_snapshot(
     max_row_change_ratio = _limit("max_row_change_ratio", max_row_change_ratio, integer=False)
     max_empty_shards = _limit("max_empty_shards", max_empty_shards, integer=True)  # type: ignore[assignment]
     max_shard_skew = _limit("max_shard_skew", max_shard_skew, integer=False)
+    max_delta_ratio = _limit("max_delta_ratio", max_delta_ratio, integer=False)
     sample_lookups = _limit("sample_lookups", sample_lookups or 0, integer=True)  # type: ignore[assignment]
     if isinstance(expected_keys, str):
         expected_keys = as_list("expected_keys", expected_keys)
     if expected_keys is not None and (isinstance(expected_keys, bytes) or not isinstance(expected_keys, Iterable)):
         raise ConfigError(f"expected_keys {show_value(expected_keys)} must be a list of keys")
     expected = list(expected_keys) if expected_keys is not None else []
+    if isinstance(absent_keys, str):
+        absent_keys = as_list("absent_keys", absent_keys)
+    if absent_keys is not None and (isinstance(absent_keys, bytes) or not isinstance(absent_keys, Iterable)):
+        raise ConfigError(f"absent_keys {show_value(absent_keys)} must be a list of keys")
+    absent = list(absent_keys) if absent_keys is not None else []
     if run_id is not None:
         layout.validate_run_id(run_id)
 
@@ -307,10 +336,11 @@ def validate_snapshot(
         checks.extend(threshold_checks(
             manifest, baseline_rows=baseline_rows, baseline_note=note, min_rows=min_rows,
             max_row_change_ratio=max_row_change_ratio, max_empty_shards=max_empty_shards, max_shard_skew=max_shard_skew,
+            max_delta_ratio=max_delta_ratio,
         ))
-        if sample_lookups or expected:
+        if sample_lookups or expected or absent:
             check, lookups = _lookup_check(snapshots, target, manifest, sample_lookups, expected, cache_dir,
-                                           storage_options)
+                                           storage_options, absent)
             checks.append(check)
     report = ValidationReport(
         output_uri=snapshots.root, run_id=target.run_id, manifest_ref=target.ref.uri if target.ref else None,
@@ -499,6 +529,7 @@ def _lookup_check(
     expected: Sequence[Any],
     cache_dir: str | None,
     storage_options: StorageOptions | Mapping[str, Any] | None,
+    absent: Sequence[Any] = (),
 ) -> tuple[Check, list[Lookup]]:
     from .reader import ShardedReader
 
@@ -515,6 +546,7 @@ def _lookup_check(
         problems.append(str(exc))
     wanted: list[tuple[int | None, Any, str]] = [(db_id, key, "sample") for db_id, key in samples]
     wanted += [(None, coerce_key(key, manifest.key_encoding), "expected") for key in expected]
+    wanted += [(None, coerce_key(key, manifest.key_encoding), "absent") for key in absent]
     lookups: list[Lookup] = []
     missing_expected: list[Any] = []
     try:
@@ -534,6 +566,10 @@ def _lookup_check(
                 if home is not None and db_id != home:
                     problems.append(f"{where}: key {show_value(key)} is stored in shard {home} but routes to shard "
                                     f"{db_id}: reader and writer disagree on routing")
+                elif source == "absent":
+                    if hit:
+                        problems.append(f"{where}: key {show_value(key)} should be absent (deleted) but reads a value "
+                                        f"from shard {db_id}")
                 elif not hit and source == "sample":
                     problems.append(f"{where}: key {show_value(key)} (min/max key of shard {home}) is not found in "
                                     f"shard {db_id}")
@@ -546,6 +582,7 @@ def _lookup_check(
         more = f" and {len(missing_expected) - _MAX_LISTED} more" if len(missing_expected) > _MAX_LISTED else ""
         problems.append(f"{where}: {len(missing_expected)} of {len(expected)} expected keys are missing: {shown}{more}")
     found: int = sum(1 for lk in lookups if lk.found)
-    figure = {"sampled": len(samples), "expected": len(expected), "found": found, "missing_expected": len(missing_expected)}
+    figure = {"sampled": len(samples), "expected": len(expected), "absent": len(absent), "found": found,
+              "missing_expected": len(missing_expected)}
     return Check("lookups", not problems, figure=figure,
                  detail=f"{found} of {len(wanted)} keys read through ShardedReader", problems=tuple(problems)), lookups

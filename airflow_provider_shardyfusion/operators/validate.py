@@ -44,14 +44,18 @@ class ValidateManifestOperator(BaseOperator):
     :param expected_keys: keys that must be present (text is converted to the snapshot's key type:
         integers for ``u64be``/``u32be``, UTF-8 bytes for ``raw``).
     :param verify_checksums: also download every file and check its checksum (else presence and size).
+    :param max_delta_ratio: for a delta run, fail when its puts plus deletes divided by its base's rows is
+        larger (skipped for full and compacted runs).
+    :param absent_keys: keys that must read ``None`` through the whole chain (e.g. the keys a delta deleted).
     :param aws_conn_id: AWS connection for ``s3://`` roots.
     """
 
     template_fields: Sequence[str] = (
         "output_uri", "run_id", "manifest_ref", "min_rows", "max_row_change_ratio", "max_empty_shards",
-        "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "aws_conn_id",
+        "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "max_delta_ratio", "absent_keys",
+        "aws_conn_id",
     )
-    template_fields_renderers: ClassVar[dict[str, str]] = {"expected_keys": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"expected_keys": "json", "absent_keys": "json"}
     ui_color = "#d5f5e3"
 
     def __init__(
@@ -67,6 +71,8 @@ class ValidateManifestOperator(BaseOperator):
         sample_lookups: int = 0,
         expected_keys: Sequence[Any] | None = None,
         verify_checksums: bool = False,
+        max_delta_ratio: float | None = None,
+        absent_keys: Sequence[Any] | None = None,
         aws_conn_id: str | None = "aws_default",
         **kwargs: Any,
     ) -> None:
@@ -82,6 +88,8 @@ class ValidateManifestOperator(BaseOperator):
         self.sample_lookups = sample_lookups
         self.expected_keys = expected_keys
         self.verify_checksums = verify_checksums
+        self.max_delta_ratio = max_delta_ratio
+        self.absent_keys = absent_keys
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -105,6 +113,7 @@ class ValidateManifestOperator(BaseOperator):
                 max_row_change_ratio=self.max_row_change_ratio, max_empty_shards=self.max_empty_shards,
                 max_shard_skew=self.max_shard_skew, sample_lookups=self.sample_lookups,
                 expected_keys=self.expected_keys, verify_checksums=self.verify_checksums,
+                max_delta_ratio=self.max_delta_ratio, absent_keys=self.absent_keys,
                 storage_options=hook.storage_options(output_uri),
             )
         except ManifestValidationError as exc:

@@ -231,3 +231,37 @@ def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
     assert all(shard_objects(r) == [] for r in before)
     with ShardedReader(root, storage_options=options) as reader:
         chain.check(reader)
+
+
+def test_validation_over_a_chain(spark, tmp_path, any_root):
+    from airflow_provider_shardyfusion.cli import main as cli
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+
+    root, options = any_root
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(400)})
+    chain.write("delta", {**{k: f"v1-{k}" for k in range(10)}, 1000: "new"}, [20, 21, 22, 9999], publish=False)
+    snapshots = SnapshotRoot(open_store(root, options))
+    report = validate_snapshot(snapshots, run_id="step02-delta", max_delta_ratio=0.05, sample_lookups=8,
+                               expected_keys=[0, 1000], absent_keys=[20, 21, 22, 9999], verify_checksums=True,
+                               min_rows=len(chain.model), storage_options=options)
+    checks = {c.name: c for c in report.checks}
+    assert checks["max_delta_ratio"].figure == round(15 / 400, 6) and not checks["max_delta_ratio"].skipped
+    assert checks["lookups"].figure["absent"] == 4 and report.rows == len(chain.model) == 398
+    assert checks["storage"].ok
+    with pytest.raises(ManifestValidationError) as failed:
+        validate_snapshot(snapshots, run_id="step02-delta", max_delta_ratio=0.01, absent_keys=[0],
+                          storage_options=options)
+    text = str(failed.value)
+    assert "delta ratio 0.0375 exceeds max_delta_ratio 0.01" in text
+    assert "key 0 should be absent (deleted) but reads a value" in text
+    # A layer of the base gone missing is a storage problem of the delta, named with its layer.
+    store = open_store(root, options)
+    victim = next(o.key for o in store.list(layout.shards_prefix("step01-full")))
+    store.delete_many([victim])
+    with pytest.raises(ManifestValidationError, match=r"layer 0, written by run 'step01-full'.*is missing"):
+        validate_snapshot(snapshots, run_id="step02-delta", storage_options=options)
+    if options is None:  # the CLI twin, on the local store
+        assert cli(["validate", root, "--run-id", "step02-delta", "--max-delta-ratio", "0.5",
+                    "--absent-key", "20"]) == 1
