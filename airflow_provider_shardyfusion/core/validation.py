@@ -280,6 +280,15 @@ class _Target:
     live: bool
 
 
+def _key_list(name: str, keys: Any) -> list[Any]:
+    """A list of keys as given, or read from its rendered text (``core.arguments``)."""
+    if isinstance(keys, str):
+        keys = as_list(name, keys)
+    if keys is not None and (isinstance(keys, bytes) or not isinstance(keys, Iterable)):
+        raise ConfigError(f"{name} {show_value(keys)} must be a list of keys")
+    return list(keys) if keys is not None else []
+
+
 def validate_snapshot(
     snapshots: SnapshotRoot,
     *,
@@ -308,16 +317,8 @@ def validate_snapshot(
     max_shard_skew = _limit("max_shard_skew", max_shard_skew, integer=False)
     max_delta_ratio = _limit("max_delta_ratio", max_delta_ratio, integer=False)
     sample_lookups = _limit("sample_lookups", sample_lookups or 0, integer=True)  # type: ignore[assignment]
-    if isinstance(expected_keys, str):
-        expected_keys = as_list("expected_keys", expected_keys)
-    if expected_keys is not None and (isinstance(expected_keys, bytes) or not isinstance(expected_keys, Iterable)):
-        raise ConfigError(f"expected_keys {show_value(expected_keys)} must be a list of keys")
-    expected = list(expected_keys) if expected_keys is not None else []
-    if isinstance(absent_keys, str):
-        absent_keys = as_list("absent_keys", absent_keys)
-    if absent_keys is not None and (isinstance(absent_keys, bytes) or not isinstance(absent_keys, Iterable)):
-        raise ConfigError(f"absent_keys {show_value(absent_keys)} must be a list of keys")
-    absent = list(absent_keys) if absent_keys is not None else []
+    expected = _key_list("expected_keys", expected_keys)
+    absent = _key_list("absent_keys", absent_keys)
     if run_id is not None:
         layout.validate_run_id(run_id)
 
@@ -521,6 +522,18 @@ def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any]) -> Check | N
     return Check("lookups", True, skipped=True, detail=why)
 
 
+def _lookup_problem(where: str, key: Any, source: str, home: int | None, db_id: int, hit: bool) -> str | None:
+    """What one look-up says is wrong (a missing expected key is collected apart, to be listed once)."""
+    if home is not None and db_id != home:
+        return (f"{where}: key {show_value(key)} is stored in shard {home} but routes to shard {db_id}: reader and "
+                "writer disagree on routing")
+    if source == "absent" and hit:
+        return f"{where}: key {show_value(key)} should be absent (deleted) but reads a value from shard {db_id}"
+    if source == "sample" and not hit:
+        return f"{where}: key {show_value(key)} (min/max key of shard {home}) is not found in shard {db_id}"
+    return None
+
+
 def _lookup_check(
     snapshots: SnapshotRoot,
     target: _Target,
@@ -563,17 +576,10 @@ def _lookup_check(
                 hit = value is not None
                 lookups.append(Lookup(_show_key(key), source, db_id, hit,
                                       value_digest(value, manifest.value_format) if hit else None))
-                if home is not None and db_id != home:
-                    problems.append(f"{where}: key {show_value(key)} is stored in shard {home} but routes to shard "
-                                    f"{db_id}: reader and writer disagree on routing")
-                elif source == "absent":
-                    if hit:
-                        problems.append(f"{where}: key {show_value(key)} should be absent (deleted) but reads a value "
-                                        f"from shard {db_id}")
-                elif not hit and source == "sample":
-                    problems.append(f"{where}: key {show_value(key)} (min/max key of shard {home}) is not found in "
-                                    f"shard {db_id}")
-                elif not hit:
+                problem = _lookup_problem(where, key, source, home, db_id, hit)
+                if problem:
+                    problems.append(problem)
+                elif source == "expected" and not hit:
                     missing_expected.append(key)
     except ShardyfusionError as exc:
         problems.append(f"{where}: the reader could not open {target.ref.uri}: {type(exc).__name__}: {exc}")

@@ -154,7 +154,8 @@ def test_operator_keeps_templated_arguments_verbatim_and_checks_them_in_execute(
     assert op.output_uri == "{{ var.value.root }}" and op.min_rows == "{{ params.min_rows }}"
     assert set(op.template_fields) == {
         "output_uri", "run_id", "manifest_ref", "min_rows", "max_row_change_ratio", "max_empty_shards",
-        "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "aws_conn_id"}
+        "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "max_delta_ratio", "absent_keys",
+        "aws_conn_id"}
     bad = ValidateManifestOperator(task_id="b", output_uri="file:///tmp/nowhere", min_rows=-3)
     with pytest.raises(ConfigError, match="min_rows -3 must be an integer >= 0"):
         bad.execute({})
