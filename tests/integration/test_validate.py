@@ -64,7 +64,7 @@ def test_a_good_staged_snapshot_passes_with_its_figures(any_root):
     assert by_name["max_empty_shards"].figure == 0
     largest = max(s.row_count for s in m.shards)
     assert by_name["max_shard_skew"].figure == pytest.approx(largest / (380 / 4), abs=1e-6)
-    assert by_name["lookups"].figure == {"sampled": 8, "expected": 3, "found": 11, "missing_expected": 0}
+    assert by_name["lookups"].figure == {"sampled": 8, "expected": 3, "absent": 0, "found": 11, "missing_expected": 0}
     # the report is JSON (an XCom) as it is
     assert json.loads(json.dumps(report.to_dict()))["checks"][0]["name"] == "structure"
 
