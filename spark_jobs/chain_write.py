@@ -51,6 +51,7 @@ class ChainPlan:
     allow_duplicate_keys: bool
     compact: bool
     has_input: bool
+    faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Manifest]:
@@ -175,10 +176,14 @@ def make_layer_fn(plan: ChainPlan):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        from . import faults
+
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
-        out = write_layer(plan, batches, db_id=tc.partitionId(), attempt=tc.attemptNumber(),
-                          task_attempt_id=tc.taskAttemptId())
+        db_id, attempt = tc.partitionId(), tc.attemptNumber()
+        faults.before_shard_write(plan.faults or {}, db_id, attempt)
+        out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
+        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition

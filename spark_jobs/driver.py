@@ -200,7 +200,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         base_manifest_ref=base_ref, key_column=config.key_column, key_encoding=base.key_encoding,
         value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
-        compact=compact, has_input=df is not None,
+        compact=compact, has_input=df is not None, faults=faults,
     )
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind, wrong_router=bool(faults.get("wrong_router")))
     with _Step(run_id, durations, "route_shuffle_write_layers"):
