@@ -99,7 +99,7 @@ class ShardEntry:
     files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
     # A chain's shard (format 2): every layer, oldest first; db_url / files are then the newest
     # layer's and byte_size the sum of all. Empty for a full snapshot's shard: db_url / files are it.
-    layers: tuple[ShardLayer, ...] = field(default=(), metadata={"entry": "layer"})
+    layers: tuple[ShardLayer, ...] = field(default_factory=tuple, metadata={"entry": "layer"})
 
     def all_layers(self) -> tuple[ShardLayer, ...]:
         """The layers a reader ingests, oldest first (one full layer for a shard without ``layers``)."""
@@ -334,6 +334,9 @@ class Manifest:
 
     @classmethod
     def _from_dict(cls, obj: dict[str, Any]) -> Manifest:
+        if isinstance(obj, dict):
+            # Written before chains existed: a full snapshot.
+            obj = {"chain_depth": 0, "write_mode": "full", **obj}
         manifest = ser.from_plain(cls, obj, _WHAT, _ERR)
         if manifest.run_started_at is None and isinstance(manifest.stats.get("run_started_at"), str):
             # Manifests written before the field existed kept it in stats only.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -499,3 +500,38 @@ def test_manifest_refuses_a_db_url_in_another_shards_folder():
     manifest.validate()
     with pytest.raises(ManifestValidationError, match="in its own folder"):
         dataclasses.replace(manifest, shards=(entry(1, 2),)).validate()
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_stored_manifests_of_every_format_still_read():
+    """A full manifest as written before chains existed (format 1, no chain fields) and a delta's (format 2)."""
+    old = Manifest.from_bytes((DATA / "manifest_v1_pre_delta.json").read_bytes())
+    assert old.format_version == 1 and old.chain_depth == 0 and old.write_mode == "full" and old.base_run_id is None
+    assert not old.is_chain and old.layer_run_ids() == {old.run_id}
+    for shard in old.shards:  # read as one full layer of its own run
+        (layer,) = shard.all_layers()
+        assert (layer.run_id, layer.db_url, layer.files, layer.kind) == (old.run_id, shard.db_url, shard.files, "full")
+    delta = Manifest.from_bytes((DATA / "manifest_v2_delta.json").read_bytes())
+    assert delta.format_version == 2 and delta.chain_depth == 1 and delta.base_run_id == old.run_id
+    assert delta.layer_run_ids() == {old.run_id, delta.run_id}
+    assert delta.row_count == 40 - 1 + 1  # key 2 deleted, key 50 inserted, key 1 updated
+    new = [layer for s in delta.shards for layer in s.layers if layer.run_id == delta.run_id]
+    assert sum(x.inserted for x in new) == 1 and sum(x.updated for x in new) == 1 and sum(x.deleted for x in new) == 1
+    assert all(s.layers[0].files == o.files for s, o in zip(delta.shards, old.shards, strict=True))
+
+
+def test_a_chain_manifest_needs_format_2_and_consistent_layers():
+    data = json.loads((DATA / "manifest_v2_delta.json").read_bytes())
+    with pytest.raises(ManifestValidationError, match="need format_version 2"):
+        Manifest.from_dict({**data, "format_version": 1})
+    broken = json.loads(json.dumps(data))
+    broken["shards"][0]["layers"][-1]["inserted"] += 1
+    with pytest.raises(ManifestValidationError, match="counts are negative or inconsistent"):
+        Manifest.from_dict(broken)
+    moved = json.loads(json.dumps(data))
+    moved["shards"][0]["layers"][0]["db_url"] = moved["shards"][0]["layers"][0]["db_url"].replace(
+        "run_id=20260101T000000Z-0000base", "run_id=20260101T000000Z-elsewhere")
+    with pytest.raises(ManifestValidationError, match="is not in that run's folder"):
+        Manifest.from_dict(moved)
