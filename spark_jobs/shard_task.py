@@ -82,16 +82,10 @@ def unsample_value(v: Any) -> Any:
     return base64.b64decode(v["b64"]) if isinstance(v, dict) and "b64" in v else v
 
 
-def _memory_dir() -> str | None:
-    """A memory-backed (tmpfs) folder on this executor, if it has one."""
-    path = "/dev/shm"
-    return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else None
-
-
 def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,  # noqa: C901 - the write hot path of one Spark task, step by step as SPEC §6.8 lists it
                     task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
-    from airflow_provider_shardyfusion.core import layout
+    from airflow_provider_shardyfusion.core import layout, scratch
     from airflow_provider_shardyfusion.core.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
@@ -128,7 +122,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
                      f"shardyfusion-db{db_id:05d}-a{attempt:02d}-{os.getpid()}-{secrets.token_hex(6)}"),
         plan.key_encoding, key_column=plan.key_column, sort_run_rows=plan.sort_run_rows,
         batch_size=plan.batch_size, allow_duplicate_keys=plan.allow_duplicate_keys, limiter=limiter,
-        presorted=plan.presorted, memory_dir=_memory_dir(), memory_max_bytes=plan.memory_build_max_bytes,
+        presorted=plan.presorted, memory_dir=scratch.memory_dir(), memory_max_bytes=plan.memory_build_max_bytes,
         shard_layout=WRITER_SHARD_LAYOUT,
     )
     sample: list[dict[str, Any]] = []

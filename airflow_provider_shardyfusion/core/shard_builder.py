@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import checksum, encoding
+from . import checksum, encoding, scratch
 from .arrow_codec import first_null_row
 from .errors import InputDataError, show_value
 from .manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
@@ -255,14 +254,9 @@ class ShardBuilder:
         if not final or self._runs > 0 or self.memory_dir is None or self.memory_max_bytes <= 0:
             return
         size = sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
-        if size > self.memory_max_bytes:
-            return
-        try:
-            st = os.statvfs(self.memory_dir)
-            if st.f_bavail * st.f_frsize < 4 * size:  # the SST and headroom
-                return
-            self._memory_workdir = tempfile.mkdtemp(prefix="shardyfusion-db-", dir=self.memory_dir)
-        except OSError:
+        self._memory_workdir = scratch.memory_workdir(size, self.memory_max_bytes, base=self.memory_dir,
+                                                      prefix="shardyfusion-db-")
+        if self._memory_workdir is None:
             return  # no usable memory folder: build on disk as usual
         self._build_dir = self._memory_workdir
         self.db_dir = self._files_dir(self._memory_workdir)

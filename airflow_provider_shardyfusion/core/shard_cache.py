@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict
 
-from . import layout
+from . import layout, scratch
 from .checksum import file_checksum, verify_file
 from .errors import ChecksumMismatchError, ReaderError
 from .loaded_snapshot import LoadedSnapshot, StaleSnapshot
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _MARKER = ".shardyfusion-shard.json"
 # "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
 _INCOMING = ".incoming"
+# Shards up to this size are downloaded and built into a database in a memory-backed folder.
+MEMORY_BUILD_MAX_BYTES = 256 << 20
 
 
 class CacheStats:
@@ -240,12 +242,17 @@ class ShardCache:
         # Download into a private folder and rename it into place: a half-downloaded or unverified
         # shard is never visible under its final name (to this or another process sharing cache_dir).
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        # A small shard to ingest is downloaded and built in memory, then its database copied out.
+        memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_MAX_BYTES, prefix="shardyfusion-cache-") \
+            if ingest else None
         try:
-            local_files = self._download_verified(snapshot, shard, os.path.join(staging, _INCOMING) if ingest else staging,
-                                                  shard.db_url, shard.files)
+            local_files = self._download_verified(
+                snapshot, shard, os.path.join(memory or staging, _INCOMING) if ingest else staging, shard.db_url,
+                shard.files)
             if ingest and snapshot.retired:
                 raise StaleSnapshot()
-            written = _ingest_into_db(staging, local_files, entry, shard, run_id) if ingest else marker
+            written = _ingest_into_db(staging, local_files, entry, shard, run_id,
+                                      build_dir=os.path.join(memory, "db") if memory else None) if ingest else marker
             with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
                 fh.write(written)
             if snapshot.retired:
@@ -263,6 +270,8 @@ class ShardCache:
         finally:
             if os.path.isdir(staging):
                 shutil.rmtree(staging, ignore_errors=True)
+            if memory is not None:
+                shutil.rmtree(memory, ignore_errors=True)
 
     # -- shards of a chain (SPEC §13) --------------------------------------------------------------
 
@@ -378,18 +387,22 @@ def _db_file_read(name: str) -> bool:
     return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
 
 
-def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str) -> str:
-    """Create a database in ``folder`` from the verified ``ssts`` (moved in); return its marker.
+def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str, *,
+                    build_dir: str | None = None) -> str:
+    """Create a database in ``folder`` (or add to the one there) from the verified ``ssts``; return its marker.
 
     One ingestion per file, in the manifest's order: sort runs of one shard may overlap, and a
-    later run must win as it did in the writer. The marker records every file the database reads
-    with its size and checksum as they are after ingestion (RocksDB may rename a file and stamp a
-    sequence number into it), so a later reuse re-checks exactly what it will open.
+    later run must win as it did in the writer. With ``build_dir`` (a memory-backed folder) the
+    database is built there and the files it reads copied into ``folder``: creating it on a disk
+    costs more fsyncs than the download of a small shard. The marker records every file the
+    database reads with its size and checksum as they are after ingestion (RocksDB may rename a
+    file and stamp a sequence number into it), so a later reuse re-checks exactly what it will open.
     """
     opts = Options(raw_mode=True)
     opts.set_disable_auto_compactions(True)  # the files must stay as the marker records them
+    target = build_dir or folder
     try:
-        db = Rdict(folder, opts)
+        db = Rdict(target, opts)
         try:
             how = IngestExternalFileOptions()
             how.set_move_files(True)
@@ -404,10 +417,12 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
         ) from exc
     shutil.rmtree(os.path.join(folder, _INCOMING), ignore_errors=True)
     local = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
+    for name in sorted(os.listdir(target)):
+        path = os.path.join(target, name)
         if _db_file_read(name) and os.path.isfile(path):
             local.append({"name": name, "size": os.path.getsize(path), "checksum": file_checksum(path)})
+            if build_dir is not None:
+                shutil.copyfile(path, os.path.join(folder, name))
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
 
 
