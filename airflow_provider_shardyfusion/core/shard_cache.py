@@ -229,12 +229,8 @@ class ShardCache:
         if ingest:
             entry["shard_layout"] = SHARD_LAYOUT_SST
         marker = json.dumps(entry, sort_keys=True)
-        if os.path.isdir(final):
-            if _cached_copy_ok(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
-                return final
-            log.info("shard %s of run %s: cached copy at %s is stale, incomplete or corrupt; downloading again",
-                     shard.db_id, run_id, final)
-            shutil.rmtree(final, ignore_errors=True)
+        if _reusable(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
+            return final
         if not shard.files:
             raise ReaderError(f"shard {shard.db_id} of run {run_id!r} ({shard.db_url}) lists no files in the manifest")
         parent = os.path.dirname(final)
@@ -280,10 +276,8 @@ class ShardCache:
         folder = layout.local_layer_dir(self.root, layer.run_id, shard.db_id)
         marker = json.dumps({"db_url": layer.db_url, "files": [f.to_dict() for f in layer.files]}, sort_keys=True)
         paths = [os.path.join(folder, *f.name.split("/")) for f in layer.files]
-        if os.path.isdir(folder):
-            if _cached_copy_ok(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
-                return paths
-            shutil.rmtree(folder, ignore_errors=True)
+        if _reusable(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
+            return paths
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(folder)}-", dir=os.path.dirname(folder))
         try:
@@ -314,10 +308,8 @@ class ShardCache:
         entry = {"layers": layers, "shard_layout": SHARD_LAYOUT_SST}
         marker = json.dumps(entry, sort_keys=True)
         where = f"shard {shard.db_id} of run {run_id!r}"
-        if os.path.isdir(final):
-            if _cached_copy_ok(final, marker, (), where):
-                return final
-            shutil.rmtree(final, ignore_errors=True)
+        if _reusable(final, marker, (), where):
+            return final
         parent = os.path.dirname(final)
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
@@ -424,6 +416,17 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
             if build_dir is not None:
                 shutil.copyfile(path, os.path.join(folder, name))
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
+
+
+def _reusable(path: str, marker: str, files: tuple[ShardFile, ...], where: str) -> bool:
+    """Whether a cached copy at ``path`` can be reused; one that cannot is removed (downloaded again)."""
+    if not os.path.isdir(path):
+        return False
+    if _cached_copy_ok(path, marker, files, where):
+        return True
+    log.info("%s: cached copy at %s is stale, incomplete or corrupt; downloading again", where, path)
+    shutil.rmtree(path, ignore_errors=True)
+    return False
 
 
 def _layer_sig(layer: ShardLayer) -> dict[str, Any]:
