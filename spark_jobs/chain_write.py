@@ -9,6 +9,7 @@ shard (compaction). Shards without changes get no task output in a delta and kee
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -183,6 +184,9 @@ def make_layer_fn(plan: ChainPlan):
         db_id, attempt = tc.partitionId(), tc.attemptNumber()
         faults.before_shard_write(plan.faults or {}, db_id, attempt)
         out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
+        # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
+        # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
+        collections.deque(batches, maxlen=0)
         faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
@@ -193,7 +197,7 @@ def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) ->
     """Run one task per shard (partition index == shard id) and collect their results."""
     from .routing_task import SHARD_ID_COL, with_shard_id
 
-    if df is None:  # a compaction reads no input: one empty partition per shard
+    if df is None:  # a compaction reads no input: one placeholder row per shard, partition index == shard id
         partitioned = spark.range(0, num_dbs, 1, num_dbs)
     else:
         keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]

@@ -41,3 +41,17 @@ def build_history_root(root: str, opts: dict[str, Any] | None) -> dict[str, str]
     store.put(layout.run_record_key("20260109T000000Z-broken00"), b"{not json")
     assert validate_snapshot(snapshots, run_id=runs["staged"], min_rows=1).ok
     return runs
+
+
+def client_for(roots, opts, tmp_path) -> Any:
+    """A FastAPI test client of the history app over ``roots`` (its reader cache under ``tmp_path``)."""
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+
+    source = HistorySource(
+        roots=lambda: list(roots), open_root=lambda uri: SnapshotRoot(open_store(uri, opts)),
+        open_reader=lambda uri, ref: ShardedReader(uri, storage_options=opts, manifest_ref=ref,
+                                                   cache_dir=str(tmp_path / "cache")))
+    return TestClient(create_app(source))

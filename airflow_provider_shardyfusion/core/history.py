@@ -17,7 +17,7 @@ from .errors import ConfigError
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
 if TYPE_CHECKING:
-    from .manifest import Manifest
+    from .manifest import Manifest, ShardEntry
     from .pointer import CurrentPointer
     from .snapshot import SnapshotRoot
 
@@ -130,16 +130,20 @@ def _entry(record: RunRecord, live: CurrentPointer | None, next_published: RunRe
 
 @dataclass(frozen=True)
 class ShardDiff:
+    """One shard of two runs: rows and bytes of each, whether its files are the same, and, when run
+    ``b`` extends run ``a``'s chain in this shard, exactly what ``b``'s newer layers did."""
+
     db_id: int
     rows_a: int | None
     rows_b: int | None
     bytes_a: int | None
     bytes_b: int | None
-    same_files: bool  # identical file names, sizes and checksums: the shard did not change
+    same_files: bool  # identical layers, file names, sizes and checksums: the shard did not change
+    changes: dict[str, int] | None = None  # inserted / updated / deleted / deleted_absent along the chain
 
     def to_dict(self) -> dict[str, Any]:
         return {"db_id": self.db_id, "rows_a": self.rows_a, "rows_b": self.rows_b, "bytes_a": self.bytes_a,
-                "bytes_b": self.bytes_b, "same_files": self.same_files}
+                "bytes_b": self.bytes_b, "same_files": self.same_files, "changes": self.changes}
 
 
 @dataclass(frozen=True)
@@ -155,10 +159,34 @@ class RunDiff:
     same_routing: bool  # same num_dbs and sharding: shard i of one holds the keys of shard i of the other
     shards: tuple[ShardDiff, ...]
 
+    @property
+    def changes(self) -> dict[str, int] | None:
+        """Exact inserted / updated / deleted from ``a`` to ``b`` when ``b`` extends ``a``'s chain in every shard."""
+        if not self.shards or any(s.changes is None for s in self.shards):
+            return None
+        return {k: sum((s.changes or {}).get(k, 0) for s in self.shards) for k in _CHANGE_KEYS}
+
     def to_dict(self) -> dict[str, Any]:
         return {"run_a": self.run_a, "run_b": self.run_b, "rows_a": self.rows_a, "rows_b": self.rows_b,
                 "rows_change": self.rows_b - self.rows_a, "bytes_a": self.bytes_a, "bytes_b": self.bytes_b,
-                "same_routing": self.same_routing, "shards": [s.to_dict() for s in self.shards]}
+                "same_routing": self.same_routing, "changes": self.changes, "shards": [s.to_dict() for s in self.shards]}
+
+
+_CHANGE_KEYS = ("inserted", "updated", "deleted", "deleted_absent")
+
+
+def _chain_changes(sa: ShardEntry | None, sb: ShardEntry | None) -> dict[str, int] | None:
+    """What ``sb``'s layers beyond ``sa``'s did, if ``sa``'s layers are where ``sb``'s begin; else None."""
+    layers_a = sa.all_layers() if sa is not None else ()
+    layers_b = sb.all_layers() if sb is not None else ()
+    if len(layers_b) < len(layers_a) or layers_b[:len(layers_a)] != layers_a:
+        return None
+    if sb is None and sa is None:
+        return None
+    newer = layers_b[len(layers_a):]
+    if any(layer.kind != "delta" for layer in newer):
+        return None
+    return {k: sum(getattr(layer, k) for layer in newer) for k in _CHANGE_KEYS}
 
 
 def diff_runs(snapshots: SnapshotRoot, run_a: str, run_b: str) -> RunDiff:
@@ -169,18 +197,23 @@ def diff_runs(snapshots: SnapshotRoot, run_a: str, run_b: str) -> RunDiff:
     diffs = []
     for db_id in sorted(set(shards_a) | set(shards_b)):
         sa, sb = shards_a.get(db_id), shards_b.get(db_id)
-        files_a = sorted((f.name, f.size, f.checksum) for f in sa.files) if sa else None
-        files_b = sorted((f.name, f.size, f.checksum) for f in sb.files) if sb else None
+        files_a = _layer_files(sa) if sa else None
+        files_b = _layer_files(sb) if sb else None
         diffs.append(ShardDiff(
             db_id=db_id, rows_a=sa.row_count if sa else None, rows_b=sb.row_count if sb else None,
-            bytes_a=sum(f.size for f in sa.files) if sa else None, bytes_b=sum(f.size for f in sb.files) if sb else None,
+            bytes_a=sa.byte_size if sa else None, bytes_b=sb.byte_size if sb else None,
             same_files=files_a == files_b and files_a is not None,
+            changes=_chain_changes(sa, sb) if a.num_dbs == b.num_dbs and a.sharding == b.sharding else None,
         ))
     return RunDiff(
         run_a=run_a, run_b=run_b, rows_a=a.row_count, rows_b=b.row_count,
         bytes_a=sum(d.bytes_a or 0 for d in diffs), bytes_b=sum(d.bytes_b or 0 for d in diffs),
         same_routing=a.num_dbs == b.num_dbs and a.sharding == b.sharding, shards=tuple(diffs),
     )
+
+
+def _layer_files(shard: ShardEntry) -> list[list[tuple[str, int, str]]]:
+    return [sorted((f.name, f.size, f.checksum) for f in layer.files) for layer in shard.all_layers()]
 
 
 def _manifest_of(snapshots: SnapshotRoot, run_id: str) -> Manifest:

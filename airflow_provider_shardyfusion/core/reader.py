@@ -109,6 +109,11 @@ class ShardedReader:
     def cache_dir(self) -> str:
         return self._cache.root
 
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """What this reader's cache downloaded and built so far: layers, bytes, shards built, layers reused."""
+        return self._cache.stats.snapshot()
+
     def get(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> Any:
         """The decoded value of ``key``, or ``None`` if the snapshot does not hold it.
 
@@ -227,18 +232,22 @@ class ShardedReader:
                 self._check_swapped(state)
 
     def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
-        """Open in ``new`` every shard ``old`` served that a chain extends, building on the cached layers.
+        """Open in ``new`` every shard ``old`` served that is part of ``new``'s chain; return how many changed.
 
-        A shard of a chain is rebuilt by ingesting only the layers the served copy lacks, while that
-        copy still exists; shards nobody read stay cold as before.
+        While the served copy still exists, a changed shard is built on it by ingesting only the
+        layers it lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay
+        cold as before.
         """
         rebuilt = 0
         for db_id in list(old.handles):
             entry, before = new.shards.get(db_id), old.shards.get(db_id)
-            if entry is None or not entry.layers or entry == before:
+            if entry is None or before is None or not entry.layers:
                 continue
+            prefix = before.all_layers()
+            if entry.layers[:len(prefix)] != prefix:
+                continue  # not built on what is served (a rollback, another chain): stays cold
             self._cache.open_shard(new, db_id)
-            rebuilt += 1
+            rebuilt += len(entry.layers) > len(prefix)
         return rebuilt
 
     def close(self) -> None:

@@ -313,22 +313,19 @@ class ShardCache:
         parent = os.path.dirname(final)
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        memory = None
         try:
             source, done = self._clone_source(shard.db_id, layers, exclude=run_id)
             if source is not None:
                 _clone_db(source, staging)
-            todo: list[str] = []
-            for layer in shard.layers[done:]:
-                incoming = os.path.join(staging, _INCOMING, layer.run_id)
-                os.makedirs(incoming, exist_ok=True)
-                for path in self._layer_files(snapshot, shard, layer):
-                    # A private copy: ingestion may stamp a sequence number into the file it takes.
-                    copy = os.path.join(incoming, os.path.basename(path))
-                    shutil.copyfile(path, copy)
-                    todo.append(copy)
+            else:  # a new database: built in memory when small (see _ingest_into_db)
+                memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_MAX_BYTES, prefix="shardyfusion-cache-")
+            todo = [_private_link(path, os.path.join(_incoming_dir(memory or staging, layer.run_id), os.path.basename(path)))
+                    for layer in shard.layers[done:] for path in self._layer_files(snapshot, shard, layer)]
             if snapshot.retired:
                 raise StaleSnapshot()
-            written = _ingest_into_db(staging, todo, entry, shard, run_id)
+            written = _ingest_into_db(staging, todo, entry, shard, run_id,
+                                      build_dir=os.path.join(memory, "db") if memory else None)
             with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
                 fh.write(written)
             try:
@@ -336,16 +333,19 @@ class ShardCache:
             except OSError:
                 if not _cached_copy_ok(final, marker, (), where):
                     raise
-            self.stats.shard_built(reused_layers=done)
+            if done < len(shard.layers):
+                self.stats.shard_built(reused_layers=done)
             log.info("shard %s of run %s: %d layer(s) ingested%s", shard.db_id, run_id, len(shard.layers) - done,
                      f" on a copy of run {os.path.basename(os.path.dirname(source))[7:]}'s" if source else "")
             return final
         finally:
             if os.path.isdir(staging):
                 shutil.rmtree(staging, ignore_errors=True)
+            if memory is not None:
+                shutil.rmtree(memory, ignore_errors=True)
 
     def _clone_source(self, db_id: int, layers: list[Any], *, exclude: str) -> tuple[str | None, int]:
-        """The cached database of this shard holding the longest proper prefix of ``layers``, and its length."""
+        """The cached database of this shard holding the longest prefix of ``layers`` (maybe all), and its length."""
         best: tuple[str | None, int] = (None, 0)
         try:
             runs = os.listdir(self.root)
@@ -361,7 +361,7 @@ class ShardCache:
                 have = recorded.get("layers") or [_full_sig(recorded)]
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
-            if best[1] < len(have) < len(layers) and have == layers[:len(have)] \
+            if best[1] < len(have) <= len(layers) and have == layers[:len(have)] \
                     and _cached_copy_ok(folder, "", (), f"cached {folder}"):
                 best = (folder, len(have))
         return best
@@ -394,14 +394,15 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
     opts.set_disable_auto_compactions(True)  # the files must stay as the marker records them
     target = build_dir or folder
     try:
-        db = Rdict(target, opts)
-        try:
-            how = IngestExternalFileOptions()
-            how.set_move_files(True)
-            for path in ssts:
-                db.ingest_external_file([path], how)
-        finally:
-            db.close()
+        if ssts or not os.path.exists(os.path.join(target, "CURRENT")):  # a clone that lacks nothing stays as is
+            db = Rdict(target, opts)
+            try:
+                how = IngestExternalFileOptions()
+                how.set_move_files(True)
+                for path in ssts:
+                    db.ingest_external_file([path], how)
+            finally:
+                db.close()
     except Exception as exc:
         raise ReaderError(
             f"cannot ingest the SST files of shard {shard.db_id} of run {run_id!r} ({shard.db_url}) into a local "
@@ -437,6 +438,26 @@ def _full_sig(recorded: dict[str, Any]) -> dict[str, Any]:
     """A full shard's marker read as the one layer it is (a chain's first layer may be one)."""
     return {"run_id": layout.run_id_of_shard_url(recorded["db_url"]), "db_url": recorded["db_url"],
             "files": recorded["files"]}
+
+
+def _incoming_dir(base: str, run_id: str) -> str:
+    path = os.path.join(base, _INCOMING, run_id)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _private_link(path: str, target: str) -> str:
+    """``target`` naming the cached layer file ``path``, for an ingestion that moves it away.
+
+    A hard link where possible: ingestion with ``move_files`` takes the link and never writes into
+    the file (this RocksDB keeps an ingested file's global sequence number in its MANIFEST), and a
+    cached layer is re-checked against its checksum on every reuse all the same. Else a copy.
+    """
+    try:
+        os.link(path, target)
+    except OSError:  # another file system (a memory-backed build folder)
+        shutil.copyfile(path, target)
+    return target
 
 
 def _clone_db(source: str, into: str) -> None:

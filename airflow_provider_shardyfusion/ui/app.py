@@ -67,11 +67,15 @@ class HistorySource:
         if ref is None:
             return data
         manifest = snapshots.read_manifest(ref)
-        shards = [{"db_id": s.db_id, "rows": s.row_count, "bytes": sum(f.size for f in s.files), "files": len(s.files)}
+        shards: list[dict[str, Any]] = [{"db_id": s.db_id, "rows": s.row_count, "bytes": s.byte_size, "files": len(s.files),
+                   "layers": [{"run_id": x.run_id, "kind": x.kind, "bytes": x.byte_size, "inserted": x.inserted,
+                               "updated": x.updated, "deleted": x.deleted, "deleted_absent": x.deleted_absent}
+                              for x in s.layers]}
                   for s in manifest.shards]
         mean = manifest.row_count / manifest.num_dbs if manifest.num_dbs else 0
         data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=manifest.writer.get("spark_app_id"),
-                    skew=round(max(s["rows"] for s in shards) / mean, 3) if shards and mean else None)
+                    write_mode=manifest.write_mode, base_run_id=manifest.base_run_id, chain_depth=manifest.chain_depth,
+                    skew=round(max(s.row_count for s in manifest.shards) / mean, 3) if shards and mean else None)
         if manifest.writer.get("spark_ui_url"):
             data["links"]["Spark application UI"] = str(manifest.writer["spark_ui_url"])
         task = entry.airflow

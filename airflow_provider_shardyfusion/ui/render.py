@@ -119,6 +119,8 @@ def run_page(data: dict[str, Any]) -> str:
         ("state", entry["state"]), ("started", entry.get("started_at")), ("finished", entry.get("finished_at")),
         ("published", entry.get("published_at")), ("rows", entry.get("rows")), ("bytes", _fmt_bytes(entry.get("bytes"))),
         ("shards", data.get("num_dbs")), ("skew (largest / mean rows)", data.get("skew")),
+        ("write mode", data.get("write_mode")), ("written on run", data.get("base_run_id")),
+        ("chain depth", data.get("chain_depth") if data.get("write_mode") not in (None, "full") else None),
         ("replaced by", entry.get("replaced_by")), ("error", entry.get("error")),
         ("Airflow task", " / ".join(str(entry["airflow"].get(k)) for k in ("dag_id", "task_id", "run_id", "try_number")
                                     if entry.get("airflow")) or None),
@@ -136,9 +138,20 @@ def run_page(data: dict[str, Any]) -> str:
         checks = "<h2>Validation</h2>" + table(["check", "ok", "figure", "limit"], [
             [esc(c["name"]), esc("skipped" if c.get("skipped") else c["ok"]), esc(c.get("figure")), esc(c.get("limit"))]
             for c in validation.get("checks", [])])
-    shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(_fmt_bytes(s["bytes"])), esc(s["files"])] for s in shards]
+    shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(_fmt_bytes(s["bytes"])), esc(s["files"]), _layers_text(s)]
+                  for s in shards]
     return page(f"Run {entry['run_id']}", facts + (f"<ul>{links}</ul>" if links else "") + charts + checks
-                + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files"], shard_rows) if shards else ""))
+                + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files", "layers (oldest first)"], shard_rows)
+                   if shards else ""))
+
+
+def _layers_text(shard: dict[str, Any]) -> str:
+    """A chain shard's layers: the run that wrote each and what it did (empty for a full snapshot's shard)."""
+    parts = []
+    for x in shard.get("layers") or ():
+        did = "full" if x["kind"] == "full" else f"+{x['inserted']} ~{x['updated']} -{x['deleted']}"
+        parts.append(f"{esc(x['run_id'])} ({esc(did)}, {esc(_fmt_bytes(x['bytes']))})")
+    return "<br>".join(parts)
 
 
 def diff_page(data: dict[str, Any]) -> str:
@@ -149,6 +162,10 @@ def diff_page(data: dict[str, Any]) -> str:
                f" bytes {esc(_fmt_bytes(data['bytes_a']))} → {esc(_fmt_bytes(data['bytes_b']))};"
                f" {'same routing' if data['same_routing'] else 'different routing: shards are not comparable one to one'}"
                "</p>")
+    changes = data.get("changes")
+    if changes is not None:
+        summary += (f"<p>along the chain: {esc(changes['inserted'])} inserted, {esc(changes['updated'])} updated, "
+                    f"{esc(changes['deleted'])} deleted ({esc(changes['deleted_absent'])} deletions of absent keys)</p>")
     chart = bar_chart("row change per shard", [f"shard {s['db_id']}" for s in data["shards"]],
                       [abs(_delta(s["rows_a"], s["rows_b"]) or 0) for s in data["shards"]])
     return page(f"Diff {data['run_a']} → {data['run_b']}", summary + chart + table(

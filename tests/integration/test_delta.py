@@ -96,7 +96,7 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
     full = chain.manifest()
     assert full.format_version == 1 and full.chain_depth == 0 and full.base_run_id is None
 
-    refreshing = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "follow")
+    refreshing = ShardedReader(root, storage_options=options)  # a private cache: the served run's folder goes
     chain.check(refreshing)
     steps = [
         # updates, inserts, deletes of present keys and of absent ones
@@ -104,8 +104,8 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
          [*range(101, 200, 5), 5000, 5001]),
         # re-inserts of deleted keys, deletes of updated and of inserted keys
         ({k: f"v2-{k}" for k in range(101, 200, 5)}, [0, 2, 4, 600, 601, 7777]),
-        # one shard's worth of change only: the other shards keep their layers
-        ({k: f"v3-{k}" for k in (3, 7, 11)}, []),
+        # one key: one shard changes, the others keep their layers and their cached copies
+        ({3: "v3-3"}, []),
     ]
     gone: set[int] = set()
     for depth, (upserts, deletes) in enumerate(steps, start=1):
@@ -134,7 +134,10 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
         layer_bytes = sum(layer.byte_size for layer in new_layers)
         assert report.layers_downloaded == len(new_layers) and report.bytes_downloaded == layer_bytes
         assert report.shards_rebuilt == len(new_layers) and report.layers_reused >= len(new_layers)
+        before_reads = refreshing.cache_stats
         chain.check(refreshing, absent)
+        # Every shard, changed or not, was carried over: reading all keys downloads nothing more.
+        assert refreshing.cache_stats == before_reads
 
     # Compaction: the same data, one full layer per shard, depth 0.
     chain.write("compact")
@@ -265,3 +268,30 @@ def test_validation_over_a_chain(spark, tmp_path, any_root):
     if options is None:  # the CLI twin, on the local store
         assert cli(["validate", root, "--run-id", "step02-delta", "--max-delta-ratio", "0.5",
                     "--absent-key", "20"]) == 1
+
+
+def test_history_shows_layers_and_exact_changes_along_a_chain(spark, tmp_path, file_root):
+    from airflow_provider_shardyfusion.core.history import diff_runs
+    from tests.history_root import client_for
+
+    root = file_root
+    chain = Chain(spark, tmp_path, root, None)
+    chain.write("full", {k: f"v0-{k}" for k in range(100)})
+    chain.write("delta", {**{k: "u" for k in range(5)}, 200: "i", 201: "i"}, [50, 51, 999])
+    chain.write("delta", {50: "back"}, [0])
+    snapshots = SnapshotRoot(open_store(root))
+    diff = diff_runs(snapshots, "step01-full", "step03-delta")
+    assert diff.changes == {"inserted": 3, "updated": 5, "deleted": 3, "deleted_absent": 1}
+    assert diff.rows_b - diff.rows_a == 3 - 3
+    chain.write("compact")
+    assert diff_runs(snapshots, "step03-delta", "step04-compact").changes is None  # not a chain extension
+
+    client = client_for([root], None, tmp_path)
+    run = client.get("/run", params={"uri": root, "run_id": "step03-delta", "format": "json"}).json()
+    assert run["write_mode"] == "delta" and run["chain_depth"] == 2 and run["base_run_id"] == "step02-delta"
+    assert sum(len(s["layers"]) for s in run["shards"]) >= NUM_DBS
+    assert {x["run_id"] for s in run["shards"] for x in s["layers"]} <= {"step01-full", "step02-delta", "step03-delta"}
+    html = client.get("/run", params={"uri": root, "run_id": "step03-delta"}).text
+    assert "layers (oldest first)" in html and "step02-delta (+" in html
+    page = client.get("/diff", params={"uri": root, "a": "step01-full", "b": "step03-delta"}).text
+    assert "along the chain: 3 inserted, 5 updated, 3 deleted (1 deletions of absent keys)" in page

@@ -12,20 +12,9 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
-from tests.history_root import build_history_root
+from tests.history_root import build_history_root, client_for
 from tests.snapshot_helpers import write_run_record
-
-
-def client_for(roots, opts, tmp_path) -> TestClient:
-    source = HistorySource(
-        roots=lambda: list(roots), open_root=lambda uri: SnapshotRoot(open_store(uri, opts)),
-        open_reader=lambda uri, ref: ShardedReader(uri, storage_options=opts, manifest_ref=ref,
-                                                   cache_dir=str(tmp_path / "cache")))
-    return TestClient(create_app(source))
 
 
 @pytest.fixture
