@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ShardyfusionError
 from airflow_provider_shardyfusion.core.history import RootHistory, diff_runs, root_history
 from airflow_provider_shardyfusion.ui import render
@@ -50,12 +51,32 @@ class HistorySource:
         out: list[dict[str, Any]] = []
         for uri in self.roots():
             try:
-                h = root_history(self.open_root(uri)).to_dict()
-                out.append({"root": uri, "live_run_id": h["live_run_id"], "live_since": h["live_since"],
-                            "runs": len(h["runs"])})
+                out.append(self._root_summary(uri))
             except ShardyfusionError as exc:
                 out.append({"root": uri, "error": str(exc)})
         return {"roots": out}
+
+    def _root_summary(self, uri: str) -> dict[str, Any]:
+        """The live run of a root at a glance: since when, rows, bytes, chain depth, last validation."""
+        snapshots = self.open_root(uri)
+        h = root_history(snapshots)
+        live = next((r for r in h.runs if r.state == "live"), None)
+        summary: dict[str, Any] = {"root": uri, "live_run_id": h.live_run_id, "live_since": _ts_text(h.live_since),
+                                   "runs": len(h.runs), "rows": live.rows if live else None,
+                                   "bytes": live.bytes if live else None, "chain_depth": None, "age_s": None,
+                                   "last_validation": None}
+        if h.live_since is not None:
+            summary["age_s"] = round((layout.utc_now() - h.live_since).total_seconds())
+        pointer = snapshots.current()
+        if pointer is not None:
+            summary["chain_depth"] = snapshots.load_manifest(pointer).chain_depth
+        validated = [r for r in h.runs if r.validation]
+        if validated:
+            last = max(validated, key=lambda r: str((r.validation or {}).get("validated_at") or ""))
+            report = last.validation or {}
+            summary["last_validation"] = {"run_id": last.run_id, "ok": report.get("ok"),
+                                          "validated_at": report.get("validated_at")}
+        return summary
 
     def run_data(self, uri: str, run_id: str) -> dict[str, Any]:
         entry = next((r for r in self.history(uri).runs if r.run_id == run_id), None)
@@ -148,3 +169,7 @@ def _look_up(snapshots: SnapshotRoot, open_reader: Callable[[str, str], Any], ro
         return {"found": False, "value": None}
     shown = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
     return {"found": True, "value": shown[:_VALUE_PREVIEW_CHARS]}
+
+
+def _ts_text(value: Any) -> str | None:
+    return layout.format_ts(value) if value is not None else None

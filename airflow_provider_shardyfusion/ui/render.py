@@ -81,10 +81,28 @@ def _fmt_bytes(n: int | None) -> str:
 
 def roots_page(data: dict[str, Any]) -> str:
     rows = [[link("/root", r["root"], uri=r["root"]), esc(r.get("live_run_id") or "—"), esc(r.get("live_since") or ""),
-             esc(r.get("runs", "")), esc(r.get("error") or "")] for r in data["roots"]]
+             esc(_fmt_age(r.get("age_s"))), esc(r.get("rows")), esc(_fmt_bytes(r.get("bytes"))), esc(r.get("chain_depth")),
+             esc(_validation_summary(r.get("last_validation"))), esc(r.get("runs", "")), esc(r.get("error") or "")]
+            for r in data["roots"]]
     note = "" if data["roots"] else "<p class='muted'>No snapshot roots yet: none emitted an asset event, and " \
                                      "[shardyfusion] history_roots is empty.</p>"
-    return page("Snapshot roots", table(["root", "live run", "live since", "runs", "problem"], rows) + note)
+    return page("Snapshot roots", table(["root", "live run", "live since", "age", "rows", "bytes", "chain depth",
+                                         "last validation", "runs", "problem"], rows) + note)
+
+
+def _fmt_age(seconds: int | None) -> str:
+    if seconds is None:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def _validation_summary(last: dict[str, Any] | None) -> str:
+    if not last:
+        return ""
+    return f"{'passed' if last.get('ok') else 'failed'} ({last.get('run_id')})"
 
 
 def timeline_page(data: dict[str, Any]) -> str:

@@ -27,11 +27,17 @@ def ui(any_root, tmp_path):
 def test_roots_and_timeline_pages_and_their_json_twins(ui):
     client, root, runs = ui
     roots = client.get("/", params={"format": "json"}).json()
-    assert roots == {"roots": [{"root": root, "live_run_id": runs["v2"], "live_since": roots["roots"][0]["live_since"],
-                                "runs": 8}]}
+    (summary,) = roots["roots"]
+    assert summary["age_s"] >= 0 and summary["last_validation"]["ok"] is True
+    assert summary == {"root": root, "live_run_id": runs["v2"], "live_since": summary["live_since"], "runs": 8,
+                       "rows": 30, "bytes": summary["bytes"], "chain_depth": 0, "age_s": summary["age_s"],
+                       "last_validation": {"run_id": runs["staged"], "ok": True,
+                                           "validated_at": summary["last_validation"]["validated_at"]}}
+    assert summary["bytes"] > 0
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert runs["v2"] in page.text and "/shardyfusion/root?uri=" in page.text
+    assert "chain depth" in page.text and f"passed ({runs['staged']})" in page.text
 
     data = client.get("/root", params={"uri": root, "format": "json"}).json()
     assert {r["run_id"]: r["state"] for r in data["runs"]}[runs["v3"]] == "rolled_back"
@@ -101,5 +107,6 @@ def test_the_plugin_app_refuses_a_request_without_airflow_authentication():
     assert mounted["url_prefix"] == "/shardyfusion"
     assert ShardyfusionHistoryPlugin.external_views[0]["href"] == "/shardyfusion/"
     client = TestClient(mounted["app"])
-    for path in ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/key?uri=file:///x&key=1"):
+    for path in ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/diff?uri=file:///x&a=r&b=s",
+                 "/key?uri=file:///x&key=1"):
         assert client.get(path).status_code == 401, path
