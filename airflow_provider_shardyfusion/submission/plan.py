@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings
+from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
 
 DEFAULT_ENV_ALIAS = "shardyfusion_env"
 CONFIG_ARG = "--config-b64"
@@ -90,6 +90,9 @@ class SparkSettings:
             if value is not None and (not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value)):
                 raise ConfigError(f"{name} must be a mapping of string keys, got {type(value).__name__}")
         refuse_credential_settings(self.conf, "spark_conf keys")
+        for key, value in (self.conf or {}).items():  # a URI-valued setting (e.g. an event log dir) too
+            refuse_userinfo(value, f"spark_conf[{key!r}]")
+        refuse_userinfo(self.python_env_archive, "python_env_archive")
         archive = self.python_env_archive
         if archive is not None and (not isinstance(archive, str) or not archive.strip("#")):
             raise ConfigError(f"python_env_archive {archive!r} must be a path or URI, e.g. 's3://b/env.tar.gz#env'")

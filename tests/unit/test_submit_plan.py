@@ -180,3 +180,13 @@ def test_connect_plan_refuses_what_a_connect_client_cannot_do():
     plan = connect_plan(spark=SparkSettings(executor_memory="4g", num_executors=8, python_env_archive="/envs/e.tgz#e"))
     assert [n.split(" ")[0] for n in plan.notes] == ["executor_memory", "num_executors"]
     assert plan.env["SHARDYFUSION_PYTHON_ENV_ARCHIVE"] == "/envs/e.tgz#e"
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    (SparkSettings(python_env_archive="s3://AKIAEXAMPLE:topsecret@bucket/env.tar.gz#env"), "python_env_archive"),
+    (SparkSettings(conf={"spark.eventLog.dir": "s3a://AKIAEXAMPLE:topsecret@bucket/logs"}), "spark_conf['spark.eventLog.dir']"),
+])
+def test_credentials_in_a_uri_setting_are_refused_without_repeating_them(settings, named):
+    with pytest.raises(ConfigError) as refused:
+        settings.validate()
+    assert str(refused.value).startswith(named) and "topsecret" not in str(refused.value)
