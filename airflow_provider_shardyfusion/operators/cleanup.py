@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from airflow.sdk import Context
 
 
-class DeferredCleanupOperator(BaseOperator):
+class DeferredCleanupOperator(WithShardyfusionHook, BaseOperator):
     """Delete failed, abandoned, orphaned and expired snapshot data under ``output_uri``.
 
     The plan is a pure function in ``core.cleanup`` of the listing, the run records, ``_CURRENT``
@@ -68,7 +70,6 @@ class DeferredCleanupOperator(BaseOperator):
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.cleanup import check_settings, execute_cleanup, make_plan
         from airflow_provider_shardyfusion.core.errors import ConfigError
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         try:
             root = layout.normalize_root(self.output_uri)
@@ -76,7 +77,7 @@ class DeferredCleanupOperator(BaseOperator):
             dry_run = as_bool("dry_run", self.dry_run)
         except ConfigError as exc:
             raise ConfigError(f"DeferredCleanupOperator {self.task_id!r}: {exc}") from None
-        snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
+        snapshots = self.hook.get_snapshots(root)
         plan = make_plan(snapshots, keep_runs=keep_runs, grace_period=grace, keep_run_ids=pinned)
         report = execute_cleanup(snapshots, plan, dry_run=dry_run)
         out = report.to_dict()

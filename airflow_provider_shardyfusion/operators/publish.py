@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snapshot_outlet
+from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PublishSnapshotOperator(BaseOperator):
+class PublishSnapshotOperator(WithShardyfusionHook, BaseOperator):
     """Move ``_CURRENT`` of ``output_uri`` to a run: publish a staged write, or roll back.
 
     Before moving anything it checks the run's manifest (structure, every winning shard file
@@ -64,7 +65,6 @@ class PublishSnapshotOperator(BaseOperator):
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ConfigError
         from airflow_provider_shardyfusion.core.publish import publish_run
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         where = f"PublishSnapshotOperator {self.task_id!r}"
         try:
@@ -76,7 +76,7 @@ class PublishSnapshotOperator(BaseOperator):
             self.allow_older = as_bool("allow_older", self.allow_older)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        snapshots = ShardyfusionHook(aws_conn_id=self.aws_conn_id).get_snapshots(root)
+        snapshots = self.hook.get_snapshots(root)
         result = publish_run(
             snapshots, run_id=self.run_id, manifest_ref=self.manifest_ref, allow_older=self.allow_older,
         )

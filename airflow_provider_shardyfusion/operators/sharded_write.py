@@ -21,7 +21,6 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseOperatorLink
@@ -43,6 +42,7 @@ from airflow_provider_shardyfusion.core.write_attempts import (
     submission_outcome,
     writer_identity,
 )
+from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
     from airflow_provider_shardyfusion.core.run_record import RunRecord
-    from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
     from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
     from airflow_provider_shardyfusion.submission.bundle import Bundle
     from airflow_provider_shardyfusion.submission.connect import ConnectPlan
@@ -102,7 +101,7 @@ def _submit_hook_class() -> type[ShardyfusionSparkSubmitHook]:
     return ShardyfusionSparkSubmitHook
 
 
-class ShardedWriteOperator(BaseOperator):
+class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
     """Write a table as ``num_dbs`` RocksDB shards with Spark and publish it atomically.
 
     The input is read by Spark from ``input_path`` (``input_format``, ``input_options``), an
@@ -313,13 +312,6 @@ class ShardedWriteOperator(BaseOperator):
         # Time for the waits in core.run_outcome (None: the real clock); tests drive a fake one.
         self._clock: Callable[[], datetime] | None = None
         self._sleep: Callable[[float], None] | None = None
-
-    @cached_property
-    def hook(self) -> ShardyfusionHook:
-        """The storage hook of ``aws_conn_id`` (created on first use, in the worker)."""
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
-        return ShardyfusionHook(aws_conn_id=self.aws_conn_id)
 
     # -- configuration ---------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.validation import ValidationReport
 
 
-class ValidateManifestOperator(BaseOperator):
+class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
     """Check a snapshot's manifest, files, run record, data-quality thresholds and sample look-ups.
 
     Validates the run ``run_id`` (or the manifest ``manifest_ref``); with neither, the live
@@ -97,13 +99,12 @@ class ValidateManifestOperator(BaseOperator):
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ManifestValidationError
         from airflow_provider_shardyfusion.core.validation import validate_snapshot
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
         output_uri = layout.normalize_root(self.output_uri)
         self.verify_checksums = as_bool("verify_checksums", self.verify_checksums)
         run_id = self.run_id or None  # an empty rendered template means "not given"
         manifest_ref = self.manifest_ref or None
-        hook = ShardyfusionHook(aws_conn_id=self.aws_conn_id)
+        hook = self.hook
         snapshots = hook.get_snapshots(output_uri)
         what = f"run {run_id!r}" if run_id else (manifest_ref or "the live snapshot")
         self.log.info("Validating %s under %s", what, output_uri)

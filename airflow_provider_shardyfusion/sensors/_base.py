@@ -8,30 +8,23 @@ not deferrable runs the ordinary poke loop of ``BaseSensorOperator``.
 from __future__ import annotations
 
 from datetime import timedelta
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.triggers.base import BaseTrigger
 
-    from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
 
-class PokeThenDeferSensor(BaseSensorOperator):
+class PokeThenDeferSensor(WithShardyfusionHook, BaseSensorOperator):
     """Subclasses provide ``_validate`` (returns the normalized root), ``_trigger`` and ``_on_event``."""
 
     deferrable: bool
     aws_conn_id: str | None
-
-    @cached_property
-    def hook(self) -> ShardyfusionHook:
-        """The storage hook of ``aws_conn_id`` (created on first use, in the worker)."""
-        from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
-
-        return ShardyfusionHook(aws_conn_id=self.aws_conn_id)
 
     def _validate(self) -> str:
         raise NotImplementedError
