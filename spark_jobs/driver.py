@@ -86,8 +86,13 @@ def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
     }
 
 
-def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the whole write; return the succeeded run record as a dict. Raises provider errors."""
+def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = None, df: Any = None,
+              writer_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the whole write; return the succeeded run record as a dict. Raises provider errors.
+
+    ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
+    ``writer_extra``: merged into the ``writer`` info of the run record and the manifest.
+    """
     config.validate()
     faults = fault_injection.load() if faults is None else faults
     store = open_store(config.output_uri, config.storage_options)
@@ -95,7 +100,8 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
     durations: dict[str, float] = {}
     lifecycle = RunRecordLifecycle(
         store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
-        num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(), writer=writer_info(spark, config),
+        num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(),
+        writer={**writer_info(spark, config), **(writer_extra or {})},
         clock=fault_injection.driver_clock(faults),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
@@ -104,9 +110,11 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
         try:
             lifecycle.check_clock()
             if config.delta.chained:
-                manifest = _write_chain(spark, config, store, lifecycle, durations, faults)
+                manifest = _write_chain(spark, config, store, lifecycle, durations, faults, df)
             else:
-                manifest = _write_full(spark, config, lifecycle, durations, faults, persisted)
+                manifest = _write_full(spark, config, lifecycle, durations, faults, persisted, df)
+            if writer_extra:
+                manifest = replace(manifest, writer={**manifest.writer, **writer_extra})
             stats = dict(manifest.stats, durations_s=dict(durations))
             fault_injection.before_publish(faults, run_id)
             with _Step(run_id, durations, "publish"):
@@ -123,11 +131,11 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
 
 
 def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                faults: dict[str, Any], persisted: list[Any]) -> Manifest:
+                faults: dict[str, Any], persisted: list[Any], source: Any = None) -> Manifest:
     """A full write: read, route, write every shard, verify, select winners; the manifest to publish."""
     run_id = config.run_id
     with _Step(run_id, durations, "read_input"):
-        df = read_input(spark, config)
+        df = read_input(spark, config) if source is None else source
         key_kind = spark_types.key_kind(df.schema, config.key_column)
         key_encoding = (encoding.validate_key_encoding(config.key_encoding) if config.key_encoding
                         else encoding.default_key_encoding(key_kind))
@@ -166,7 +174,7 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
 
 
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                 faults: dict[str, Any]) -> Manifest:
+                 faults: dict[str, Any], source: Any = None) -> Manifest:
     """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
     from airflow_provider_shardyfusion.core.delta import chain_shards, chain_stats, select_layer_winners
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
@@ -187,7 +195,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     key_kind = encoding.key_kind_of_encoding(base.key_encoding)
     if mode == "delta":
         with _Step(run_id, durations, "read_input"):
-            df = read_input(spark, config)
+            df = read_input(spark, config) if source is None else source
             if spark_types.key_kind(df.schema, config.key_column) != key_kind:
                 raise ConfigError(f"key_column {config.key_column!r} is not of the base's key kind {key_kind} "
                                   f"(key_encoding {base.key_encoding!r})")
