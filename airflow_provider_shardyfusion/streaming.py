@@ -1,0 +1,239 @@
+"""Streaming ingestion (SPEC §14): one published snapshot per Structured Streaming micro-batch.
+
+``foreach_batch_writer(config, stream_id=...)`` returns the function for
+``DataStreamWriter.foreachBatch``. It runs on the Spark driver (no Airflow import). Each micro-batch
+is written through the same job code as a batch write (``spark_jobs.driver.run_write``, on the
+micro-batch DataFrame): the first batch on a root without ``_CURRENT`` as a full snapshot, every
+later one as a delta (SPEC §13) on the live snapshot, and published; ``max_chain_depth`` compacts
+automatically.
+
+Exactly once: the batch id is the idempotency key, with a ``stream_id`` that stays the same across
+restarts (Delta Lake's ``txnAppId`` / ``txnVersion``). Before writing, the function reads the
+stream's run records under the root (``core.stream_batches.decide_batch``): a batch already
+published, or below the last published one, is skipped; an attempt that failed (or whose writer
+died) is written again as ``<stream_id>-b<batch_id:012d>-r<n>``; an attempt that succeeded but was
+never published (a crash between its manifest and ``_CURRENT``) is published if its base is still
+live, else written again. Spark commits a batch to its checkpoint only after the function returned,
+so a crash anywhere replays the batch id with the same data, and the decision makes the replay a
+no-op or a completion. Each run's manifest and run record carry ``writer.stream_id`` and
+``writer.batch_id``.
+
+The configuration's ``input`` is not read (each batch's DataFrame is the input); it may describe
+the stream's source. ``delete_column`` needs ``write_mode="delta"`` in the config; the write mode of
+each batch is chosen by the writer. In the first (full) batch rows flagged deleted are dropped.
+
+Async progress tracking (``asyncProgressTrackingEnabled``) is refused: it commits offsets
+asynchronously, so after a restart a batch id can be replayed with other data, or ids skipped, and
+the batch id is no longer a key for "this data". Spark itself refuses the query option with a
+foreachBatch sink at ``start()`` ("Sink ForeachBatchSink does not support async progress
+tracking", checked on Spark 4.2 by the tests); from inside the function the query's options are
+not visible (the micro-batch's session does not list its query), so the function checks only the
+session conf ``spark.sql.streaming.asyncProgressTrackingEnabled``; ``check_stream_options``
+refuses the option for a job that builds the query (call it before ``start()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .core.config import DeltaSpec, WriteConfig
+from .core.errors import ConfigError, PublishManifestError, RunAbandoned, RunRecordError, StorageError
+from .core.run_record import mark_failed
+from .core.snapshot import SnapshotRoot
+from .core.stream_batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+log = logging.getLogger("shardyfusion.streaming")
+
+ASYNC_PROGRESS_OPTION = "asyncProgressTrackingEnabled"
+ASYNC_PROGRESS_CONF = "spark.sql.streaming.asyncProgressTrackingEnabled"
+
+
+def _async_refusal(where: str) -> ConfigError:
+    return ConfigError(
+        f"{where}: async progress tracking ({ASYNC_PROGRESS_OPTION}) is not supported by the shardyfusion streaming "
+        "writer. It commits offsets asynchronously, so after a restart Spark can replay a batch id with other data "
+        "or skip batch ids, and the batch id (the idempotency key of every published snapshot) would no longer "
+        "stand for the same data: a replay would be skipped and its rows lost. Remove the option"
+    )
+
+
+def check_stream_options(options: Mapping[str, Any]) -> None:
+    """Refuse query options the exactly-once contract cannot keep (call before ``start()``)."""
+    for name, value in options.items():
+        if name.lower() == ASYNC_PROGRESS_OPTION.lower() and str(value).strip().lower() == "true":
+            raise _async_refusal(f"query option {name}={value!r}")
+
+
+def check_session(spark) -> None:
+    """Refuse async progress tracking as far as it is visible from the micro-batch's session."""
+    try:
+        conf_value = spark.conf.get(ASYNC_PROGRESS_CONF, None)
+    except Exception:  # a session without the key
+        conf_value = None
+    if conf_value is not None and str(conf_value).strip().lower() == "true":
+        raise _async_refusal(f"Spark conf {ASYNC_PROGRESS_CONF}={conf_value!r}")
+
+
+@dataclass
+class BatchOutcome:
+    """What one call did with a micro-batch (also kept on the writer, e.g. for an XCom)."""
+
+    batch_id: int
+    action: str  # "skipped" | "published" | "written"
+    run_id: str
+    reason: str
+    rows: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "action": self.action, "run_id": self.run_id, "reason": self.reason,
+                "rows": self.rows}
+
+
+@dataclass
+class BatchWriter:
+    """The ``foreachBatch`` function: ``writer(batch_df, batch_id)``; ``outcomes`` lists every call."""
+
+    config: WriteConfig
+    stream_id: str
+    faults: dict[str, Any] | None = None
+    outcomes: list[BatchOutcome] = field(default_factory=list)
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        batch_id = int(batch_id)
+        spark = batch_df.sparkSession
+        check_session(spark)
+        snapshots = SnapshotRoot.open(self.config.output_uri, self.config.storage_options)
+        decision = decide(snapshots, self.stream_id, batch_id)
+        if decision.warning:
+            log.warning("%s", decision.warning)
+        log.info("stream %s batch %d: %s", self.stream_id, batch_id, decision.reason)
+        if decision.action == "skip":
+            self.outcomes.append(BatchOutcome(batch_id, "skipped", decision.run_id, decision.reason))
+            return
+        self._abandon(snapshots, decision)
+        if decision.action == "publish" and self._publish(snapshots, batch_id, decision):
+            return
+        run_id = decision.run_id if decision.action == "write" else decision.fallback_run_id
+        assert run_id is not None
+        assert decision.write_mode is not None
+        self._write(spark, batch_df, batch_id, run_id, decision.write_mode)
+
+    def _abandon(self, snapshots: SnapshotRoot, decision: Decision) -> None:
+        for run_id in decision.abandon:
+            error = RunAbandoned(f"stream {self.stream_id!r}: a new attempt of the batch replaces this running "
+                                 "attempt, whose writer is gone")
+            mark_failed(snapshots.store, run_id, error)
+            log.warning("stream %s: run %s was still 'running'; marked failed (its writer is gone)", self.stream_id,
+                        run_id)
+
+    def _publish(self, snapshots: SnapshotRoot, batch_id: int, decision: Decision) -> bool:
+        from .core.publish import publish_run
+
+        try:
+            publish_run(snapshots, run_id=decision.run_id)
+        except PublishManifestError as exc:
+            log.warning("stream %s batch %d: publishing %s was refused (%s); writing the batch again as %s",
+                        self.stream_id, batch_id, decision.run_id, exc, decision.fallback_run_id)
+            return False
+        self.outcomes.append(BatchOutcome(batch_id, "published", decision.run_id, decision.reason))
+        return True
+
+    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: str) -> None:
+        from spark_jobs.driver import run_write
+
+        config = batch_config(self.config, run_id, mode)
+        df = batch_df
+        delete_column = self.config.delta.delete_column
+        if mode == "full" and delete_column is not None:
+            df = batch_df.where(f"NOT coalesce(`{delete_column}`, false)").drop(delete_column)
+        record = run_write(spark, config, faults=self.faults, df=df,
+                           writer_extra={"stream_id": self.stream_id, "batch_id": batch_id})
+        if record.get("published_at") is None:
+            raise PublishManifestError(
+                f"stream {self.stream_id!r} batch {batch_id}: run {run_id!r} was written but is not live "
+                "(another writer moved _CURRENT?); the batch is not committed and will be retried"
+            )
+        rows = (record.get("stats") or {}).get("rows")
+        self.outcomes.append(BatchOutcome(batch_id, "written", run_id, f"written ({mode})", rows=rows))
+        log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
+
+
+def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
+    """The write config of one micro-batch: its run id and write mode, always on the live snapshot."""
+    delta = DeltaSpec(write_mode=mode, delete_column=config.delta.delete_column if mode == "delta" else None,
+                      base_run_id=None, max_chain_depth=config.delta.max_chain_depth)
+    return replace(config, run_id=run_id, delta=delta).validate()
+
+
+def foreach_batch_writer(config: WriteConfig, *, stream_id: str, faults: dict[str, Any] | None = None) -> BatchWriter:
+    """The function for ``DataStreamWriter.foreachBatch``: one published snapshot per micro-batch.
+
+    ``stream_id`` must stay the same across restarts of the query (same checkpoint); it starts
+    every run id. ``faults`` is for tests (``spark_jobs.faults``).
+    """
+    validate_stream_id(stream_id)
+    if not isinstance(config, WriteConfig):
+        raise ConfigError(f"config must be a WriteConfig (build_write_config(...)), got {type(config).__name__}")
+    config.validate()
+    if config.options.publish is not True:
+        raise ConfigError("a streaming writer publishes every micro-batch (the next one is a delta on it); "
+                          "publish=False is not supported")
+    if config.delta.write_mode == "compact":
+        raise ConfigError("write_mode 'compact' reads no input; a streaming writer writes 'full' then 'delta' runs")
+    if config.delta.base_run_id is not None:
+        raise ConfigError(f"base_run_id {config.delta.base_run_id!r}: every micro-batch is written on the live "
+                          "snapshot; leave base_run_id unset")
+    return BatchWriter(config=config, stream_id=stream_id, faults=faults)
+
+
+def decide(snapshots: SnapshotRoot, stream_id: str, batch_id: int) -> Decision:
+    """Read what the root holds about the stream's runs and decide about ``batch_id``."""
+    pointer = snapshots.current()
+    live = pointer.run_id if pointer is not None else None
+    return decide_batch(stream_id, batch_id, stream_runs(snapshots, stream_id, batch_id, live), live_run_id=live)
+
+
+def stream_runs(snapshots: SnapshotRoot, stream_id: str, batch_id: int, live: str | None) -> list[StreamRun]:
+    """The runs ``decide_batch`` needs: every attempt of ``batch_id`` and of later batches, and the
+    newest published run of an earlier batch (for the gap warning). One LIST and a few reads."""
+    named = []
+    for run_id in snapshots.list_run_ids():
+        parsed = parse_batch_run_id(stream_id, run_id)
+        if parsed is not None:
+            named.append((parsed[0], parsed[1], run_id))
+    named.sort(reverse=True)
+    runs = [_stream_run(snapshots, run_id, b, r, live, with_base=b == batch_id)
+            for b, r, run_id in named if b >= batch_id]
+    for b, r, run_id in named:
+        if b < batch_id:
+            run = _stream_run(snapshots, run_id, b, r, live, with_base=False)
+            if run.published:
+                runs.append(run)
+                break
+    return runs
+
+
+def _stream_run(snapshots: SnapshotRoot, run_id: str, batch_id: int, retry: int, live: str | None, *,
+                with_base: bool) -> StreamRun:
+    try:
+        record = snapshots.read_run(run_id)
+    except (RunRecordError, StorageError) as exc:
+        log.warning("run record of %s is unreadable (%s); counted as a failed attempt", run_id, exc)
+        record = None
+    if record is None:
+        return StreamRun(run_id, batch_id, retry, "failed", published=run_id == live)
+    published = record.published_at is not None or run_id == live
+    base = None
+    if with_base and record.status == "succeeded" and not published and record.manifest_ref:
+        try:
+            base = snapshots.read_manifest(record.manifest_ref).base_run_id
+        except Exception as exc:  # an unreadable manifest cannot be published: write again
+            log.warning("manifest of %s is unreadable (%s); the batch is written again", run_id, exc)
+            return StreamRun(run_id, batch_id, retry, "failed", published=False)
+    return StreamRun(run_id, batch_id, retry, record.status, published=published,
+                     deleted=record.deleted_at is not None, base_run_id=base)

@@ -1,0 +1,240 @@
+"""Streaming ingestion (SPEC §14): a real Structured Streaming query, one published snapshot per batch.
+
+Files of upserts and deletions arrive in a source folder between runs of an ``availableNow`` query
+that writes through ``foreach_batch_writer``. After every run the snapshot read through
+``ShardedReader`` equals a model the test builds on its own by applying every file once, in order;
+every batch id is live exactly once; restarts, replays, failed and unpublished attempts are each
+resolved to exactly one published run per batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.config import build_write_config
+from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.stream_batches import batch_run_id, parse_batch_run_id
+from airflow_provider_shardyfusion.streaming import batch_config, foreach_batch_writer
+
+STREAM = "orders.stream"
+NUM_DBS = 4
+SCHEMA = "id LONG, payload STRING, deleted BOOLEAN"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("shardyfusion-streaming")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+class Stream:
+    """A source folder, a checkpoint, an output root and the model: every file applied once, in order."""
+
+    def __init__(self, spark, tmp_path):
+        self.spark = spark
+        self.source = tmp_path / "source"
+        self.source.mkdir()
+        self.staging = tmp_path / "staging"
+        self.staging.mkdir()
+        self.checkpoint = str(tmp_path / "checkpoint")
+        self.root = layout.normalize_root(str(tmp_path / "root"))
+        self.files: list[str] = []
+        self.model: dict[int, bytes] = {}
+        self.deleted: set[int] = set()
+        self.config = build_write_config(
+            output_uri=self.root, input_path=str(self.source), key_column="id", value_column="payload",
+            num_dbs=NUM_DBS, write_mode="delta", delete_column="deleted", max_chain_depth=3,
+        )
+
+    def add_file(self, upserts: dict[int, str], deletes: list[int] = ()) -> str:
+        """Write one file into the source (atomically, mtimes increasing) and apply it to the model."""
+        n = len(self.files)
+        keys = [*upserts, *deletes]
+        table = pa.table({"id": pa.array(keys, pa.int64()), "payload": [upserts.get(k) for k in keys],
+                          "deleted": pa.array([False] * len(upserts) + [True] * len(deletes), pa.bool_())})
+        staged = self.staging / f"part-{n:04d}.parquet"
+        pq.write_table(table, staged)
+        stamp = 1_700_000_000 + 10 * n  # the file source takes files oldest first
+        os.utime(staged, (stamp, stamp))
+        final = self.source / staged.name
+        os.replace(staged, final)
+        self.files.append(str(final))
+        for k, v in upserts.items():
+            self.model[k] = v.encode()
+            self.deleted.discard(k)
+        for k in deletes:
+            if self.model.pop(k, None) is not None or k not in upserts:
+                self.deleted.add(k)
+        return str(final)
+
+    def run_query(self, writer) -> Exception | None:
+        """One ``availableNow`` run of the query (one file per micro-batch); the query's error, if any."""
+        query = (self.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(self.source))
+                 .writeStream.foreachBatch(writer).option("checkpointLocation", self.checkpoint)
+                 .trigger(availableNow=True).start())
+        try:
+            query.awaitTermination()
+        except Exception as exc:  # the foreachBatch error ends the query
+            return exc
+        return query.exception()
+
+    def snapshots(self) -> SnapshotRoot:
+        return SnapshotRoot.open(self.root)
+
+    def check_reader(self) -> ShardedReader:
+        reader = ShardedReader(self.root)
+        keys = sorted(self.model)
+        absent = sorted(self.deleted | {10**9})
+        assert reader.multi_get(keys) == [self.model[k] for k in keys]
+        assert reader.multi_get(absent) == [None] * len(absent)
+        assert reader.manifest.row_count == len(self.model)
+        return reader
+
+    def stream_records(self) -> dict[str, object]:
+        snapshots = self.snapshots()
+        return {run_id: snapshots.read_run(run_id) for run_id in snapshots.list_run_ids()
+                if parse_batch_run_id(STREAM, run_id) is not None}
+
+    def check_each_batch_live_once(self, num_batches: int) -> None:
+        """Every batch id 0..n-1 has exactly one published run, whose manifest names the stream and batch."""
+        snapshots = self.snapshots()
+        published: dict[int, list[str]] = {}
+        for run_id, record in self.stream_records().items():
+            if record.published_at is not None:
+                parsed = parse_batch_run_id(STREAM, run_id)
+                assert parsed is not None
+                published.setdefault(parsed[0], []).append(run_id)
+        assert sorted(published) == list(range(num_batches))
+        assert all(len(runs) == 1 for runs in published.values()), published
+        for batch_id, (run_id,) in published.items():
+            manifest = snapshots.read_manifest(snapshots.find_manifest(run_id))
+            assert (manifest.writer["stream_id"], manifest.writer["batch_id"]) == (STREAM, batch_id)
+        live = snapshots.current()
+        assert live is not None and parse_batch_run_id(STREAM, live.run_id)[0] == num_batches - 1
+
+
+def batch_df(spark, path):
+    return spark.read.schema(SCHEMA).parquet(path)
+
+
+def test_a_stream_publishes_each_batch_exactly_once(spark, tmp_path):
+    stream = Stream(spark, tmp_path)
+    writer = foreach_batch_writer(stream.config, stream_id=STREAM)
+
+    # Run 1: the first batch is a full snapshot (deleted rows dropped), the second a delta on it.
+    stream.add_file({k: f"v0-{k}" for k in range(200)}, [500])
+    stream.add_file({**{k: f"v1-{k}" for k in range(0, 40, 2)}, 300: "v1-300"}, [1, 3, 5, 999])
+    assert stream.run_query(writer) is None
+    assert [(o.batch_id, o.action) for o in writer.outcomes] == [(0, "written"), (1, "written")]
+    first = stream.snapshots()
+    assert first.read_manifest(first.find_manifest(batch_run_id(STREAM, 0))).write_mode == "full"
+    refreshing = stream.check_reader()
+    assert refreshing.manifest.writer["batch_id"] == 1 and refreshing.manifest.write_mode == "delta"
+    stream.check_each_batch_live_once(2)
+
+    # Run 2: two more files, two deltas; the third delta reaches max_chain_depth 3 and is compacted.
+    stream.add_file({k: f"v2-{k}" for k in (1, 3, 250, 251)}, [0, 2, 300])
+    stream.add_file({7: "v3-7"}, [250])
+    stream.add_file({k: f"v4-{k}" for k in range(190, 210)}, [4])
+    assert stream.run_query(writer) is None
+    assert [(o.batch_id, o.action) for o in writer.outcomes[2:]] == [(2, "written"), (3, "written"), (4, "written")]
+    stream.check_reader().close()
+    seen = [refreshing.manifest.writer["batch_id"]]
+    assert refreshing.refresh() is True
+    seen.append(refreshing.manifest.writer["batch_id"])
+    assert seen == sorted(seen) == [1, 4]
+    snapshots = stream.snapshots()
+    modes = [snapshots.read_manifest(snapshots.find_manifest(batch_run_id(STREAM, b))).write_mode for b in range(5)]
+    assert modes == ["full", "delta", "delta", "delta", "compact"]
+    stream.check_each_batch_live_once(5)
+
+    # A restart with the same checkpoint and nothing new writes nothing.
+    before = sorted(stream.stream_records())
+    fresh = foreach_batch_writer(stream.config, stream_id=STREAM)
+    assert stream.run_query(fresh) is None
+    assert fresh.outcomes == [] and sorted(stream.stream_records()) == before
+
+    # A replayed batch id (the function called again with the same id) is skipped, even with other data.
+    fresh(batch_df(spark, stream.files[4]), 4)
+    fresh(batch_df(spark, stream.files[1]), 1)
+    assert [(o.batch_id, o.action, o.run_id) for o in fresh.outcomes] == [
+        (4, "skipped", batch_run_id(STREAM, 4)), (1, "skipped", batch_run_id(STREAM, 1))]
+    assert sorted(stream.stream_records()) == before
+    refreshing.close()
+    stream.check_reader().close()
+
+
+def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
+    stream = Stream(spark, tmp_path)
+    stream.add_file({k: f"v0-{k}" for k in range(100)})
+    assert stream.run_query(foreach_batch_writer(stream.config, stream_id=STREAM)) is None
+
+    # Batch 1's write fails (a shard task fails): the query stops, the batch is not committed.
+    stream.add_file({k: f"v1-{k}" for k in range(0, 100, 3)}, [1, 2])
+    failing = foreach_batch_writer(stream.config, stream_id=STREAM,
+                                   faults={"fail_shard_attempt": {"db_id": 0, "attempt": 0}})
+    assert stream.run_query(failing) is not None
+    records = stream.stream_records()
+    assert records[batch_run_id(STREAM, 1)].status == "failed"
+    assert stream.snapshots().current().run_id == batch_run_id(STREAM, 0)
+
+    # The restart replays batch 1 and writes it again as -r1.
+    writer = foreach_batch_writer(stream.config, stream_id=STREAM)
+    assert stream.run_query(writer) is None
+    assert [(o.batch_id, o.action, o.run_id) for o in writer.outcomes] == [(1, "written", batch_run_id(STREAM, 1, 1))]
+    stream.check_reader().close()
+    stream.check_each_batch_live_once(2)
+
+    # Batch 2 is written and recorded succeeded but never published (the driver died between the
+    # manifest and _CURRENT): simulated by the same write with publish=False.
+    from spark_jobs.driver import run_write
+
+    path = stream.add_file({k: f"v2-{k}" for k in range(50, 150)}, [0, 3])
+    staged_id = batch_run_id(STREAM, 2)
+    config = batch_config(stream.config, staged_id, "delta")
+    config = replace(config, options=replace(config.options, publish=False))
+    staged = run_write(spark, config, faults={}, df=batch_df(spark, path),
+                       writer_extra={"stream_id": STREAM, "batch_id": 2})
+    assert staged["status"] == "succeeded" and staged["published_at"] is None
+    assert stream.snapshots().current().run_id == batch_run_id(STREAM, 1, 1)
+
+    # The query's batch 2 publishes that run instead of writing it again.
+    assert stream.run_query(writer) is None
+    assert [(o.batch_id, o.action, o.run_id) for o in writer.outcomes[1:]] == [(2, "published", staged_id)]
+    assert sorted(r for r in stream.stream_records() if parse_batch_run_id(STREAM, r)[0] == 2) == [staged_id]
+    stream.check_reader().close()
+    stream.check_each_batch_live_once(3)
+
+
+def test_async_progress_tracking_is_refused(spark, tmp_path):
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+
+    stream = Stream(spark, tmp_path)
+    path = stream.add_file({1: "a"})
+    writer = foreach_batch_writer(stream.config, stream_id=STREAM)
+    # Spark refuses the query option with a foreachBatch sink at start(): no batch ever reaches the writer.
+    with pytest.raises(Exception, match="does not support async progress tracking"):
+        (spark.readStream.schema(SCHEMA).parquet(str(stream.source)).writeStream.foreachBatch(writer)
+         .option("checkpointLocation", stream.checkpoint).option("asyncProgressTrackingEnabled", "true")
+         .trigger(processingTime="1 second").start())
+    # The writer refuses the session conf, before anything is written.
+    spark.conf.set("spark.sql.streaming.asyncProgressTrackingEnabled", "true")
+    try:
+        with pytest.raises(ConfigError, match=r"asynchronously.*replay a batch id"):
+            writer(batch_df(spark, path), 0)
+    finally:
+        spark.conf.unset("spark.sql.streaming.asyncProgressTrackingEnabled")
+    assert writer.outcomes == [] and stream.stream_records() == {}
