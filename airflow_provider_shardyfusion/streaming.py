@@ -15,7 +15,9 @@ died) is written again as ``<stream_id>-b<batch_id:012d>-r<n>``; an attempt that
 never published (a crash between its manifest and ``_CURRENT``) is published if its base is still
 live, else written again. Spark commits a batch to its checkpoint only after the function returned,
 so a crash anywhere replays the batch id with the same data, and the decision makes the replay a
-no-op or a completion. Each run's manifest and run record carry ``writer.stream_id`` and
+no-op or a completion. One query writes a stream at a time (as one query uses a checkpoint): a
+``running`` attempt of the batch is taken as a dead writer's and marked failed, which also fences
+it out of ever going live. Each run's manifest and run record carry ``writer.stream_id`` and
 ``writer.batch_id``.
 
 The configuration's ``input`` is not read (each batch's DataFrame is the input); it may describe
@@ -144,8 +146,7 @@ class BatchWriter:
         return True
 
     def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: str) -> None:
-        from spark_jobs.driver import run_write
-
+        run_write = _job_driver().run_write
         config = batch_config(self.config, run_id, mode)
         df = batch_df
         delete_column = self.config.delta.delete_column
@@ -161,6 +162,16 @@ class BatchWriter:
         rows = (record.get("stats") or {}).get("rows")
         self.outcomes.append(BatchOutcome(batch_id, "written", run_id, f"written ({mode})", rows=rows))
         log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
+
+
+def _job_driver() -> Any:
+    """``spark_jobs.driver``: top level in a source checkout and the --py-files bundle, inside the package in a wheel."""
+    import importlib
+
+    try:
+        return importlib.import_module("spark_jobs.driver")
+    except ImportError:
+        return importlib.import_module("airflow_provider_shardyfusion.spark_jobs.driver")
 
 
 def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:

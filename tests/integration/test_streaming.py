@@ -218,6 +218,13 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     stream.check_reader().close()
     stream.check_each_batch_live_once(3)
 
+    # An empty file is an empty micro-batch: a delta without layers, so its batch id is live too.
+    stream.add_file({})
+    assert stream.run_query(writer) is None
+    assert [(o.batch_id, o.action) for o in writer.outcomes[2:]] == [(3, "written")]
+    stream.check_reader().close()
+    stream.check_each_batch_live_once(4)
+
 
 def test_async_progress_tracking_is_refused(spark, tmp_path):
     from airflow_provider_shardyfusion.core.errors import ConfigError
