@@ -218,10 +218,18 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     stream.check_reader().close()
     stream.check_each_batch_live_once(3)
 
-    # An empty file is an empty micro-batch: a delta without layers, so its batch id is live too.
+    # An empty file is an empty micro-batch: a delta without layers, so its batch id is live too. An
+    # attempt of it left 'running' by a dead driver is marked failed and the batch written as -r1.
+    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+
+    dead = RunRecordLifecycle(stream.snapshots().store, batch_run_id(STREAM, 3)).start()
+    dead._stop.set()  # the "driver" is gone: no more heartbeats
     stream.add_file({})
     assert stream.run_query(writer) is None
-    assert [(o.batch_id, o.action) for o in writer.outcomes[2:]] == [(3, "written")]
+    assert [(o.batch_id, o.action, o.run_id) for o in writer.outcomes[2:]] == [
+        (3, "written", batch_run_id(STREAM, 3, 1))]
+    abandoned = stream.stream_records()[batch_run_id(STREAM, 3)]
+    assert abandoned.status == "failed" and abandoned.error.type == "RunAbandoned"
     stream.check_reader().close()
     stream.check_each_batch_live_once(4)
 
