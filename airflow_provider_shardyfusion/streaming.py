@@ -119,11 +119,18 @@ class BatchWriter:
             return
         self._abandon(snapshots, decision)
         if decision.action == "publish" and self._publish(snapshots, batch_id, decision):
+            self._hold_after_batch(decision.run_id)
             return
         run_id = decision.run_id if decision.action == "write" else decision.fallback_run_id
         assert run_id is not None
         assert decision.write_mode is not None
         self._write(spark, batch_df, batch_id, run_id, decision.write_mode)
+        self._hold_after_batch(run_id)
+
+    def _hold_after_batch(self, run_id: str | None) -> None:
+        """Test-only: hold where the batch is live and Spark has not committed it to the checkpoint."""
+        if self.faults and run_id is not None:
+            _job_module("faults").hold_point(self.faults, "hold_after_batch", run_id)
 
     def _abandon(self, snapshots: SnapshotRoot, decision: Decision) -> None:
         for run_id in decision.abandon:
@@ -165,13 +172,17 @@ class BatchWriter:
 
 
 def _job_driver() -> Any:
-    """``spark_jobs.driver``: top level in a source checkout and the --py-files bundle, inside the package in a wheel."""
+    return _job_module("driver")
+
+
+def _job_module(name: str) -> Any:
+    """``spark_jobs.<name>``: top level in a source checkout and the --py-files bundle, inside the package in a wheel."""
     import importlib
 
     try:
-        return importlib.import_module("spark_jobs.driver")
+        return importlib.import_module(f"spark_jobs.{name}")
     except ImportError:
-        return importlib.import_module("airflow_provider_shardyfusion.spark_jobs.driver")
+        return importlib.import_module(f"airflow_provider_shardyfusion.spark_jobs.{name}")
 
 
 def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:

@@ -118,7 +118,9 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             stats = dict(manifest.stats, durations_s=dict(durations))
             fault_injection.before_publish(faults, run_id)
             with _Step(run_id, durations, "publish"):
-                record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish)
+                record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish,
+                                 before_pointer_move=lambda: fault_injection.hold_point(faults, "hold_before_pointer",
+                                                                                        run_id))
         except BaseException as exc:
             job_errors.raise_translated(exc)
         finally:

@@ -81,6 +81,15 @@ def after_shard_write(faults: dict[str, Any], db_id: int, attempt: int, run_id: 
         raise InjectedFault(f"injected failure of shard {db_id} attempt {attempt} after upload")
 
 
+def hold_point(faults: dict[str, Any], name: str, run_id: str) -> None:
+    """Hold at the named point (``hold_before_pointer``: manifest written and the run recorded
+    succeeded, ``_CURRENT`` not moved yet; ``hold_after_batch``: a stream's micro-batch is live, its
+    checkpoint not committed yet) if the test asked for it."""
+    hold = faults.get(name)
+    if hold:
+        _hold(hold, run_id)
+
+
 def before_publish(faults: dict[str, Any], run_id: str) -> None:
     hold = faults.get("hold_before_publish")
     if hold:

@@ -42,11 +42,13 @@ def publish(
     allow_rollback: bool = False,
     live: bool = True,
     sleep: Callable[[float], None] = time.sleep,
+    before_pointer_move: Callable[[], None] | None = None,
 ) -> RunRecord:
     """Write the manifest, mark the run succeeded (fenced), then move ``_CURRENT``.
 
     ``live=False`` stages the run (SPEC §8): ``_CURRENT`` is left alone and
-    ``PublishSnapshotOperator`` makes it live later. Returns the final run record.
+    ``PublishSnapshotOperator`` makes it live later. ``before_pointer_move`` runs between the two
+    (the reliability tests hold and kill the writer there). Returns the final run record.
     """
     snapshots = SnapshotRoot(store)
     ref = snapshots.write_manifest(manifest)
@@ -57,6 +59,8 @@ def publish(
     if not live:
         log.info("run %s: staged (publish=False); _CURRENT left unchanged", manifest.run_id)
         return record
+    if before_pointer_move is not None:
+        before_pointer_move()
     try:
         snapshots.move_pointer(ref, allow_older=allow_rollback, sleep=sleep)
     except RunSupersededError as exc:
