@@ -111,9 +111,9 @@ class HistorySource:
             raise HTTPException(status_code=404, detail=str(exc)) from None
 
     def key_data(self, uri: str, key: str) -> dict[str, Any]:
-        snapshots = self.open_root(uri)
+        # Each run's manifest is the one its record names: no listing of manifests per run.
         runs = [r for r in self.history(uri).runs if r.manifest_ref and r.state not in ("deleted", "running", "failed")]
-        found = [{"run_id": r.run_id, "state": r.state, **_look_up(snapshots, self.open_reader, uri, r.run_id, key)}
+        found = [{"run_id": r.run_id, "state": r.state, **_look_up(self.open_reader, uri, str(r.manifest_ref), key)}
                  for r in runs[:MAX_KEY_LOOKUP_RUNS]]
         return {"root": uri, "key": key, "runs": found}
 
@@ -150,13 +150,9 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
     return app
 
 
-def _look_up(snapshots: SnapshotRoot, open_reader: Callable[[str, str], Any], root: str, run_id: str,
-             text: str) -> dict[str, Any]:
+def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: str, text: str) -> dict[str, Any]:
     try:
-        ref = snapshots.find_manifest(run_id)
-        if ref is None:
-            return {"found": None, "error": "no manifest"}
-        with open_reader(root, ref.uri) as reader:
+        with open_reader(root, manifest_ref) as reader:
             key: Any = text
             if reader.manifest.key_encoding in ("u64be", "u32be") and text.lstrip("-").isdigit():
                 key = int(text)
