@@ -33,7 +33,7 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [{"integration-name": integration, "tags": ["service"]}],
         "operators": [{"integration-name": integration, "python-modules": [
             f"{base}.operators.sharded_write", f"{base}.operators.validate", f"{base}.operators.publish",
-            f"{base}.operators.cleanup"]}],
+            f"{base}.operators.cleanup", f"{base}.operators.streaming_snapshot"]}],
         "sensors": [{"integration-name": integration, "python-modules": [
             f"{base}.sensors.run_record", f"{base}.sensors.current"]}],
         "hooks": [{"integration-name": integration, "python-modules": [

@@ -407,8 +407,9 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
 
         plan = build_connect_plan(
             conn_id=self.spark_conn_id, remote_url=connect_url(self.spark_conn_id), spark=spark,
-            python=sys.executable, application=bundle.entry_script, bundle_zip=bundle.zip_path,
-            config_json=config.to_json(), credential_env=credential_env, deferrable=bool(self.deferrable),
+            python=sys.executable, application=self._application(bundle), bundle_zip=bundle.zip_path,
+            config_json=self._job_config_json(config), credential_env=credential_env,
+            deferrable=bool(self.deferrable),
         )
         for secret in plan.redact:
             mask_secret(secret)
@@ -425,6 +426,14 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
             return plan, exc
         return plan, None
 
+    def _application(self, bundle: Bundle) -> str:
+        """The bundle's entry script this operator runs (``StreamingSnapshotOperator`` runs another)."""
+        return bundle.entry_script
+
+    def _job_config_json(self, config: WriteConfig) -> str:
+        """The JSON the job gets (base64 on its command line): here the write config itself."""
+        return config.to_json()
+
     def _start(self, context: Context, config: WriteConfig, job: Any) -> None:
         """Remember the running job (for ``on_kill``) and tell XCom which run this try writes."""
         self._submit_hook, self._active_run_id, self._active_output_uri = job, config.run_id, config.output_uri
@@ -438,8 +447,9 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
 
         target = resolve_spark_connection(self.spark_conn_id)
         plan = build_submit_plan(
-            target=target, spark=spark, host=Host.current(target.spark_binary), application=bundle.entry_script,
-            py_files=bundle.zip_path, config_json=config.to_json(), name=f"shardyfusion-{self.task_id}-{config.run_id}",
+            target=target, spark=spark, host=Host.current(target.spark_binary), application=self._application(bundle),
+            py_files=bundle.zip_path, config_json=self._job_config_json(config),
+            name=f"shardyfusion-{self.task_id}-{config.run_id}",
             credential_env=credential_env, deferrable=bool(self.deferrable),
         )
         for note in plan.notes:

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENTRY_SCRIPT = "sharded_write_job.py"
+STREAMING_SCRIPT = "streaming_job.py"
+# Every application the cache entry holds a copy of (submitted from there, next to the zip).
+_APPLICATIONS = (ENTRY_SCRIPT, STREAMING_SCRIPT)
 _PACKAGE = "airflow_provider_shardyfusion"
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest timestamp a zip can hold
 _FILE_MODE = 0o100644  # regular file, rw-r--r--
 # Bump when the bundle layout changes, so old cache entries are never reused for a new layout.
-_BUNDLE_FORMAT = b"shardyfusion-bundle-v1\n"
+_BUNDLE_FORMAT = b"shardyfusion-bundle-v2\n"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,13 @@ class Bundle:
     zip_path: str
     entry_script: str
     sha256: str
+
+    def application(self, name: str) -> str:
+        """The cached copy of the entry script ``name`` (e.g. ``STREAMING_SCRIPT``), next to ``entry_script``."""
+        path = os.path.join(os.path.dirname(self.entry_script), name)
+        if name not in _APPLICATIONS or not os.path.isfile(path):
+            raise FileNotFoundError(f"the PySpark application {name} is not in the bundle {self.zip_path}")
+        return path
 
 
 def package_dir() -> Path:
@@ -119,7 +129,7 @@ def _private_dir(root: Path) -> None:
 def build_bundle(cache_dir: str | os.PathLike[str] | None = None, spark_jobs_dir: Path | None = None) -> Bundle:
     """Return the cached bundle for the current sources, building it on first use.
 
-    The cache entry ``<cache_dir>/<sha256>/`` holds ``bundle.zip`` and a copy of the entry
+    The cache entry ``<cache_dir>/<sha256>/`` holds ``bundle.zip`` and a copy of each entry
     script. It is assembled in a temporary directory and renamed into place, so a reader never
     sees a half-written entry even with several task processes racing on one machine. The entry
     script is submitted from that copy (not from ``spark_jobs/``) because Python puts the script's
@@ -130,34 +140,38 @@ def build_bundle(cache_dir: str | os.PathLike[str] | None = None, spark_jobs_dir
     if not any(name == f"spark_jobs/{ENTRY_SCRIPT}" for name, _ in entries):
         raise FileNotFoundError(f"spark_jobs/{ENTRY_SCRIPT} is missing from the bundle sources")
     sha = _digest(entries)
-    data, script = zip_bytes(entries), dict(entries)[f"spark_jobs/{ENTRY_SCRIPT}"]
+    by_name = dict(entries)
+    scripts = {n: by_name[f"spark_jobs/{n}"] for n in _APPLICATIONS if f"spark_jobs/{n}" in by_name}
+    data = zip_bytes(entries)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     _private_dir(root)
     final = root / sha
     zip_path, entry = final / "bundle.zip", final / ENTRY_SCRIPT
-    if _holds(final, data, script):
+    if _holds(final, data, scripts):
         return Bundle(str(zip_path), str(entry), sha)
     if final.exists():  # damaged or tampered: content, not the name, decides what is shipped
         shutil.rmtree(final, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=root))
     try:
         (staging / "bundle.zip").write_bytes(data)
-        (staging / ENTRY_SCRIPT).write_bytes(script)
-        for p in (staging, staging / "bundle.zip", staging / ENTRY_SCRIPT):
+        for name, script in scripts.items():
+            (staging / name).write_bytes(script)
+        for p in (staging, staging / "bundle.zip", *(staging / name for name in scripts)):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         try:
             os.rename(staging, final)
         except OSError:
             # Another process published the same content first; theirs is byte-identical.
-            if not _holds(final, data, script):
+            if not _holds(final, data, scripts):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Bundle(str(zip_path), str(entry), sha)
 
 
-def _holds(folder: Path, data: bytes, script: bytes) -> bool:
+def _holds(folder: Path, data: bytes, scripts: dict[str, bytes]) -> bool:
     try:
-        return (folder / "bundle.zip").read_bytes() == data and (folder / ENTRY_SCRIPT).read_bytes() == script
+        return (folder / "bundle.zip").read_bytes() == data and all(
+            (folder / name).read_bytes() == script for name, script in scripts.items())
     except OSError:
         return False

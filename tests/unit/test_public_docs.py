@@ -13,6 +13,7 @@ PUBLIC = {
     "operators.validate": "ValidateManifestOperator",
     "operators.publish": "PublishSnapshotOperator",
     "operators.cleanup": "DeferredCleanupOperator",
+    "operators.streaming_snapshot": "StreamingSnapshotOperator",
     "sensors.run_record": "RunRecordSensor",
     "sensors.current": "CurrentSnapshotSensor",
     "triggers.run_record": "RunRecordTrigger",

@@ -1,0 +1,340 @@
+"""``StreamingSnapshotOperator``: a Structured Streaming query, one published snapshot per micro-batch (SPEC §14).
+
+It submits ``spark_jobs/streaming_job.py`` through the write operator's own submission path
+(bundle, spark-submit plan, ``ShardyfusionSparkSubmitHook``): only the application and the JSON
+it gets differ (``core.stream_job``). The job reports the batches it handled in
+``runs/_streams/<stream_id>/<report_id>.json`` under the root; the operator reads that report for
+its XCom and emits one asset event per published batch. Importing this module is light (no
+pyspark, rocksdict or boto3): it is parsed with every DAG.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_shardyfusion.assets import emit_snapshot_event
+from airflow_provider_shardyfusion.core import write_args
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
+from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from airflow_provider_shardyfusion.core.stream_job import StreamSettings
+    from airflow_provider_shardyfusion.submission.bundle import Bundle
+
+__all__ = ["StreamingSnapshotOperator"]
+
+_STREAM_FIELDS = ("source_path", "source_format", "source_schema", "source_options", "checkpoint_location",
+                  "stream_id", "trigger", "processing_time")
+# The write arguments a stream takes (no input, run id, publish or write mode: the job chooses them per batch).
+_WRITE_FIELDS = (
+    "output_uri", "key_column", "value_column", "value_columns", "value_format", "num_dbs", "max_keys_per_shard",
+    "cel_expr", "cel_columns", "routing_values", "infer_routing_values", "key_encoding", "batch_size",
+    "verify_routing", "sample_size", "sort_within_partitions", "max_writes_per_second",
+    "max_write_bytes_per_second", "shard_retry", "allow_duplicate_keys", "delete_column", "max_chain_depth",
+    "spark_conn_id", "spark_conf", "spark_env_vars", "python_env_archive", "aws_conn_id", "driver_memory",
+    "executor_memory", "executor_cores", "num_executors", "total_executor_cores",
+)
+LIVE_ACTIONS = ("written", "published")
+
+
+class StreamingSnapshotOperator(ShardedWriteOperator):
+    """Ingest a stream into a snapshot: every micro-batch a published delta (the first one full).
+
+    Runs a Spark Structured Streaming query over a file source (``source_path``, ``source_format``,
+    ``source_schema`` or the schema of the files present, ``source_options``) or any source given by
+    ``source_format`` and ``source_options`` alone, with ``checkpoint_location``. Each micro-batch
+    goes through ``airflow_provider_shardyfusion.streaming.foreach_batch_writer``: written as a
+    delta on the live snapshot and published, the batch id as the idempotency key (run ids
+    ``<stream_id>-b<batch_id:012d>[-r<n>]``), so a replayed batch is skipped and a failed one
+    rewritten; ``max_chain_depth`` compacts automatically.
+
+    ``trigger="available_now"`` processes everything new since the last run and stops: one
+    scheduled task, one increment. ``trigger="processing_time"`` with ``processing_time`` (e.g.
+    ``"1 minute"``) runs until the task is stopped; ``on_kill`` asks the job to stop the query after
+    the micro-batch in progress, waits at most ``stop_timeout`` seconds, then kills spark-submit.
+    The query must be the only one writing ``stream_id`` (as one query owns a checkpoint).
+
+    Returns (XCom) ``{"stream_id", "output_uri", "trigger", "batches": [{"batch_id", "run_id",
+    "action", "rows"}, ...], "published", "live_run_id"}``: ``action`` is ``written`` (the batch
+    was written and published), ``published`` (an earlier attempt's run was published) or
+    ``skipped`` (already live, or below the last live batch). An asset event for ``output_uri`` is
+    emitted per published batch (through the snapshot's ``AssetAlias``). Spark Connect connections
+    and deferring are not supported: the task runs the query itself.
+
+    :param output_uri: root of the snapshot, ``s3://bucket/prefix`` or ``file:///abs/dir``. (templated)
+    :param source_path: folder of the file source the query reads; ``None`` for a source given by ``source_format``
+        and ``source_options`` alone (e.g. Kafka). (templated)
+    :param source_format: Spark streaming source: a file format (parquet, orc, json, csv, avro, text) with
+        ``source_path``, or any source name. (templated)
+    :param source_schema: schema of the source as a DDL string (``"id LONG, v STRING"``); ``None``: for a file
+        source the schema of the files present when the job starts. (templated)
+    :param source_options: options of the streaming source (e.g. ``maxFilesPerTrigger``; never credentials).
+        ``asyncProgressTrackingEnabled`` is refused. (templated)
+    :param checkpoint_location: the query's checkpoint (offsets and commits); keep it with ``stream_id`` across
+        runs. (templated)
+    :param stream_id: the stream's idempotency id, the start of every batch's run id; ``None``:
+        ``<dag_id>.<task_id>`` (with ``.<map_index>`` for a mapped task), other characters than ``[A-Za-z0-9._-]``
+        replaced by ``_``. (templated)
+    :param trigger: ``available_now`` (process what is new, then stop) or ``processing_time`` (run until stopped).
+        (templated)
+    :param processing_time: the interval of ``trigger='processing_time'``, e.g. ``"30 seconds"``. (templated)
+    :param key_column: the lookup key column (integer, string or binary). (templated)
+    :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
+    :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
+    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``). (templated)
+    :param num_dbs: number of shards (hash sharding, or CEL direct routing). (templated)
+    :param max_keys_per_shard: hash sharding sized from the row count instead of ``num_dbs``. (templated)
+    :param cel_expr: CEL expression routing each row to a shard (CEL sharding). (templated)
+    :param cel_columns: columns the CEL expression reads (names, or name -> CEL type); default ``[key_column]``.
+        (templated)
+    :param routing_values: categorical CEL routing: the expression's values, one shard each, in this order.
+        (templated)
+    :param infer_routing_values: categorical CEL routing with the distinct values found in the input. (templated)
+    :param key_encoding: how keys are encoded; ``None`` chooses by the key type (SPEC §5). (templated)
+    :param batch_size: rows per RocksDB write batch. (templated)
+    :param verify_routing: re-check a sample of keys against the routing rule after writing. (templated)
+    :param sample_size: keys per shard checked by ``verify_routing``. (templated)
+    :param sort_within_partitions: write each shard's keys in sorted order. (templated)
+    :param max_writes_per_second: per-task cap on rows written per second. (templated)
+    :param max_write_bytes_per_second: per-task cap on bytes written per second. (templated)
+    :param shard_retry: retries of a single-shard write: max retries, or a mapping with ``max_retries``,
+        ``initial_backoff_s``, ``max_backoff_s``. (templated)
+    :param allow_duplicate_keys: keep the last row of a repeated key instead of failing. (templated)
+    :param delete_column: a boolean column of the source, true for rows that delete their key (dropped from the
+        first, full batch). (templated)
+    :param max_chain_depth: a batch whose base already has this many delta runs on its last full layer is written
+        compacted. (templated)
+    :param spark_conn_id: apache-spark connection (master, deploy mode, spark-submit binary). (templated)
+    :param spark_conf: extra ``--conf`` settings of spark-submit. (templated)
+    :param spark_env_vars: environment of the Spark driver (``env_vars`` of the spark provider). (templated)
+    :param python_env_archive: ``path#alias`` of a packed Python environment shipped with ``--archives`` and used as
+        the executors' interpreter on clusters. (templated)
+    :param aws_conn_id: AWS connection for ``s3://`` outputs; its credentials reach the driver only as environment
+        variables of the spark-submit process (never argv, logs, XCom or stored objects). (templated)
+    :param driver_memory: ``--driver-memory`` of spark-submit. (templated)
+    :param executor_memory: ``--executor-memory`` of spark-submit. (templated)
+    :param executor_cores: ``--executor-cores`` of spark-submit. (templated)
+    :param num_executors: ``--num-executors`` of spark-submit. (templated)
+    :param total_executor_cores: ``--total-executor-cores`` of spark-submit. (templated)
+    :param stop_timeout: seconds ``on_kill`` waits for the query to stop after the batch in progress before it
+        kills spark-submit.
+    """
+
+    template_fields: Sequence[str] = (*_WRITE_FIELDS[:1], *_STREAM_FIELDS, *_WRITE_FIELDS[1:])
+    template_fields_renderers = {k: v for k, v in write_args.TEMPLATE_RENDERERS.items() if k in _WRITE_FIELDS} | {
+        "source_options": "json"}
+    ui_color = "#f8c471"
+
+    def __init__(
+        self,
+        *,
+        output_uri: str,
+        checkpoint_location: str,
+        source_path: str | None = None,
+        source_format: str = "parquet",
+        source_schema: str | None = None,
+        source_options: Mapping[str, Any] | None = None,
+        stream_id: str | None = None,
+        trigger: str = "available_now",
+        processing_time: str | None = None,
+        key_column: str = _D.key_column,
+        value_column: str | None = _D.value_column,
+        value_columns: Sequence[str] | None = _D.value_columns,
+        value_format: str = _D.value_format,
+        num_dbs: int | None = _D.num_dbs,
+        max_keys_per_shard: int | None = _D.max_keys_per_shard,
+        cel_expr: str | None = _D.cel_expr,
+        cel_columns: Mapping[str, str] | Sequence[str] | None = _D.cel_columns,
+        routing_values: Sequence[Any] | None = _D.routing_values,
+        infer_routing_values: bool = _D.infer_routing_values,
+        key_encoding: str | None = _D.key_encoding,
+        batch_size: int = _D.batch_size,
+        verify_routing: bool = _D.verify_routing,
+        sample_size: int = _D.sample_size,
+        sort_within_partitions: bool = _D.sort_within_partitions,
+        max_writes_per_second: float | None = _D.max_writes_per_second,
+        max_write_bytes_per_second: float | None = _D.max_write_bytes_per_second,
+        shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
+        allow_duplicate_keys: bool = _D.allow_duplicate_keys,
+        delete_column: str | None = _D.delete_column,
+        max_chain_depth: int = _D.max_chain_depth,
+        spark_conn_id: str = _D.spark_conn_id,
+        spark_conf: Mapping[str, Any] | None = _D.spark_conf,
+        spark_env_vars: Mapping[str, Any] | None = _D.spark_env_vars,
+        python_env_archive: str | None = _D.python_env_archive,
+        aws_conn_id: str | None = _D.aws_conn_id,
+        driver_memory: str | None = _D.driver_memory,
+        executor_memory: str | None = _D.executor_memory,
+        executor_cores: int | None = _D.executor_cores,
+        num_executors: int | None = _D.num_executors,
+        total_executor_cores: int | None = _D.total_executor_cores,
+        stop_timeout: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        given = {k: v for k, v in locals().items() if k in _WRITE_FIELDS}
+        # publish=None gives the snapshot's AssetAlias as the outlet: every published batch adds its own
+        # event through it. Every micro-batch is published (set below, after the outlets are chosen).
+        super().__init__(**given, publish=None, write_mode="delta", input_path=source_path,  # type: ignore[arg-type]
+                         deferrable=False, **kwargs)
+        self.publish = True
+        self.source_path = source_path
+        self.source_format = source_format
+        self.source_schema = source_schema
+        self.source_options = source_options
+        self.checkpoint_location = checkpoint_location
+        self.stream_id = stream_id
+        self.trigger = trigger
+        self.processing_time = processing_time
+        self.stop_timeout = stop_timeout
+        self._stream: StreamSettings | None = None
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def build_config(self, context: Context, storage_options: Any = None) -> WriteConfig:
+        """The write config every batch starts from; ``input`` only describes the source."""
+        from airflow_provider_shardyfusion.core.config import INPUT_FORMATS
+
+        file_input = self.source_path is not None and self.source_format in INPUT_FORMATS
+        self.input_path = self.source_path if file_input else None
+        self.input_format = self.source_format if file_input else _D.input_format
+        self.input_table = None if file_input else "stream"
+        return super().build_config(context, storage_options)
+
+    def stream_settings(self, context: Context) -> StreamSettings:
+        """The validated stream settings of this try (``ConfigError`` naming the argument at fault)."""
+        from airflow_provider_shardyfusion.core.stream_job import StreamSettings, sanitize_stream_id
+
+        ti = context["ti"]
+        stream_id = self.stream_id
+        if stream_id is None:
+            map_index = getattr(ti, "map_index", -1)
+            suffix = f".{map_index}" if isinstance(map_index, int) and map_index >= 0 else ""
+            stream_id = sanitize_stream_id(f"{ti.dag_id}.{ti.task_id}{suffix}")
+        if self.source_options is not None and not isinstance(self.source_options, Mapping):
+            raise ConfigError(f"source_options must be a mapping, got {type(self.source_options).__name__}")
+        report_id = sanitize_stream_id(f"{ti.run_id}.try{ti.try_number}.{getattr(ti, 'map_index', -1)}")
+        return StreamSettings(
+            stream_id=stream_id, checkpoint_location=self.checkpoint_location, report_id=report_id,
+            source_path=self.source_path, source_format=self.source_format, source_schema=self.source_schema,
+            source_options={str(k): str(v) for k, v in (self.source_options or {}).items()},
+            trigger=self.trigger, processing_time=self.processing_time,
+        ).validate()
+
+    def _application(self, bundle: Bundle) -> str:
+        from airflow_provider_shardyfusion.submission.bundle import STREAMING_SCRIPT
+
+        return bundle.application(STREAMING_SCRIPT)
+
+    def _job_config_json(self, config: WriteConfig) -> str:
+        from airflow_provider_shardyfusion.core.stream_job import encode_job_config
+
+        assert self._stream is not None
+        return encode_job_config(config, self._stream)
+
+    def _start(self, context: Context, config: WriteConfig, job: Any) -> None:
+        """Remember the running job for ``on_kill`` (the run ids are the batches', in the XCom)."""
+        self._submit_hook, self._active_output_uri = job, config.output_uri
+
+    # -- execution -------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_shardyfusion.hooks.spark_connect import is_connect_connection
+        from airflow_provider_shardyfusion.streaming import check_stream_options, foreach_batch_writer
+
+        if is_connect_connection(self.spark_conn_id):
+            raise ConfigError(f"spark_conn_id {self.spark_conn_id!r} is a Spark Connect connection; "
+                              "StreamingSnapshotOperator runs its query with spark-submit only")
+        spark = self.spark_settings()
+        config = self.build_config(context)
+        config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
+        self._stream = stream = self.stream_settings(context)
+        check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
+        foreach_batch_writer(config, stream_id=stream.stream_id)
+        self._me = self.airflow_context(context)
+        self.log.info("Stream %s: %s query over %s into %s (checkpoint %s)", stream.stream_id, stream.trigger,
+                      stream.source_path or stream.source_format, config.output_uri, stream.checkpoint_location)
+        _, submit_error = self._submit(context, config, spark)
+        report = self._read_report(config.output_uri, stream)
+        return self._finish(context, config.output_uri, stream, report, submit_error)
+
+    def _read_report(self, output_uri: str, stream: StreamSettings) -> dict[str, Any] | None:
+        from airflow_provider_shardyfusion.core.errors import StorageError
+        from airflow_provider_shardyfusion.core.stream_job import report_key
+
+        store = self.hook.get_store(output_uri)
+        key = report_key(stream.stream_id, stream.report_id)
+        try:
+            if not store.exists(key):
+                return None
+            report = json.loads(store.get(key).data)
+        except (StorageError, ValueError) as exc:
+            self.log.warning("Stream %s: the job's report %s is unreadable: %s", stream.stream_id, key, exc)
+            return None
+        return report if isinstance(report, dict) else None
+
+    def _finish(self, context: Context, output_uri: str, stream: StreamSettings, report: dict[str, Any] | None,
+                submit_error: Exception | None) -> dict[str, Any]:
+        batches = [{k: b.get(k) for k in ("batch_id", "run_id", "action", "rows")}
+                   for b in (report or {}).get("batches") or [] if isinstance(b, dict)]
+        live = [b for b in batches if b["action"] in LIVE_ACTIONS]
+        for batch in live:
+            self.log.info("Stream %s batch %s: run %s %s, %s rows", stream.stream_id, batch["batch_id"],
+                          batch["run_id"], batch["action"], batch["rows"])
+            summary = {"stream_id": stream.stream_id, **batch, "output_uri": output_uri, "published": True}
+            emit_snapshot_event(context, self.outlets or [], output_uri, summary, live=True)
+        error = (report or {}).get("error") or (None if submit_error is None else f"{type(submit_error).__name__}: "
+                                                 f"{submit_error}")
+        if error is not None or report is None:
+            tail = self._submit_hook.tail_text() if hasattr(self._submit_hook, "tail_text") else ""
+            if tail:
+                self.log.error("Stream %s: spark-submit output tail:\n%s", stream.stream_id, tail)
+            raise SparkSubmitError(
+                f"stream {stream.stream_id!r}: the streaming job failed ({error or 'it left no report'}); "
+                f"batches published before: {[b['batch_id'] for b in live]} (the next run resumes from the checkpoint)"
+            ) from submit_error
+        pointer = self.hook.get_snapshots(output_uri).current()
+        return {"stream_id": stream.stream_id, "output_uri": output_uri, "trigger": stream.trigger,
+                "batches": batches, "published": len(live),
+                "live_run_id": pointer.run_id if pointer is not None else None}
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        raise ConfigError("StreamingSnapshotOperator does not defer")
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return None
+
+    def on_kill(self) -> None:
+        """Ask the job to stop its query after the batch in progress, wait for it, then kill spark-submit."""
+        stream, output_uri = self._stream, self._active_output_uri
+        if stream is not None and output_uri is not None:
+            try:
+                self._request_stop(output_uri, stream)
+            except Exception as exc:  # the kill itself must go through
+                self.log.warning("Stream %s: could not stop the query gracefully: %s", stream.stream_id, exc)
+        if self._submit_hook is not None:
+            self._submit_hook.on_kill()
+
+    def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
+        from airflow_provider_shardyfusion.core.stream_job import stop_key
+
+        store = self.hook.get_store(output_uri)
+        store.put(stop_key(stream.stream_id, stream.report_id), b'{"reason": "the Airflow task was stopped"}')
+        self.log.info("Stream %s: asked the query to stop after the batch in progress (at most %ss)",
+                      stream.stream_id, self.stop_timeout)
+        deadline = time.monotonic() + float(self.stop_timeout)
+        while time.monotonic() < deadline:
+            report = self._read_report(output_uri, stream)
+            if report is not None and report.get("finished"):
+                self.log.info("Stream %s: the query stopped", stream.stream_id)
+                return
+            time.sleep(1.0)
+        self.log.warning("Stream %s: the query did not stop within %ss; killing spark-submit", stream.stream_id,
+                         self.stop_timeout)

@@ -1,0 +1,158 @@
+"""``StreamingSnapshotOperator`` with a stubbed spark-submit (the real query: tests/e2e/test_streaming_dag.py).
+
+The stub builds the real spark-submit command line through the spark provider's hook, decodes
+the streaming job's JSON from it and writes the report the job would write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from airflow.sdk import Asset, AssetAlias
+from airflow.sdk.execution_time.context import OutletEventAccessors
+
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key, sanitize_stream_id, stop_key
+from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
+from tests.operator_helpers import connections, make_context
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stream_context():
+    return {**make_context(), "outlet_events": OutletEventAccessors()}
+
+
+def make_stream_op(root: str, **kw) -> StreamingSnapshotOperator:
+    args = dict(task_id="ingest", output_uri=root, source_path="/data/in", checkpoint_location="/cp",
+                key_column="id", value_column="payload", num_dbs=2, delete_column="deleted",
+                spark_conn_id="sf_spark")
+    args.update(kw)
+    return StreamingSnapshotOperator(**args)
+
+
+def stub_job(monkeypatch, report):
+    seen: list[dict] = []
+    real_factory = sw._submit_hook_class
+
+    def factory():
+        class StubbedHook(real_factory()):
+            def submit(self, application="", **kwargs):
+                cmd = self._build_spark_submit_command(application)
+                b64 = cmd[cmd.index("--config-b64") + 1]
+                config, stream = decode_job_config(base64.urlsafe_b64decode(b64).decode())
+                seen.append({"application": application, "config": config, "stream": stream})
+                if report is not None:
+                    open_store(config.output_uri).put(report_key(stream.stream_id, stream.report_id),
+                                                      json.dumps(report).encode())
+
+        return StubbedHook
+
+    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+    return seen
+
+
+BATCHES = [{"batch_id": 3, "action": "skipped", "run_id": "s-b000000000003", "reason": "already live", "rows": None},
+           {"batch_id": 4, "action": "written", "run_id": "s-b000000000004", "reason": "written (delta)", "rows": 7},
+           {"batch_id": 5, "action": "published", "run_id": "s-b000000000005-r1", "reason": "x", "rows": None}]
+
+
+def test_execute_submits_the_streaming_job_and_reports_its_batches(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+    seen = stub_job(monkeypatch, {"finished": True, "error": None, "batches": BATCHES})
+    op = make_stream_op(root, source_options={"maxFilesPerTrigger": 1})
+    aliases = [o for o in op.outlets if isinstance(o, AssetAlias)]
+    assert len(aliases) == 1 and not [o for o in op.outlets if isinstance(o, Asset)]
+    ctx = {**make_context(), "outlet_events": OutletEventAccessors()}
+    result = op.execute(ctx)
+    call = seen[0]
+    assert call["application"].endswith("/streaming_job.py")
+    assert call["stream"].stream_id == "dag_x.write"  # FakeTI: <dag_id>.<task_id>
+    assert call["stream"].source_options == {"maxFilesPerTrigger": "1"}
+    assert call["stream"].trigger == "available_now" and call["stream"].checkpoint_location == "/cp"
+    assert call["config"].delta.write_mode == "delta" and call["config"].delta.delete_column == "deleted"
+    assert call["config"].options.publish is True and call["config"].input.path == "/data/in"
+    assert [(b["batch_id"], b["action"]) for b in result["batches"]] == [(3, "skipped"), (4, "written"),
+                                                                         (5, "published")]
+    assert set(result["batches"][0]) == {"batch_id", "run_id", "action", "rows"}
+    assert result["published"] == 2 and result["stream_id"] == "dag_x.write"
+    events = ctx["outlet_events"][aliases[0]].asset_alias_events
+    assert [e.extra["batch_id"] for e in events] == [4, 5]
+    assert {e.dest_asset_key.uri for e in events} == {root}
+
+
+def test_a_failed_job_raises_and_names_the_batches_published_before(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_job(monkeypatch, {"finished": True, "error": "StreamingQueryException: boom", "batches": BATCHES[1:2]})
+    with pytest.raises(SparkSubmitError, match=r"boom.*published before: \[4\]"):
+        make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
+
+
+def test_a_job_without_report_fails(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_job(monkeypatch, None)
+    with pytest.raises(SparkSubmitError, match="left no report"):
+        make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"trigger": "once"}, "trigger 'once'"),
+    ({"trigger": "processing_time"}, "needs processing_time"),
+    ({"source_options": {"asyncProgressTrackingEnabled": "true"}}, "async progress tracking"),
+    ({"stream_id": "bad id!"}, "stream_id 'bad id!' is invalid"),
+    ({"source_path": None}, "file source: give source_path"),
+    ({"source_options": {"aws_secret_access_key": "x"}}, "look like credentials"),
+])
+def test_bad_stream_arguments_fail_before_spark(monkeypatch, tmp_path, kw, match):
+    connections(monkeypatch)
+    seen = stub_job(monkeypatch, None)
+    with pytest.raises(ConfigError, match=match):
+        make_stream_op(f"file://{tmp_path}/snap", **kw).execute(stream_context())
+    assert not seen
+
+
+def test_stream_id_default_is_sanitized():
+    assert sanitize_stream_id("my dag.group.task/x") == "my_dag.group.task_x"
+    assert len(sanitize_stream_id("a" * 300)) == 96
+
+
+def test_on_kill_asks_the_job_to_stop_then_kills_spark_submit(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    root = f"file://{tmp_path}/snap"
+    op = make_stream_op(root, trigger="processing_time", processing_time="1 minute", stop_timeout=5)
+    stream = op.stream_settings(make_context())
+    killed = []
+    op._stream, op._active_output_uri = stream, root
+    op._submit_hook = type("H", (), {"on_kill": lambda self: killed.append(True)})()
+    store = open_store(root)
+    store.put(report_key(stream.stream_id, stream.report_id), b'{"finished": true, "batches": []}')
+    op.on_kill()
+    assert store.exists(stop_key(stream.stream_id, stream.report_id)) and killed == [True]
+
+
+def test_registered_in_the_provider_info():
+    from airflow_provider_shardyfusion import get_provider_info
+
+    modules = [m for entry in get_provider_info()["operators"] for m in entry["python-modules"]]
+    assert "airflow_provider_shardyfusion.operators.streaming_snapshot" in modules
+
+
+def test_importing_the_streaming_operator_is_light():
+    code = (
+        "import sys\n"
+        "import airflow_provider_shardyfusion.operators.streaming_snapshot as m\n"
+        "m.StreamingSnapshotOperator(task_id='t', output_uri='file:///x', source_path='/in', value_column='v',\n"
+        "                            num_dbs=2, checkpoint_location='/cp')\n"
+        "heavy = [n for n in ('pyspark', 'rocksdict', 'boto3', 'botocore', 'py4j', 'pyarrow') if n in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
