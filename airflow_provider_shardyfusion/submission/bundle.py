@@ -1,8 +1,8 @@
 """The PySpark application bundle handed to ``spark-submit`` (SPEC §2).
 
 ``--py-files`` gets one zip holding ``spark_jobs/`` and the pure-Python parts of this package
-(``airflow_provider_shardyfusion/__init__.py`` + ``core/``), so executors never need the provider
-installed. The zip is deterministic (sorted entries, fixed timestamps and permissions): the same
+(``airflow_provider_shardyfusion/__init__.py``, ``compat.py``, ``streaming.py`` + ``core/``), so
+executors never need the provider installed. The zip is deterministic (sorted entries, fixed timestamps and permissions): the same
 sources give the same bytes, so it is cached by content hash and rebuilt only when code changes,
 and two workers building it at once agree on the result.
 """
@@ -80,6 +80,7 @@ def bundle_entries(spark_jobs_dir: Path | None = None) -> list[tuple[str, bytes]
     files = _python_files(jobs, "spark_jobs")
     files.append((f"{_PACKAGE}/__init__.py", pkg / "__init__.py"))
     files.append((f"{_PACKAGE}/compat.py", pkg / "compat.py"))  # the job's installation check
+    files.append((f"{_PACKAGE}/streaming.py", pkg / "streaming.py"))  # the streaming job's foreachBatch writer
     files += _python_files(pkg / "core", f"{_PACKAGE}/core")
     names = [name for name, _ in files]
     if len(set(names)) != len(names):

@@ -156,3 +156,15 @@ def test_importing_the_streaming_operator_is_light():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_bundle_carries_the_streaming_job_and_writer(tmp_path):
+    from airflow_provider_shardyfusion.submission import bundle as bundle_mod
+
+    names = [name for name, _ in bundle_mod.bundle_entries()]
+    assert "spark_jobs/streaming_job.py" in names and "airflow_provider_shardyfusion/streaming.py" in names
+    built = bundle_mod.build_bundle(tmp_path)
+    script = built.application(bundle_mod.STREAMING_SCRIPT)
+    assert Path(script).read_bytes() == (ROOT / "spark_jobs" / "streaming_job.py").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        built.application("other_job.py")
