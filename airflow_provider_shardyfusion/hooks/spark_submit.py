@@ -19,6 +19,8 @@ integration tests, so a provider change that breaks one fails the suite):
 - ``_start_driver_status_tracking()`` and ``_driver_status`` (standalone cluster mode only,
   ``wait_for_driver``): waiting for a driver the standalone master runs; the provider's own
   ``SparkSubmitOperator`` uses the same two.
+- ``_submit_sp`` (read, ``is_running``): the spark-submit process, so that
+  ``StreamingSnapshotOperator.on_kill`` lets a gracefully stopped job exit before killing it.
 - The exit code of a failed spark-submit is only in the text of the provider's exception
   (``Error code is: N``); ``core.write_attempts.short_submit_error`` reads it from there.
 """
@@ -84,6 +86,11 @@ class ShardyfusionSparkSubmitHook(SparkSubmitHook):
 
     def tail_text(self) -> str:
         return "\n".join(self.output_tail)
+
+    def is_running(self) -> bool:
+        """Whether the spark-submit process this hook started is still running (``_submit_sp``)."""
+        process = getattr(self, "_submit_sp", None)
+        return process is not None and process.poll() is None
 
     def wait_for_driver(self) -> str | None:
         """Standalone cluster mode: block until the master reports the driver final; its state."""

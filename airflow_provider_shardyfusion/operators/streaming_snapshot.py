@@ -322,6 +322,11 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         if self._submit_hook is not None:
             self._submit_hook.on_kill()
 
+    def _submit_running(self) -> bool:
+        """Whether spark-submit is still running (it shuts Spark down after the query stopped)."""
+        is_running = getattr(self._submit_hook, "is_running", None)
+        return bool(is_running()) if callable(is_running) else False
+
     def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
         from airflow_provider_shardyfusion.core.stream_job import stop_key
 
@@ -332,7 +337,7 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         deadline = time.monotonic() + float(self.stop_timeout)
         while time.monotonic() < deadline:
             report = self._read_report(output_uri, stream)
-            if report is not None and report.get("finished"):
+            if report is not None and report.get("finished") and not self._submit_running():
                 self.log.info("Stream %s: the query stopped", stream.stream_id)
                 return
             time.sleep(1.0)

@@ -2,7 +2,10 @@
 
 Files of upserts and deletes arrive between two ``available_now`` runs over one checkpoint; after
 each run the snapshot equals a model and the job's report lists exactly the batches it published.
-A query option ``asyncProgressTrackingEnabled`` is refused before any query starts.
+A query option ``asyncProgressTrackingEnabled`` is refused before any query starts. A
+``processing_time`` query stops after the batch in progress on SIGTERM or the stop object, and
+``StreamingSnapshotOperator.on_kill`` (what Airflow calls when the task is stopped) stops a real
+spark-submit's query that way, ``execute`` then returning the batches published.
 """
 
 from __future__ import annotations
@@ -10,19 +13,25 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.stream_job import StreamSettings, encode_job_config, report_key
+from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
+from tests.operator_helpers import connections, make_context
 
 JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "streaming_job.py"
 STREAM = "orders.job"
@@ -101,9 +110,6 @@ def test_async_progress_tracking_is_refused_before_the_query(tmp_path):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("how", ["stop_object", "sigterm"])
 def test_a_processing_time_query_stops_gracefully(tmp_path, how):
-    import signal
-    import time
-
     from airflow_provider_shardyfusion.core.stream_job import stop_key
 
     source = tmp_path / "source"
@@ -136,3 +142,56 @@ def test_a_processing_time_query_stops_gracefully(tmp_path, how):
     assert report["finished"] is True and report["error"] is None, report
     assert [b["batch_id"] for b in report["batches"] if b["action"] == "written"] == [0, 1]
     check_model(root, {2: "b", 3: "c"}, [1])
+
+
+@pytest.mark.timeout(400)
+def test_on_kill_stops_a_processing_time_query_after_its_batch(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    source = tmp_path / "source"
+    source.mkdir()
+    root = layout.normalize_root(str(tmp_path / "root"))
+    put_file(source, 0, {1: "a", 2: "b"})
+    op = StreamingSnapshotOperator(
+        task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
+        trigger="processing_time", processing_time="1 second", key_column="id", value_column="payload",
+        delete_column="deleted", num_dbs=2, spark_conn_id="sf_spark", stop_timeout=90,
+        spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+    ctx = {**make_context(), "outlet_events": OutletEventAccessors()}
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = op.execute(ctx)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    store = SnapshotRoot.open(root).store
+    stream = None
+    deadline = time.monotonic() + 240
+
+    def written() -> int:
+        nonlocal stream
+        stream = stream or op._stream
+        if stream is None or not store.exists(report_key(stream.stream_id, stream.report_id)):
+            return 0
+        report = json.loads(store.get(report_key(stream.stream_id, stream.report_id)).data)
+        return sum(b["action"] == "written" for b in report["batches"])
+
+    while written() < 1 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(1)
+    put_file(source, 1, {3: "c"}, deletes=[1])
+    while written() < 2 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(1)
+    assert thread.is_alive(), outcome
+    op.on_kill()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    result = outcome["result"]
+    assert [(b["batch_id"], b["action"]) for b in result["batches"]] == [(0, "written"), (1, "written")]
+    assert result["live_run_id"] == f"{stream.stream_id}-b{1:012d}"
+    reader = ShardedReader(root, cache_dir=tmp_path / "cache")
+    assert reader.multi_get([1, 2, 3]) == [None, b"b", b"c"]
