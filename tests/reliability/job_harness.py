@@ -231,3 +231,18 @@ def reclaim(root: str, run_id: str, category: str, storage_options: dict[str, An
     assert record is not None and record.deleted_at is not None and record.status != "running"
     assert {r: run_objects(root, r, storage_options) for r in keep} == kept_before
     return len(left)
+
+
+def command_line(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # ended (or a zombie) since the tree was listed
+        return []
+
+
+def python_driver(job) -> psutil.Process:
+    """The Python process spark-submit started for the entry script (it runs the write)."""
+    found = [p for p in job.tree() if any(a.endswith("sharded_write_job.py") for a in command_line(p))
+             and "python" in os.path.basename(command_line(p)[0])]
+    assert len(found) == 1, [command_line(p) for p in job.tree()]
+    return found[0]

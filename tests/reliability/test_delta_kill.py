@@ -25,6 +25,7 @@ from tests.reliability.job_harness import (
     Watch,
     held_pid,
     live_run,
+    python_driver,
     read_exactly,
     reclaim,
     run_objects,
@@ -67,9 +68,7 @@ def test_killed_delta_driver_leaves_the_live_snapshot_exact(tmp_path, figure):
     try:
         held_pid(marker, job)
         tree = job.tree()
-        driver = next(p for p in tree if any(a.endswith("sharded_write_job.py") for a in p.cmdline())
-                      and "python" in os.path.basename(p.cmdline()[0]))
-        os.kill(driver.pid, signal.SIGKILL)
+        os.kill(python_driver(job).pid, signal.SIGKILL)
         job.wait(timeout=60)
         _, alive = psutil.wait_procs(tree, timeout=30)
         assert not alive

@@ -26,10 +26,12 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.reliability.job_harness import (
     Watch,
+    command_line,
     held_pid,
     job_config,
     live_run,
     old_snapshot,
+    python_driver,
     read_exactly,
     reclaim,
     rerun,
@@ -41,21 +43,6 @@ from tests.reliability.job_harness import (
 
 pytestmark = pytest.mark.spark
 LEASE_S, HEARTBEAT_S = 6.0, 1.0  # short, so the cleanup can reap the dead run within the test
-
-
-def command_line(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:  # ended (or a zombie) since the tree was listed
-        return []
-
-
-def python_driver(job) -> psutil.Process:
-    """The Python process spark-submit started for the entry script (it runs the write)."""
-    found = [p for p in job.tree() if any(a.endswith("sharded_write_job.py") for a in command_line(p))
-             and "python" in os.path.basename(command_line(p)[0])]
-    assert len(found) == 1, [command_line(p) for p in job.tree()]
-    return found[0]
 
 
 @pytest.mark.parametrize(("target", "point"), [
