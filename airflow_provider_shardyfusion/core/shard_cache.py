@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 _MARKER = ".shardyfusion-shard.json"
 # "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
 _INCOMING = ".incoming"
-# Shards up to this size are downloaded and built into a database in a memory-backed folder.
+# Shards up to this size are downloaded straight into a memory-backed folder and built there; only
+# the database is copied out, which costs less than a disk's fsyncs (measured: 16 shards of 70 MB
+# opened in 1.9 s this way, 3.6 s on the disk).
 MEMORY_BUILD_MAX_BYTES = 256 << 20
+# A chain's layers are already in the cache on disk: a memory build copies them in and the database
+# out, worth it only for small shards (a 70 MB chain shard opened 2x slower that way).
+MEMORY_BUILD_FROM_DISK_MAX_BYTES = 16 << 20
 
 
 class CacheStats:
@@ -319,7 +324,8 @@ class ShardCache:
             if source is not None:
                 _clone_db(source, staging)
             else:  # a new database: built in memory when small (see _ingest_into_db)
-                memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_MAX_BYTES, prefix="shardyfusion-cache-")
+                memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_FROM_DISK_MAX_BYTES,
+                                                prefix="shardyfusion-cache-")
             todo = [_private_link(path, os.path.join(_incoming_dir(memory or staging, layer.run_id), os.path.basename(path)))
                     for layer in shard.layers[done:] for path in self._layer_files(snapshot, shard, layer)]
             if snapshot.retired:
