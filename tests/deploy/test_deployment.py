@@ -481,11 +481,13 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
         assert ti["state"] == "success" and ti["try_number"] == 1, ti
         assert xcom(d, dag_id, run_id, task_id)["run_id"] in quickstart_run_ids
         assert xcom(d, dag_id, run_id, "wait_for_run_record")["status"] == "succeeded"
-    triggerer = next(s for s in d.services if s.name == "triggerer").text()
-    # The triggerer ran (its periodic report; the count itself is sampled once a minute, so a short
-    # trigger can start and finish between two reports). That it ran *our* triggers is shown by the
-    # deferred state above and by the trigger log files next to the task logs below.
-    assert re.search(r"\b\d+ triggers currently running", triggerer), triggerer[-3000:]
+    triggerer = next(s for s in d.services if s.name == "triggerer")
+    # The triggerer's loop is alive: it reports once a minute after it starts, so a fast deployment can
+    # finish its runs before the first report; wait for it rather than assume it. The count itself is
+    # sampled, so a short trigger can start and finish between two reports. That it ran *our* triggers
+    # is shown by the deferred state above and by the trigger log files next to the task logs below.
+    wait_for("the triggerer's periodic report", lambda: re.search(r"\b\d+ triggers currently running", triggerer.text()),
+             timeout=90, on_timeout=lambda: triggerer.text()[-3000:])
     # The trigger's own log lines are written next to the task's log by the triggerer.
     for dag_id in sensor_runs:
         folder = d.home / "logs" / f"dag_id={dag_id}"
