@@ -16,7 +16,10 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
-   taking turns chunk by chunk);
+   taking turns chunk by chunk). The chain is read by the reader that refreshed along it and by a
+   fresh one (both default: a shard's local database is compacted past ``max_local_layers``; the
+   target holds for the slower of the two), and, for the figure only, by a fresh reader keeping
+   every layer (``max_local_layers=None``);
 7. correctness, cheaply: every manifest's rows (and each delta's inserted/updated/deleted) equal
    the counts this script expects from the changes it made; sampled deleted keys read None and
    sampled updated / inserted keys read their newest value, on the chain and on the compacted
@@ -285,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{run_id}: write {s:.2f}s, refresh {r:.2f}s")
     chain, _ = live_manifest()
     check(chain.chain_depth == CHAIN_DEPTH, f"chain depth {chain.chain_depth} != {CHAIN_DEPTH}")
-    follower.close()
-    shutil.rmtree(work / "cache-follow", ignore_errors=True)
-    chain_open_s, chain_reader = open_every_shard(str(work / "cache-chain"))  # stays on the depth-8 run
+    # Fresh readers of the depth-8 run: by default a shard's local database is compacted once it holds
+    # more than ShardedReader's max_local_layers; max_local_layers=None keeps every layer as a file.
+    chain_open_s, chain_reader = open_every_shard(str(work / "cache-chain"))
+    layered_open_s, layered_reader = open_every_shard(str(work / "cache-layered"), max_local_layers=None)
 
     _log("compaction")
     compact_s, compact_record = write(root, write_mode="compact", run_id="compact")
@@ -295,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     check_manifest(compacted, model.rows, None, "compact")
     check(compacted.chain_depth == 0 and not any(s.layers for s in compacted.shards), "compaction left layers")
     compact_open_s, compact_reader = open_every_shard(str(work / "cache-compact"))
-    check(chain_reader.run_id == chain.run_id and compact_reader.run_id == "compact", "readers on the wrong runs")
+    check(chain_reader.run_id == layered_reader.run_id == follower.run_id == chain.run_id
+          and compact_reader.run_id == "compact", "readers on the wrong runs")
 
     # -- 7. correctness on both readers, then get p50 ------------------------------------------------
     def sample(keys: list[int]) -> list[int]:
@@ -305,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     gone = sample([k for k in model.deleted])
     updated = sample([k for k in model.latest if k < args.rows])
     inserted = sample([k for k in model.latest if k >= args.rows])
-    for name, reader in (("chain", chain_reader), ("compacted", compact_reader)):
+    readers = {"chain": chain_reader, "chain_followed": follower, "chain_layers_kept": layered_reader,
+               "compacted": compact_reader}
+    for name, reader in readers.items():
         check(reader.multi_get(gone) == [None] * len(gone), f"{name}: a deleted key reads a value")
         check(all(reader.get(k) is None for k in gone[:100]), f"{name}: get of a deleted key reads a value")
         for what, keys in (("updated", updated), ("inserted", inserted)):
@@ -315,17 +322,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{name}: get of an {what} key does not read its newest value")
 
     live = np.flatnonzero(model.alive)
-    draws = {side: live[rng.integers(0, len(live), size=args.lookups)].tolist() for side in ("chain", "compacted")}
+    draws = {side: live[rng.integers(0, len(live), size=args.lookups)].tolist() for side in readers}
     warm = live[rng.integers(0, len(live), size=args.lookups)].tolist()
-    readers = {"chain": chain_reader, "compacted": compact_reader}
     for side, reader in readers.items():
         _log(f"warming the {side} reader")
         check(all(reader.get(k) is not None for k in warm), f"{side}: an existing key reads None")
     _log(f"timing get over {args.lookups} keys on each")
     clock = time.perf_counter_ns
-    spent: dict[str, list[int]] = {"chain": [], "compacted": []}
-    for n, start in enumerate(range(0, args.lookups, 1000)):  # taking turns, alternating who goes first
-        for side in ("chain", "compacted") if n % 2 == 0 else ("compacted", "chain"):
+    spent: dict[str, list[int]] = {side: [] for side in readers}
+    sides = list(readers)
+    for n, start in enumerate(range(0, args.lookups, 1000)):  # taking turns, rotating who goes first
+        for side in sides[n % len(sides):] + sides[:n % len(sides)]:
             get, sink = readers[side].get, spent[side]
             for key in draws[side][start:start + 1000]:
                 t0 = clock()
@@ -333,9 +340,11 @@ def main(argv: list[str] | None = None) -> int:
                 sink.append(clock() - t0)
     for ns in spent.values():
         ns.sort()
-    chain_p50, compact_p50 = _percentile(spent["chain"], 0.5), _percentile(spent["compacted"], 0.5)
-    chain_reader.close()
-    compact_reader.close()
+    p50 = {side: _percentile(ns, 0.5) for side, ns in spent.items()}
+    compact_p50 = p50["compacted"]
+    chain_p50 = max(p50["chain"], p50["chain_followed"])  # the target holds for both default readers
+    for reader in readers.values():
+        reader.close()
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
 
@@ -368,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "chain": {
             "depth": chain.chain_depth, "keys_per_delta": n_chain, "pct_per_delta": args.chain_delta_pct,
             "write_s": chain_writes, "refreshes": chain_refreshes, "fresh_open_every_shard_s": round(chain_open_s, 3),
+            "fresh_open_every_shard_layers_kept_s": round(layered_open_s, 3),
             "layer_bytes": chain.byte_size - base.byte_size,
         },
         "compaction": {
@@ -376,9 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "get": {
             "lookups": args.lookups,
-            "chain_p50_us": round(chain_p50, 3), "chain_p99_us": round(_percentile(spent["chain"], 0.99), 3),
-            "compacted_p50_us": round(compact_p50, 3),
-            "compacted_p99_us": round(_percentile(spent["compacted"], 0.99), 3),
+            **{f"{side}_p50_us": round(p50[side], 3) for side in readers},
+            **{f"{side}_p99_us": round(_percentile(spent[side], 0.99), 3) for side in readers},
+            "chain_layers_kept_p50_ratio": round(p50["chain_layers_kept"] / compact_p50, 3),
         },
         "targets": {
             f"delta_write_le_{DELTA_WRITE_MAX:g}x_full": _target(delta_s / full_s, DELTA_WRITE_MAX),

@@ -143,8 +143,9 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     db_url = store.uri(akey)
     work = tempfile.mkdtemp(prefix=f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-")
     try:
+        # One pass over the base per task: a local compaction first would cost more than it saves.
         with ShardedReader(plan.output_uri, storage_options=plan.storage_options, manifest_ref=plan.base_manifest_ref,
-                           cache_dir=os.path.join(work, "base")) as base:
+                           cache_dir=os.path.join(work, "base"), max_local_layers=None) as base:
             base_db = base.open_shard(db_id)
             entry = base.manifest.shard(db_id)
             folder = os.path.join(work, "layer")

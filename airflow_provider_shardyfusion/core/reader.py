@@ -22,7 +22,7 @@ from .errors import ManifestValidationError, ObjectNotFoundError, ReaderError
 from .key_locator import group_keys
 from .loaded_snapshot import LoadedSnapshot, StaleSnapshot
 from .pointer import CurrentPointer
-from .shard_cache import ShardCache
+from .shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
 from .snapshot import SnapshotRoot
 from .storage import ObjectStore, StorageOptions, open_store
 
@@ -55,7 +55,11 @@ class ShardedReader:
     region_name, addressing_style, ...); credentials otherwise come from boto3's default chain.
     ``manifest_ref``: read this manifest (a URI under ``output_uri/manifests/``) instead of the one
     ``_CURRENT`` names, e.g. to check a snapshot that is not live; such a reader is pinned and
-    ``refresh()`` always returns False.
+    ``refresh()`` always returns False. ``max_local_layers``: a shard of a delta chain is built
+    locally from its layers; one whose local database would hold more layers (sorted runs) than
+    this is compacted in the cache once built, so look-ups on a deep chain cost about what they
+    cost on a compacted snapshot, paid once per build in CPU and transient disk (up to the shard's
+    size again). None keeps every layer as it is (cheapest builds, one more file per look-up per layer).
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -68,6 +72,7 @@ class ShardedReader:
         cache_dir: str | os.PathLike[str] | None = None,
         storage_options: StorageOptions | Mapping[str, Any] | None = None,
         manifest_ref: str | None = None,
+        max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
     ):
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
@@ -77,7 +82,10 @@ class ShardedReader:
         self._snapshots = SnapshotRoot(self._store)
         self._swap_lock = threading.Lock()
         self._state: LoadedSnapshot | None = None
-        self._cache = ShardCache(self._store, cache_dir)
+        if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
+                                             or max_local_layers < 1):
+            raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
+        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers)
         self.last_refresh: RefreshReport | None = None
         try:
             pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()

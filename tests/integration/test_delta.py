@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError
+from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError, ReaderError
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
@@ -83,6 +83,13 @@ class Chain:
         assert reader.manifest.row_count == len(self.model)
 
 
+def sorted_runs(reader: ShardedReader, db_id: int) -> int:
+    """Files a point look-up in the reader's local database of shard ``db_id`` may visit."""
+    db = reader.open_shard(db_id)
+    files = [db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0 for level in range(7)]
+    return files[0] + sum(1 for n in files[1:] if n)
+
+
 def expected_counts(before: dict[int, bytes], upserts: dict[int, str], deletes: list[int]) -> dict[str, int]:
     return {"puts": len(upserts), "deletes": len(deletes),
             "inserted": sum(k not in before for k in upserts), "updated": sum(k in before for k in upserts),
@@ -98,6 +105,9 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
 
     refreshing = ShardedReader(root, storage_options=options)  # a private cache: the served run's folder goes
     chain.check(refreshing)
+    # Compacts every shard it builds from more than one layer; reads the same, refreshes by the change.
+    compacting = ShardedReader(root, storage_options=options, max_local_layers=1)
+    chain.check(compacting)
     steps = [
         # updates, inserts, deletes of present keys and of absent ones
         ({**{k: f"v1-{k}" for k in range(0, 100, 2)}, **{k: f"v1-{k}" for k in range(600, 650)}},
@@ -125,8 +135,22 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
         gone |= set(deletes)
         gone -= set(upserts)
         absent = sorted(gone | {9999})
-        with ShardedReader(root, storage_options=options) as fresh:
-            chain.check(fresh, absent)
+        with ShardedReader(root, storage_options=options) as fresh, \
+                ShardedReader(root, storage_options=options, max_local_layers=None) as layered, \
+                ShardedReader(root, storage_options=options, max_local_layers=2) as bounded:
+            for reader in (fresh, layered, bounded):
+                chain.check(reader, absent)
+            deepest = 0
+            for shard in manifest.shards:  # every layer its own run, or compacted past the bound
+                runs = sorted_runs(layered, shard.db_id)
+                assert runs >= len(shard.layers)
+                assert sorted_runs(bounded, shard.db_id) == (runs if runs <= 2 else 1)
+                deepest = max(deepest, runs)
+            assert deepest > 2 or depth == 1  # the bound was really crossed
+        assert compacting.refresh() is True and compacting.last_refresh.bytes_downloaded == sum(
+            layer.byte_size for layer in new_layers)
+        chain.check(compacting, absent)
+        assert {sorted_runs(compacting, s.db_id) for s in manifest.shards} == {1}
         assert refreshing.refresh() is True and refreshing.run_id == manifest.run_id
         report = refreshing.last_refresh
         assert report is not None and report.previous_run_id != manifest.run_id
@@ -150,6 +174,11 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
     assert refreshing.refresh() is True
     chain.check(refreshing, sorted(gone))
     refreshing.close()
+    assert compacting.refresh() is True
+    chain.check(compacting, sorted(gone))
+    compacting.close()
+    with pytest.raises(ReaderError, match="max_local_layers must be a positive integer or None, got 0"):
+        ShardedReader(root, storage_options=options, max_local_layers=0)
 
 
 def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(spark, tmp_path, any_root):
