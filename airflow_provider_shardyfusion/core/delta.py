@@ -118,7 +118,7 @@ def base_exists(base_db: Any, changes: Sequence[Change]) -> list[bool]:
 def _sst_writer(path: str) -> Any:
     from rocksdict import SstFileWriter
 
-    from .shard_builder import rocksdb_options
+    from .rocksdb_options import rocksdb_options
 
     writer = SstFileWriter(options=rocksdb_options())
     writer.open(path)

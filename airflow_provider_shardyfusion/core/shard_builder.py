@@ -30,15 +30,13 @@ from . import checksum, encoding, scratch
 from .arrow_codec import first_null_row
 from .errors import InputDataError, show_value
 from .manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
+from .rocksdb_options import rocksdb_options
 
 if TYPE_CHECKING:
     from .rate_limit import WriteLimiter
 
 log = logging.getLogger(__name__)
 
-# Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
-# (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
-SST_FORMAT_VERSION = 5
 # What the Spark writer ships (recorded in the manifest's storage_engine["shard_layout"]).
 WRITER_SHARD_LAYOUT = SHARD_LAYOUT_SST
 
@@ -52,21 +50,6 @@ def shard_file_needed(name: str) -> bool:
     e.g. RocksDB 7.8's ``ldb`` refuse the whole database.
     """
     return name == "CURRENT" or name.startswith("MANIFEST-") or name.endswith(".sst")
-
-
-def rocksdb_options() -> Any:
-    from rocksdict import BlockBasedOptions, Options
-
-    # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
-    opts = Options(raw_mode=True)
-    # A fresh database per shard: RocksDB's 16 file-opening threads and its stats pass on open are
-    # pure fixed cost here (measured ~1 ms of each ~2 ms open on tmpfs).
-    opts.set_max_file_opening_threads(1)
-    opts.set_skip_stats_update_on_db_open(True)
-    table = BlockBasedOptions()
-    table.set_format_version(SST_FORMAT_VERSION)
-    opts.set_block_based_table_factory(table)
-    return opts
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,14 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict
+from rocksdict import AccessType, IngestExternalFileOptions, Rdict
 
 from . import layout, scratch
 from .checksum import file_checksum, verify_file
 from .errors import ChecksumMismatchError, ReaderError
 from .loaded_snapshot import LoadedSnapshot, StaleSnapshot
 from .manifest import SHARD_LAYOUT_SST, ShardEntry, ShardFile, ShardLayer
+from .rocksdb_options import rocksdb_options
 
 if TYPE_CHECKING:
     from .storage import ObjectStore
@@ -123,7 +124,7 @@ class ShardCache:
             try:
                 path = self._layered_copy(snapshot, shard) if shard.layers else self._local_copy(snapshot, shard)
                 try:
-                    db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only(False))
+                    db = Rdict(path, rocksdb_options(), access_type=AccessType.read_only(False))
                 except Exception as exc:
                     raise ReaderError(
                         f"cannot open shard {db_id} of run {snapshot.run_id!r} ({shard.db_url}) from {path}: {exc}"
@@ -406,8 +407,7 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
     A database left with more than ``max_runs`` sorted runs is compacted into one (tombstones and
     overwritten values dropped), which the marker then records.
     """
-    opts = Options(raw_mode=True)
-    opts.set_disable_auto_compactions(True)  # the files must stay as the marker records them
+    opts = rocksdb_options(auto_compactions=False)  # the files must stay as the marker records them
     target = build_dir or folder
     try:
         if ssts or not os.path.exists(os.path.join(target, "CURRENT")):  # a clone that lacks nothing stays as is

@@ -1,0 +1,32 @@
+"""The RocksDB options every shard database and SST file is written and opened with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
+# (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
+SST_FORMAT_VERSION = 5
+
+
+def rocksdb_options(*, auto_compactions: bool = True) -> Any:
+    """rocksdict ``Options`` for a shard: raw keys and values, cheap opens, portable SST files.
+
+    ``auto_compactions=False`` for a database whose files must stay as ingested (a reader's cache
+    records them by checksum).
+    """
+    from rocksdict import BlockBasedOptions, Options
+
+    # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
+    opts = Options(raw_mode=True)
+    # A database per shard, opened once: RocksDB's 16 file-opening threads and its stats pass on
+    # open are pure fixed cost here (measured on tmpfs: a read-only open 1.0-2.8 ms -> 0.4 ms, and a
+    # create + ingest + close 1.6-3.0 ms -> 0.9 ms).
+    opts.set_max_file_opening_threads(1)
+    opts.set_skip_stats_update_on_db_open(True)
+    if not auto_compactions:
+        opts.set_disable_auto_compactions(True)
+    table = BlockBasedOptions()
+    table.set_format_version(SST_FORMAT_VERSION)
+    opts.set_block_based_table_factory(table)
+    return opts
