@@ -21,6 +21,7 @@ from airflow_provider_shardyfusion.core import write_args
 from airflow_provider_shardyfusion.core.config import WriteOptions, build_write_config
 from airflow_provider_shardyfusion.core.write_args import REQUIRED, WRITE_ARGS
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,6 +77,28 @@ def test_the_static_param_docs_are_the_declared_ones():
     for (name, text), arg in zip(documented, write_args.OPERATOR_ARGS, strict=True):
         suffix = " (templated)" if arg.templated else ""
         assert text == f"{arg.doc}{suffix}", name
+
+
+# The streaming operator's own wording of two shared arguments (what they mean for a stream's batches).
+STREAM_REWORDED = {"delete_column", "max_chain_depth"}
+
+
+def test_the_streaming_operator_restates_its_write_arguments_as_declared():
+    from airflow_provider_shardyfusion.operators.streaming_snapshot import _WRITE_FIELDS
+
+    shared = [a for a in write_args.OPERATOR_ARGS if a.name in _WRITE_FIELDS]
+    assert [a.name for a in shared] == list(_WRITE_FIELDS) and "key_column" in _WRITE_FIELDS
+    params = [p for p in keyword_params(StreamingSnapshotOperator.__init__) if p.name in _WRITE_FIELDS]
+    assert [p.name for p in params] == list(_WRITE_FIELDS)  # same order as the declaration
+    for param, arg in zip(params, shared, strict=True):
+        assert (param.annotation, param.default) == (arg.type, expected_default(arg)), param.name
+    assert set(_WRITE_FIELDS) <= set(StreamingSnapshotOperator.template_fields)
+    documented = dict(param_docs(StreamingSnapshotOperator))
+    assert set(_WRITE_FIELDS) <= set(documented)
+    for arg in shared:
+        if arg.name not in STREAM_REWORDED:
+            assert documented[arg.name] == f"{arg.doc} (templated)", arg.name
+    assert set(_WRITE_FIELDS) >= STREAM_REWORDED
 
 
 def test_the_operator_hands_every_shared_argument_to_build_write_config():
