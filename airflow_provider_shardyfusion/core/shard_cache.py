@@ -262,16 +262,9 @@ class ShardCache:
             written = _ingest_into_db(staging, local_files, entry, shard, run_id,
                                       build_dir=os.path.join(memory, "db") if memory else None,
                                       max_runs=self._max_local_layers) if ingest else marker
-            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
-                fh.write(written)
             if snapshot.retired:
                 raise StaleSnapshot()
-            try:
-                os.rename(staging, final)
-            except OSError:
-                # Another reader sharing cache_dir won the race; use its copy if it is sound.
-                if not _cached_copy_ok(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
-                    raise
+            _install(staging, final, written, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}")
             self.stats.layer_downloaded(shard.byte_size)
             self.stats.shard_built(reused_layers=0)
             log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
@@ -295,13 +288,7 @@ class ShardCache:
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(folder)}-", dir=os.path.dirname(folder))
         try:
             self._download_verified(snapshot, shard, staging, layer.db_url, layer.files)
-            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
-                fh.write(marker)
-            try:
-                os.rename(staging, folder)
-            except OSError:
-                if not _cached_copy_ok(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
-                    raise
+            _install(staging, folder, marker, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}")
             self.stats.layer_downloaded(layer.byte_size)
             return paths
         finally:
@@ -341,13 +328,7 @@ class ShardCache:
             written = _ingest_into_db(staging, todo, entry, shard, run_id,
                                       build_dir=os.path.join(memory, "db") if memory else None,
                                       max_runs=self._max_local_layers)
-            with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
-                fh.write(written)
-            try:
-                os.rename(staging, final)
-            except OSError:
-                if not _cached_copy_ok(final, marker, (), where):
-                    raise
+            _install(staging, final, written, marker, (), where)
             if done < len(shard.layers):
                 self.stats.shard_built(reused_layers=done)
             log.info("shard %s of run %s: %d layer(s) ingested%s", shard.db_id, run_id, len(shard.layers) - done,
@@ -446,6 +427,21 @@ def _sorted_runs(db: Rdict) -> int:
         files = db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
         runs += files if level == 0 else min(files, 1)
     return runs
+
+
+def _install(staging: str, final: str, written: str, marker: str, files: tuple[ShardFile, ...], where: str) -> None:
+    """Mark the verified ``staging`` folder with ``written`` and rename it to ``final``.
+
+    If another reader sharing the cache got there first, its copy is used when it checks out
+    against ``marker`` and ``files``; otherwise the rename's error stands.
+    """
+    with open(os.path.join(staging, _MARKER), "w", encoding="utf-8") as fh:
+        fh.write(written)
+    try:
+        os.rename(staging, final)
+    except OSError:
+        if not _cached_copy_ok(final, marker, files, where):
+            raise
 
 
 def _reusable(path: str, marker: str, files: tuple[ShardFile, ...], where: str) -> bool:
