@@ -14,6 +14,12 @@ one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans.
 Stopping: SIGTERM, or the operator's stop object (``stop_key``), stops the query after the
 micro-batch in progress (a batch interrupted anyway is rewritten by the next run: exactly once).
 
+Spark Connect (``SPARK_REMOTE`` set by the operator, ``spark_jobs.connect_session``): the same
+query from a Connect client. The server calls the micro-batch function in a Python process of its
+own driver, which sees neither this script nor the session's artifacts; ``RemoteBatches`` is
+pickled by value with the bundle's bytes and imports the writer from them there. What it did is
+in the report it rewrites after every batch; the client adopts those batches in its final report.
+
 Exit codes: 0 the query ended (available_now: everything new was written; or it was stopped);
 1 the query failed; 2 the config was rejected before the query started.
 """
@@ -28,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 try:
     import spark_jobs  # noqa: F401  (from the --py-files bundle)
@@ -53,24 +60,83 @@ class Reporter:
             finally:
                 self.write(finished=False)
 
-    def result(self, *, finished: bool, error: str | None = None) -> dict:
-        return {"stream_id": self.stream_id, "finished": finished, "error": error,
-                "batches": [o.to_dict() for o in self.writer.outcomes]}
+    def result(self, *, finished: bool, error: str | None = None, batches: list | None = None) -> dict:
+        if batches is None:
+            batches = [o.to_dict() for o in self.writer.outcomes]
+        return {"stream_id": self.stream_id, "finished": finished, "error": error, "batches": batches}
 
-    def write(self, *, finished: bool, error: str | None = None) -> dict:
-        result = self.result(finished=finished, error=error)
+    def write(self, *, finished: bool, error: str | None = None, batches: list | None = None) -> dict:
+        result = self.result(finished=finished, error=error, batches=batches)
         try:
             self.store.put(self.key, json.dumps(result, sort_keys=True).encode())
         except Exception as exc:  # the snapshots are what matters; the report is for the operator
             log.warning("could not write the stream report %s: %s", self.key, exc)
         return result
 
+    def stored_batches(self) -> list:
+        """The batches of the report as stored (written by the micro-batch function on a Connect server)."""
+        try:
+            if self.store.exists(self.key):
+                return list(json.loads(self.store.get(self.key).data).get("batches") or [])
+        except Exception as exc:
+            log.warning("could not read the stream report %s: %s", self.key, exc)
+        return []
+
+
+class RemoteBatches:
+    """The micro-batch function over Spark Connect; runs in the server driver's Python process.
+
+    That process imports neither this script nor the session's artifacts, so the instance carries
+    the bundle (pickled by value with it) and, on its first batch, puts the bundle first on
+    ``sys.path`` and builds the writer and its ``Reporter`` there; they live as long as the query.
+    """
+
+    def __init__(self, bundle: bytes, job_json: str):
+        self.bundle, self.job_json = bundle, job_json
+        self.reporter: Reporter | None = None
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        if self.reporter is None:
+            self.reporter = self._start()
+        self.reporter(batch_df, batch_id)
+
+    def _start(self) -> Reporter:
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="shardyfusion-stream-"), "bundle.zip")
+        with open(path, "wb") as fh:
+            fh.write(self.bundle)
+        sys.path.insert(0, path)
+        from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+        from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
+        from airflow_provider_shardyfusion.streaming import foreach_batch_writer
+
+        config, stream = decode_job_config(self.job_json)
+        store = SnapshotRoot.open(config.output_uri, config.storage_options).store
+        # This process has no logging set up; its stderr goes to the server's log.
+        print(f"micro-batch writer of stream {stream.stream_id} started on the Connect server from {path}",
+              file=sys.stderr, flush=True)
+        return Reporter(foreach_batch_writer(config, stream_id=stream.stream_id), store,
+                        report_key(stream.stream_id, stream.report_id), stream.stream_id)
+
+
+def remote_batches(job_json: str) -> RemoteBatches:
+    """The Connect micro-batch function, with the bundle the operator shipped (``SHARDYFUSION_BUNDLE``)."""
+    from airflow_provider_shardyfusion.core import job_environment as job_env
+
+    if __name__ != "__main__":  # imported (not run as the script): still pickled by value, not by name
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with open(os.environ[job_env.BUNDLE], "rb") as fh:
+        return RemoteBatches(fh.read(), job_json)
+
 
 class Stopper:
     """Stops the query after the micro-batch in progress: on SIGTERM or when the stop object appears."""
 
-    def __init__(self, reporter: Reporter, store, stop_key: str):
-        self.reporter, self.store, self.stop_key = reporter, store, stop_key
+    def __init__(self, reporter: Reporter, store, stop_key: str, *, remote: bool = False):
+        self.reporter, self.store, self.stop_key, self.remote = reporter, store, stop_key, remote
         self.query = None
         self.requested = threading.Event()
 
@@ -83,6 +149,8 @@ class Stopper:
     def _stop(self) -> None:
         with self.reporter.busy:  # never in the middle of a batch's write
             if self.query is not None:
+                if self.remote:  # the batch runs on the server: wait for its trigger to end
+                    _wait_until_idle(self.query)
                 self.query.stop()
 
     def watch(self) -> None:
@@ -96,6 +164,18 @@ class Stopper:
 
         threading.Thread(target=poll, name="shardyfusion-stop-watch", daemon=True).start()
         signal.signal(signal.SIGTERM, lambda signum, frame: self.request("SIGTERM"))
+
+
+def _wait_until_idle(query, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if not query.isActive or not query.status.get("isTriggerActive"):
+                return
+        except Exception as exc:  # the query ended meanwhile
+            log.debug("query status unreadable: %s", exc)
+            return
+        time.sleep(0.2)
 
 
 def build_reader(spark, stream):
@@ -131,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_shardyfusion.core.stream_job import decode_job_config
 
     try:
-        config, stream = decode_job_config(base64.urlsafe_b64decode(args.config_b64.encode()).decode())
+        job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
+        config, stream = decode_job_config(job_json)
         from airflow_provider_shardyfusion.streaming import check_stream_options, foreach_batch_writer
 
         check_stream_options(stream.source_options)
@@ -139,21 +220,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ShardyfusionError, ValueError) as exc:
         print(f"shardyfusion streaming job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    return run(config, stream, writer)
+    return run(config, stream, writer, job_json)
 
 
-def run(config, stream, writer) -> int:
+def run(config, stream, writer, job_json: str) -> int:
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.stream_job import report_key, stop_key
+    from spark_jobs import connect_session
     from spark_jobs.orphan_guard import exit_when_orphaned
     from spark_jobs.sharded_write_job import _classic_session
 
+    remote = connect_session.requested()
     store = SnapshotRoot.open(config.output_uri, config.storage_options).store
     reporter = Reporter(writer, store, report_key(stream.stream_id, stream.report_id), stream.stream_id)
-    stopper = Stopper(reporter, store, stop_key(stream.stream_id, stream.report_id))
+    stopper = Stopper(reporter, store, stop_key(stream.stream_id, stream.report_id), remote=remote)
     exit_when_orphaned()
     try:
-        spark = _classic_session(f"stream-{stream.stream_id}")
+        batch_fn: Reporter | RemoteBatches = reporter
+        if remote:
+            spark, batch_fn = connect_session.open_session(), remote_batches(job_json)
+        else:
+            spark = _classic_session(f"stream-{stream.stream_id}")
     except Exception as exc:
         print(f"shardyfusion streaming job failed: {type(exc).__name__}: could not open the Spark session: {exc}",
               file=sys.stderr)
@@ -161,7 +248,7 @@ def run(config, stream, writer) -> int:
     error = None
     try:
         stopper.watch()
-        stopper.query = query = start_query(spark, stream, reporter)
+        stopper.query = query = start_query(spark, stream, batch_fn)
         if stopper.requested.is_set():  # stopped while the query was starting
             with reporter.busy:
                 query.stop()
@@ -169,7 +256,7 @@ def run(config, stream, writer) -> int:
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     finally:
-        result = reporter.write(finished=True, error=error)
+        result = reporter.write(finished=True, error=error, batches=reporter.stored_batches() if remote else None)
         print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", file=sys.stderr)
         spark.stop()
     if error is not None:

@@ -75,6 +75,10 @@ class ShardyfusionConnectJobHook(BaseHook):
                 f"the Spark Connect job (connection {self.plan.conn_id!r}) exited with code {code}"
             )
 
+    def is_running(self) -> bool:
+        """Whether the child this hook started is still running."""
+        return self._proc is not None and self._proc.poll() is None
+
     def on_kill(self) -> None:
         """SIGTERM: the job interrupts its Connect session's queries and marks the run killed."""
         proc = self._proc

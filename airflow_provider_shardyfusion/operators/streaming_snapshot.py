@@ -64,8 +64,11 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
     "action", "rows"}, ...], "published", "live_run_id"}``: ``action`` is ``written`` (the batch
     was written and published), ``published`` (an earlier attempt's run was published) or
     ``skipped`` (already live, or below the last live batch). An asset event for ``output_uri`` is
-    emitted per published batch (through the snapshot's ``AssetAlias``). Spark Connect connections
-    and deferring are not supported: the task runs the query itself.
+    emitted per published batch (through the snapshot's ``AssetAlias``). With a ``spark_connect``
+    connection the job runs as a Connect client in a child process of the task (as the write
+    operator's does) and the micro-batch function runs on the server's driver, which then needs the
+    writer's libraries and reaches the output root with the cluster's own credentials. Deferring is
+    not supported: the task runs the query itself.
 
     :param output_uri: root of the snapshot, ``s3://bucket/prefix`` or ``file:///abs/dir``. (templated)
     :param source_path: folder of the file source the query reads; ``None`` for a source given by ``source_format``
@@ -244,12 +247,8 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_provider_shardyfusion.hooks.spark_connect import is_connect_connection
         from airflow_provider_shardyfusion.streaming import check_stream_options, foreach_batch_writer
 
-        if is_connect_connection(self.spark_conn_id):
-            raise ConfigError(f"spark_conn_id {self.spark_conn_id!r} is a Spark Connect connection; "
-                              "StreamingSnapshotOperator runs its query with spark-submit only")
         spark = self.spark_settings()
         config = self.build_config(context)
         config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()

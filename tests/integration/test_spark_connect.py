@@ -30,6 +30,7 @@ from tests.operator_helpers import connections, make_context, make_op
 from tests.polling import wait_for
 from tests.spark_connect_server import connect_server
 from tests.spark_helpers import assert_exact, assert_reader_agrees, int_table, read_snapshot, write_parquet
+from tests.stream_files import put_changes
 
 pytestmark = pytest.mark.spark
 
@@ -156,17 +157,12 @@ THIN_CLIENT_PACKAGES = ("pyspark-client=={version}", "pyarrow", "pandas>=2.2", "
                         "rocksdict", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
 
 
-def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path):
-    """What a managed Airflow worker has: pyspark-client (no jars, no Java needed) and not this provider's
-    code on the executors. One venv without either plays both: the job's client process (importing the job
-    from the bundle zip) and the Connect server's Python workers (importing it from addArtifacts only)."""
+@pytest.fixture(scope="module")
+def thin_python(tmp_path_factory):
+    """A venv with pyspark-client and the writer's libraries but not this provider's code, nor Spark's jars."""
     import pyspark
 
-    from airflow_provider_shardyfusion.core import job_environment as job_env
-    from airflow_provider_shardyfusion.core.config import build_write_config
-    from airflow_provider_shardyfusion.submission.bundle import build_bundle
-    from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
-
+    tmp_path = tmp_path_factory.mktemp("thin")
     venv, uv = tmp_path / "thin", Path(sys.executable).parent / "uv"
     subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     packages = [p.format(version=pyspark.__version__) for p in THIN_CLIENT_PACKAGES]
@@ -177,17 +173,84 @@ def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path):
                             "os.path.dirname(pyspark.__file__), 'jars')))"], capture_output=True, text=True, check=True,
                            cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert probe.stdout.split() == ["True", "False"], probe  # no provider code, no Spark jars
+    return python
+
+
+@pytest.fixture(scope="module")
+def thin_server(tmp_path_factory, thin_python):
+    """A Connect server whose Python workers (executors, the streaming driver side) run ``thin_python``."""
+    log_dir = tmp_path_factory.mktemp("thin-server")
+    with connect_server(log_dir, env={"PYSPARK_PYTHON": thin_python}) as port:
+        yield port, log_dir / "spark-connect-server.log"
+
+
+def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path, thin_python, thin_server):
+    """What a managed Airflow worker has: pyspark-client (no jars, no Java needed) and not this provider's
+    code on the executors. One venv without either plays both: the job's client process (importing the job
+    from the bundle zip) and the Connect server's Python workers (importing it from addArtifacts only)."""
+    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.submission.bundle import build_bundle
+    from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
 
     table, expected = int_table(2_500, seed=7)
     root = f"file://{tmp_path}/snap"
     config = build_write_config(output_uri=root, input_path=write_parquet(tmp_path, table), key_column="id",
                                 value_column="payload", num_dbs=4)
     bundle = build_bundle()
-    with connect_server(tmp_path, env={"PYSPARK_PYTHON": python}) as port:
-        job = subprocess.run(
-            [python, bundle.entry_script, CONFIG_ARG, encode_config(config.to_json())], capture_output=True, text=True,
-            env={**os.environ, job_env.REMOTE_URL: f"sc://127.0.0.1:{port}", job_env.BUNDLE: bundle.zip_path,
-                 "PYTHONPATH": bundle.zip_path}, cwd=str(tmp_path), timeout=600)
+    port, _ = thin_server
+    job = subprocess.run(
+        [thin_python, bundle.entry_script, CONFIG_ARG, encode_config(config.to_json())], capture_output=True,
+        text=True, env={**os.environ, job_env.REMOTE_URL: f"sc://127.0.0.1:{port}", job_env.BUNDLE: bundle.zip_path,
+                        "PYTHONPATH": bundle.zip_path}, cwd=str(tmp_path), timeout=600)
     assert job.returncode == 0, job.stderr[-3000:]
     manifest, shards = read_snapshot(root)
     assert_exact(manifest, shards, expected, "u64be")
+
+
+def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypatch, tmp_path, thin_server,
+                                                                         no_spark_submit):
+    """StreamingSnapshotOperator with a Connect connection: its query runs from a client child of the task and
+    each micro-batch is written by the server's driver, whose Python has only what the client shipped."""
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.stream_batches import batch_run_id
+    from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
+
+    port, server_log = thin_server
+    connections(monkeypatch, spark={"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+    source = tmp_path / "source"
+    source.mkdir()
+    root = f"file://{tmp_path}/snap"
+    model = {k: f"v0-{k}" for k in range(300)}
+    put_changes(source, 0, model)
+
+    def ingest() -> dict:
+        op = StreamingSnapshotOperator(
+            task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
+            source_schema="id LONG, payload STRING, deleted BOOLEAN", source_options={"maxFilesPerTrigger": 1},
+            stream_id="orders.connect", key_column="id", value_column="payload", delete_column="deleted",
+            num_dbs=3, spark_conn_id="sf_spark", aws_conn_id=None)
+        return op.execute({**make_context(), "outlet_events": OutletEventAccessors()})
+
+    first = ingest()
+    assert [(b["batch_id"], b["action"], b["rows"]) for b in first["batches"]] == [(0, "written", 300)]
+    changes = [({k: f"v1-{k}" for k in range(0, 60, 3)} | {500: "v1-500"}, [1, 2, 999]),
+               ({1: "v2-1", 7: "v2-7"}, [0, 500])]
+    for n, (upserts, deletes) in enumerate(changes, start=1):
+        put_changes(source, n, upserts, deletes)
+        model.update(upserts)
+        for k in deletes:
+            model.pop(k, None)
+    second = ingest()
+    assert [(b["batch_id"], b["action"]) for b in second["batches"]] == [(1, "written"), (2, "written")]
+    assert second["live_run_id"] == batch_run_id("orders.connect", 2)
+    with ShardedReader(root) as reader:
+        keys = sorted(model)
+        assert reader.multi_get(keys) == [model[k].encode() for k in keys]
+        assert reader.multi_get([0, 2, 500, 999]) == [None] * 4
+        assert reader.manifest.writer["batch_id"] == 2 and reader.manifest.row_count == len(model)
+    # The micro-batches ran on the server's driver, from the bundle the client shipped.
+    assert server_log.read_text().count("micro-batch writer of stream orders.connect started on the Connect "
+                                        "server from") == 2

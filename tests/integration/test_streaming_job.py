@@ -20,8 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
@@ -32,19 +30,10 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.stream_job import StreamSettings, encode_job_config, report_key
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 from tests.operator_helpers import connections, make_context
+from tests.stream_files import put_changes
 
 JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "streaming_job.py"
 STREAM = "orders.job"
-
-
-def put_file(source: Path, n: int, upserts: dict[int, str], deletes: list[int] = ()) -> None:
-    keys = [*upserts, *deletes]
-    table = pa.table({"id": pa.array(keys, pa.int64()), "payload": [upserts.get(k) for k in keys],
-                      "deleted": pa.array([False] * len(upserts) + [True] * len(deletes), pa.bool_())})
-    staged = source.parent / f".part-{n:04d}.parquet"
-    pq.write_table(table, staged)
-    os.utime(staged, (1_700_000_000 + 10 * n,) * 2)
-    os.replace(staged, source / f"part-{n:04d}.parquet")
 
 
 def run_job(root: str, source: Path, checkpoint: Path, report_id: str, **stream_kw) -> subprocess.CompletedProcess:
@@ -74,8 +63,8 @@ def test_two_available_now_runs_publish_the_new_files_once(tmp_path):
     source, checkpoint = tmp_path / "source", tmp_path / "checkpoint"
     source.mkdir()
     root = layout.normalize_root(str(tmp_path / "root"))
-    put_file(source, 0, {1: "a", 2: "b", 3: "c"})
-    put_file(source, 1, {4: "d"}, deletes=[2])
+    put_changes(source, 0, {1: "a", 2: "b", 3: "c"})
+    put_changes(source, 1, {4: "d"}, deletes=[2])
     one_file = {"maxFilesPerTrigger": "1"}  # one batch per file: the files' order is the batches' order
     done = run_job(root, source, checkpoint, "first", source_options=one_file)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -87,7 +76,7 @@ def test_two_available_now_runs_publish_the_new_files_once(tmp_path):
     assert "SHARDYFUSION_STREAM_RESULT" in done.stderr
     check_model(root, {1: "a", 3: "c", 4: "d"}, [2])
 
-    put_file(source, 2, {5: "e", 1: "a2"}, deletes=[3])
+    put_changes(source, 2, {5: "e", 1: "a2"}, deletes=[3])
     done = run_job(root, source, checkpoint, "second", source_options=one_file)
     assert done.returncode == 0, done.stderr[-3000:]
     second = read_report(root, "second")
@@ -115,7 +104,7 @@ def test_a_processing_time_query_stops_gracefully(tmp_path, how):
     source = tmp_path / "source"
     source.mkdir()
     root = layout.normalize_root(str(tmp_path / "root"))
-    put_file(source, 0, {1: "a", 2: "b"})
+    put_changes(source, 0, {1: "a", 2: "b"})
     config = build_write_config(output_uri=root, input_path=str(source), key_column="id", value_column="payload",
                                 num_dbs=2, write_mode="delta", delete_column="deleted")
     stream = StreamSettings(stream_id=STREAM, checkpoint_location=str(tmp_path / "cp"), report_id="cont",
@@ -129,7 +118,7 @@ def test_a_processing_time_query_stops_gracefully(tmp_path, how):
     deadline = time.monotonic() + 180
     while not store.exists(report_key(STREAM, "cont")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(1)
-    put_file(source, 1, {3: "c"}, deletes=[1])
+    put_changes(source, 1, {3: "c"}, deletes=[1])
     while len(read_report(root, "cont")["batches"]) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(1)
     if how == "sigterm":
@@ -150,7 +139,7 @@ def test_on_kill_stops_a_processing_time_query_after_its_batch(monkeypatch, tmp_
     source = tmp_path / "source"
     source.mkdir()
     root = layout.normalize_root(str(tmp_path / "root"))
-    put_file(source, 0, {1: "a", 2: "b"})
+    put_changes(source, 0, {1: "a", 2: "b"})
     op = StreamingSnapshotOperator(
         task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
         trigger="processing_time", processing_time="1 second", key_column="id", value_column="payload",
@@ -182,7 +171,7 @@ def test_on_kill_stops_a_processing_time_query_after_its_batch(monkeypatch, tmp_
 
     while written() < 1 and time.monotonic() < deadline and thread.is_alive():
         time.sleep(1)
-    put_file(source, 1, {3: "c"}, deletes=[1])
+    put_changes(source, 1, {3: "c"}, deletes=[1])
     while written() < 2 and time.monotonic() < deadline and thread.is_alive():
         time.sleep(1)
     assert thread.is_alive(), outcome
