@@ -34,6 +34,8 @@ from .manifest import SHARD_LAYOUT_SST, ShardEntry, ShardFile, ShardLayer
 from .rocksdb_options import rocksdb_options
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -270,10 +272,7 @@ class ShardCache:
             log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
             return final
         finally:
-            if os.path.isdir(staging):
-                shutil.rmtree(staging, ignore_errors=True)
-            if memory is not None:
-                shutil.rmtree(memory, ignore_errors=True)
+            _discard(staging, memory)
 
     # -- shards of a chain (SPEC §13) --------------------------------------------------------------
 
@@ -292,8 +291,7 @@ class ShardCache:
             self.stats.layer_downloaded(layer.byte_size)
             return paths
         finally:
-            if os.path.isdir(staging):
-                shutil.rmtree(staging, ignore_errors=True)
+            _discard(staging)
 
     def _layered_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:
         """A database of the shard's layers ingested oldest first, newer winning and tombstones deleting.
@@ -316,8 +314,9 @@ class ShardCache:
         memory = None
         try:
             source, done = self._clone_source(shard.db_id, layers, exclude=run_id)
+            linked: dict[str, tuple[int, int, str]] = {}
             if source is not None:
-                _clone_db(source, staging)
+                linked = _clone_db(source, staging)
             else:  # a new database: built in memory when small (see _ingest_into_db)
                 memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_FROM_DISK_MAX_BYTES,
                                                 prefix="shardyfusion-cache-")
@@ -327,7 +326,7 @@ class ShardCache:
                 raise StaleSnapshot()
             written = _ingest_into_db(staging, todo, entry, shard, run_id,
                                       build_dir=os.path.join(memory, "db") if memory else None,
-                                      max_runs=self._max_local_layers)
+                                      max_runs=self._max_local_layers, linked=linked)
             _install(staging, final, written, marker, (), where)
             if done < len(shard.layers):
                 self.stats.shard_built(reused_layers=done)
@@ -335,10 +334,7 @@ class ShardCache:
                      f" on a copy of run {os.path.basename(os.path.dirname(source))[7:]}'s" if source else "")
             return final
         finally:
-            if os.path.isdir(staging):
-                shutil.rmtree(staging, ignore_errors=True)
-            if memory is not None:
-                shutil.rmtree(memory, ignore_errors=True)
+            _discard(staging, memory)
 
     def _clone_source(self, db_id: int, layers: list[Any], *, exclude: str) -> tuple[str | None, int]:
         """The cached database of this shard holding the longest prefix of ``layers`` (maybe all), and its length."""
@@ -376,7 +372,8 @@ def _db_file_read(name: str) -> bool:
 
 
 def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str, *,
-                    build_dir: str | None = None, max_runs: int | None = None) -> str:
+                    build_dir: str | None = None, max_runs: int | None = None,
+                    linked: Mapping[str, tuple[int, int, str]] | None = None) -> str:
     """Create a database in ``folder`` (or add to the one there) from the verified ``ssts``; return its marker.
 
     One ingestion per file, in the manifest's order: sort runs of one shard may overlap, and a
@@ -386,7 +383,8 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
     database reads with its size and checksum as they are after ingestion (RocksDB may rename a
     file and stamp a sequence number into it), so a later reuse re-checks exactly what it will open.
     A database left with more than ``max_runs`` sorted runs is compacted into one (tombstones and
-    overwritten values dropped), which the marker then records.
+    overwritten values dropped), which the marker then records. ``linked``: files of a clone with
+    their inode, size and checksum as verified in its source (see ``_clone_db``).
     """
     opts = rocksdb_options(auto_compactions=False)  # the files must stay as the marker records them
     target = build_dir or folder
@@ -414,7 +412,11 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
     for name in sorted(os.listdir(target)):
         path = os.path.join(target, name)
         if _db_file_read(name) and os.path.isfile(path):
-            local.append({"name": name, "size": os.path.getsize(path), "checksum": file_checksum(path)})
+            st = os.stat(path)
+            known = (linked or {}).get(name)
+            same = known is not None and (known[0], known[1]) == (st.st_ino, st.st_size)
+            checksum = known[2] if known is not None and same else file_checksum(path)
+            local.append({"name": name, "size": st.st_size, "checksum": checksum})
             if build_dir is not None:
                 shutil.copyfile(path, os.path.join(folder, name))
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
@@ -427,6 +429,13 @@ def _sorted_runs(db: Rdict) -> int:
         files = db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
         runs += files if level == 0 else min(files, 1)
     return runs
+
+
+def _discard(*folders: str | None) -> None:
+    """Remove what a build left behind (a staging folder not renamed into place, a memory-backed folder)."""
+    for folder in folders:
+        if folder is not None and os.path.isdir(folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _install(staging: str, final: str, written: str, marker: str, files: tuple[ShardFile, ...], where: str) -> None:
@@ -485,8 +494,16 @@ def _private_link(path: str, target: str) -> str:
     return target
 
 
-def _clone_db(source: str, into: str) -> None:
-    """A copy of a closed database that shares its SSTs (hard links) and copies its small metadata files."""
+def _clone_db(source: str, into: str) -> dict[str, tuple[int, int, str]]:
+    """A copy of a closed database that shares its SSTs (hard links) and copies its small metadata files.
+
+    Returns, per linked SST, its inode with the size and checksum the source's marker records (the
+    source was verified against them just before): the clone's marker reuses them for the files
+    that are still those very inodes after ingestion, instead of hashing the shard again.
+    """
+    with open(os.path.join(source, _MARKER), encoding="utf-8") as fh:
+        recorded = {str(f["name"]): (int(f["size"]), str(f["checksum"])) for f in json.load(fh)["local_files"]}
+    linked: dict[str, tuple[int, int, str]] = {}
     for name in os.listdir(source):
         path = os.path.join(source, name)
         if not os.path.isfile(path) or name == "LOCK" or name.startswith("LOG") or name == _MARKER:
@@ -495,10 +512,14 @@ def _clone_db(source: str, into: str) -> None:
         if name.endswith(".sst"):
             try:
                 os.link(path, target)
-                continue
             except OSError:  # another file system: copy
                 pass
+            else:
+                if name in recorded:
+                    linked[name] = (os.stat(target).st_ino, *recorded[name])
+                continue
         shutil.copyfile(path, target)
+    return linked
 
 
 def _cached_copy_ok(path: str, marker: str, files: tuple[ShardFile, ...], where: str) -> bool:

@@ -215,6 +215,35 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
             input_path=write_parquet(tmp_path, change_table({1: "x"}, []), "lonely"))
 
 
+def test_a_shared_cache_reuses_refreshed_builds_and_rebuilds_a_tampered_one(spark, tmp_path, file_root):
+    """A refresh builds on a hard-linked copy of the previous build and records its files' checksums
+    from that copy's verified marker; another reader on the same cache reuses the build as verified,
+    and a byte flipped in one of its files is caught on reuse (rebuilt, read right)."""
+    root, options = file_root, None
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(300)})
+    cache = tmp_path / "cache"
+    with ShardedReader(root, storage_options=options, cache_dir=cache) as follower:
+        chain.check(follower)
+        chain.write("delta", {k: f"v1-{k}" for k in range(0, 300, 7)} | {900: "v1-900"}, [1, 2, 3])
+        assert follower.refresh() is True
+        chain.check(follower, [1, 2, 3])
+    manifest = chain.manifest()
+    with ShardedReader(root, storage_options=options, cache_dir=cache) as again:
+        chain.check(again, [1, 2, 3])
+        assert again.cache_stats == {"layers_downloaded": 0, "bytes_downloaded": 0, "shards_built": 0,
+                                     "layers_reused": 0}
+    shard = max(manifest.shards, key=lambda e: e.row_count)
+    built = cache / f"run_id={manifest.run_id}" / f"db={shard.db_id:05d}"
+    victim = max(built.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with ShardedReader(root, storage_options=options, cache_dir=cache) as after:
+        chain.check(after, [1, 2, 3])
+        assert after.cache_stats["shards_built"] >= 1
+
+
 def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_root):
     root, options = file_root, None
     chain = Chain(spark, tmp_path, root, options)
