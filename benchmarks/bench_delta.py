@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         last = follower.last_refresh
         chain_writes.append(round(s, 2))
         chain_refreshes.append({"s": round(r, 3), "bytes": last.bytes_downloaded if last else None,
-                                "layers": last.layers_downloaded if last else None})
+                                "layers": last.layers_downloaded if last else None,
+                                "shards_compacted": last.shards_compacted if last else None})
         _log(f"{run_id}: write {s:.2f}s, refresh {r:.2f}s")
     chain, _ = live_manifest()
     check(chain.chain_depth == CHAIN_DEPTH, f"chain depth {chain.chain_depth} != {CHAIN_DEPTH}")

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     def cache_work(reader: ShardedReader, before: dict[str, int]) -> dict[str, int]:
         """What the reader's cache downloaded and built since ``before`` (refresh and the probe get)."""
         after = reader.cache_stats
-        return {k: after[k] - before[k] for k in ("bytes_downloaded", "layers_downloaded", "shards_built")}
+        return {k: after[k] - before[k] for k in ("bytes_downloaded", "layers_downloaded", "shards_built", "shards_compacted")}
 
     # -- 1. base and changes (untimed) --------------------------------------------------------------
     _log(f"generating {args.rows} rows and {args.warmup_batches + args.batches} change files (untimed)")

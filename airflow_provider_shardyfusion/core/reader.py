@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RefreshReport:
-    """What the last ``refresh()`` that swapped snapshots cost: layers and bytes downloaded, shards rebuilt."""
+    """What the last ``refresh()`` that swapped snapshots cost: layers and bytes downloaded, shards rebuilt
+    (and of those, compacted locally past ``max_local_layers``)."""
 
     run_id: str
     previous_run_id: str
@@ -44,6 +45,7 @@ class RefreshReport:
     layers_downloaded: int
     bytes_downloaded: int
     layers_reused: int
+    shards_compacted: int = 0
 
 
 class ShardedReader:
@@ -226,6 +228,7 @@ class ShardedReader:
                 layers_downloaded=after["layers_downloaded"] - before["layers_downloaded"],
                 bytes_downloaded=after["bytes_downloaded"] - before["bytes_downloaded"],
                 layers_reused=after["layers_reused"] - before["layers_reused"],
+                shards_compacted=after["shards_compacted"] - before["shards_compacted"],
             )
             log.info("reader %s: now serving run %s (was %s): %s", self._root, new.run_id, old.run_id, self.last_refresh)
             return True

@@ -4,7 +4,8 @@ Layout: ``<root>/run_id=<run>/db=<id>/``. A shard is downloaded on first use (ev
 and checksum checked) into a private staging folder and renamed into place; a shard shipped as
 SST files only (``shard_layout`` "sst") is first ingested, in the manifest's file order, into a
 fresh database there. A marker file records what was verified, and a cached copy is re-checked
-against it on every reuse. The copy is opened with rocksdict in raw mode.
+against it on every reuse, except that a refresh builds on the database this very cache built or
+verified (the one it serves) without hashing it again. The copy is opened with rocksdict in raw mode.
 
 Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
 only when no shard download of that run is in flight; otherwise the last such download deletes
@@ -34,7 +35,7 @@ from .manifest import SHARD_LAYOUT_SST, ShardEntry, ShardFile, ShardLayer
 from .rocksdb_options import rocksdb_options
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from .storage import ObjectStore
 
@@ -67,6 +68,7 @@ class CacheStats:
         self.bytes_downloaded = 0
         self.shards_built = 0
         self.layers_reused = 0
+        self.shards_compacted = 0
 
     def layer_downloaded(self, size: int) -> None:
         with self._lock:
@@ -78,10 +80,15 @@ class CacheStats:
             self.shards_built += 1
             self.layers_reused += reused_layers
 
+    def shard_compacted(self) -> None:
+        with self._lock:
+            self.shards_compacted += 1
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {"layers_downloaded": self.layers_downloaded, "bytes_downloaded": self.bytes_downloaded,
-                    "shards_built": self.shards_built, "layers_reused": self.layers_reused}
+                    "shards_built": self.shards_built, "layers_reused": self.layers_reused,
+                    "shards_compacted": self.shards_compacted}
 
 
 class ShardCache:
@@ -101,6 +108,8 @@ class ShardCache:
         self._doomed_runs: set[str] = set()  # run folders to delete when their last download ends
         self._close_pending = False  # the private cache goes when the last download ends
         self.stats = CacheStats()
+        # Shard databases this cache built or verified, by folder: their marker's (inode, mtime) then.
+        self._trusted: dict[str, tuple[int, int]] = {}
         self._cleanup: weakref.finalize[Any, Any] | None
         if cache_dir is None:
             self.root = tempfile.mkdtemp(prefix="shardyfusion-reader-")
@@ -244,7 +253,7 @@ class ShardCache:
             entry["shard_layout"] = SHARD_LAYOUT_SST
         marker = json.dumps(entry, sort_keys=True)
         if _reusable(final, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}"):
-            return final
+            return self._trust(final)
         if not shard.files:
             raise ReaderError(f"shard {shard.db_id} of run {run_id!r} ({shard.db_url}) lists no files in the manifest")
         parent = os.path.dirname(final)
@@ -263,10 +272,12 @@ class ShardCache:
                 raise StaleSnapshot()
             written = _ingest_into_db(staging, local_files, entry, shard, run_id,
                                       build_dir=os.path.join(memory, "db") if memory else None,
-                                      max_runs=self._max_local_layers) if ingest else marker
+                                      max_runs=self._max_local_layers, on_compact=self.stats.shard_compacted,
+                                      ) if ingest else marker
             if snapshot.retired:
                 raise StaleSnapshot()
             _install(staging, final, written, marker, shard.files, f"shard {shard.db_id} of run {run_id!r}")
+            self._trust(final)
             self.stats.layer_downloaded(shard.byte_size)
             self.stats.shard_built(reused_layers=0)
             log.info("shard %s of run %s: downloaded %d files from %s", shard.db_id, run_id, len(shard.files), shard.db_url)
@@ -307,7 +318,7 @@ class ShardCache:
         marker = json.dumps(entry, sort_keys=True)
         where = f"shard {shard.db_id} of run {run_id!r}"
         if _reusable(final, marker, (), where):
-            return final
+            return self._trust(final)
         parent = os.path.dirname(final)
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
@@ -326,8 +337,10 @@ class ShardCache:
                 raise StaleSnapshot()
             written = _ingest_into_db(staging, todo, entry, shard, run_id,
                                       build_dir=os.path.join(memory, "db") if memory else None,
-                                      max_runs=self._max_local_layers, linked=linked)
+                                      max_runs=self._max_local_layers, linked=linked,
+                                      on_compact=self.stats.shard_compacted)
             _install(staging, final, written, marker, (), where)
+            self._trust(final)
             if done < len(shard.layers):
                 self.stats.shard_built(reused_layers=done)
             log.info("shard %s of run %s: %d layer(s) ingested%s", shard.db_id, run_id, len(shard.layers) - done,
@@ -354,9 +367,28 @@ class ShardCache:
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             if best[1] < len(have) <= len(layers) and have == layers[:len(have)] \
-                    and _cached_copy_ok(folder, "", (), f"cached {folder}"):
+                    and (self._trusted_now(folder) or _cached_copy_ok(folder, "", (), f"cached {folder}")):
                 best = (folder, len(have))
         return best
+
+    def _trust(self, folder: str) -> str:
+        """Remember that this cache verified (or built) ``folder`` as its marker is now; returns it."""
+        try:
+            st = os.stat(os.path.join(folder, _MARKER))
+        except OSError:
+            return folder
+        self._trusted[folder] = (st.st_ino, st.st_mtime_ns)
+        return folder
+
+    def _trusted_now(self, folder: str) -> bool:
+        """Whether ``folder`` is still what this cache verified: a refresh clones the database it serves
+        without hashing the whole shard again (another process replacing it changes its marker)."""
+        seen = self._trusted.get(folder)
+        try:
+            st = os.stat(os.path.join(folder, _MARKER))
+        except OSError:
+            return False
+        return seen == (st.st_ino, st.st_mtime_ns)
 
     def _remove_run(self, run_id: str) -> None:
         shutil.rmtree(os.path.join(self.root, f"run_id={run_id}"), ignore_errors=True)
@@ -373,7 +405,8 @@ def _db_file_read(name: str) -> bool:
 
 def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: ShardEntry, run_id: str, *,
                     build_dir: str | None = None, max_runs: int | None = None,
-                    linked: Mapping[str, tuple[int, int, str]] | None = None) -> str:
+                    linked: Mapping[str, tuple[int, int, str]] | None = None,
+                    on_compact: Callable[[], None] | None = None) -> str:
     """Create a database in ``folder`` (or add to the one there) from the verified ``ssts``; return its marker.
 
     One ingestion per file, in the manifest's order: sort runs of one shard may overlap, and a
@@ -400,6 +433,8 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
                 if max_runs is not None and runs > max_runs:
                     log.info("shard %s of run %s: %d sorted runs compacted into one locally", shard.db_id, run_id, runs)
                     db.compact_range(None, None)
+                    if on_compact is not None:
+                        on_compact()
             finally:
                 db.close()
     except Exception as exc:

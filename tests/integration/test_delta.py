@@ -151,6 +151,7 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
             layer.byte_size for layer in new_layers)
         chain.check(compacting, absent)
         assert {sorted_runs(compacting, s.db_id) for s in manifest.shards} == {1}
+        assert compacting.last_refresh.shards_compacted == len(new_layers)  # every shard that gained a layer
         assert refreshing.refresh() is True and refreshing.run_id == manifest.run_id
         report = refreshing.last_refresh
         assert report is not None and report.previous_run_id != manifest.run_id
@@ -232,7 +233,7 @@ def test_a_shared_cache_reuses_refreshed_builds_and_rebuilds_a_tampered_one(spar
     with ShardedReader(root, storage_options=options, cache_dir=cache) as again:
         chain.check(again, [1, 2, 3])
         assert again.cache_stats == {"layers_downloaded": 0, "bytes_downloaded": 0, "shards_built": 0,
-                                     "layers_reused": 0}
+                                     "layers_reused": 0, "shards_compacted": 0}
     shard = max(manifest.shards, key=lambda e: e.row_count)
     built = cache / f"run_id={manifest.run_id}" / f"db={shard.db_id:05d}"
     victim = max(built.glob("*.sst"), key=lambda p: p.stat().st_size)
