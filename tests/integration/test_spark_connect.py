@@ -59,7 +59,8 @@ def write(monkeypatch, connect_conn, root, **kwargs):
 def test_int_keys_written_through_spark_connect_read_back_exactly(monkeypatch, tmp_path, connect_conn, no_spark_submit):
     table, expected = int_table(3_000)
     root = f"file://{tmp_path}/snap"
-    _, context, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), num_dbs=4)
+    op, context, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table),
+                                 num_dbs=4)
     assert summary["published"] is True and summary["rows"] == 3_000 and summary["num_dbs"] == 4
     assert context["ti"].xcoms["run_id"] == summary["run_id"]
     manifest, shards = read_snapshot(root)
@@ -67,6 +68,17 @@ def test_int_keys_written_through_spark_connect_read_back_exactly(monkeypatch, t
     assert_reader_agrees(root, expected, absent=[10**9])
     record = read_run_record(open_store(root), summary["run_id"])
     assert record.writer["spark_app_id"].startswith("local-") and record.writer["spark_ui_url"] is None
+    # The asset event of the snapshot carries the run, as with spark-submit.
+    (asset,) = [o for o in op.outlets if getattr(o, "uri", None) == root]
+    assert context["outlet_events"][asset].extra["run_id"] == summary["run_id"]
+    # OpenLineage, as the OpenLineage provider extracts it after the try: the input and the snapshot with its rows.
+    from airflow.providers.openlineage.extractors.base import DefaultExtractor
+
+    lineage = DefaultExtractor(op).extract_on_complete(task_instance=None)
+    assert lineage is not None and [(d.namespace, d.name) for d in lineage.inputs] == [("file", f"{tmp_path}/input.parquet")]
+    (out,) = lineage.outputs
+    assert (out.namespace, out.name) == ("file", f"{tmp_path}/snap")
+    assert out.outputFacets["outputStatistics"].rowCount == 3_000
 
 
 def test_string_keys_cel_categorical_staged_then_published(monkeypatch, tmp_path, connect_conn, no_spark_submit):
@@ -212,6 +224,7 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
                                                                          no_spark_submit):
     """StreamingSnapshotOperator with a Connect connection: its query runs from a client child of the task and
     each micro-batch is written by the server's driver, whose Python has only what the client shipped."""
+    from airflow.sdk import AssetAlias
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
     from airflow_provider_shardyfusion.core.reader import ShardedReader
@@ -226,13 +239,19 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
     model = {k: f"v0-{k}" for k in range(300)}
     put_changes(source, 0, model)
 
+    events: list = []
+
     def ingest() -> dict:
         op = StreamingSnapshotOperator(
             task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
             source_schema="id LONG, payload STRING, deleted BOOLEAN", source_options={"maxFilesPerTrigger": 1},
             stream_id="orders.connect", key_column="id", value_column="payload", delete_column="deleted",
             num_dbs=3, spark_conn_id="sf_spark", aws_conn_id=None)
-        return op.execute({**make_context(), "outlet_events": OutletEventAccessors()})
+        context = {**make_context(), "outlet_events": OutletEventAccessors()}
+        result = op.execute(context)
+        (alias,) = [o for o in op.outlets if isinstance(o, AssetAlias)]
+        events.extend(context["outlet_events"][alias].asset_alias_events)
+        return result
 
     first = ingest()
     assert [(b["batch_id"], b["action"], b["rows"]) for b in first["batches"]] == [(0, "written", 300)]
@@ -251,6 +270,8 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
         assert reader.multi_get(keys) == [model[k].encode() for k in keys]
         assert reader.multi_get([0, 2, 500, 999]) == [None] * 4
         assert reader.manifest.writer["batch_id"] == 2 and reader.manifest.row_count == len(model)
+    # One asset event per published batch, for the snapshot's root.
+    assert [e.extra["batch_id"] for e in events] == [0, 1, 2] and {e.dest_asset_key.uri for e in events} == {root}
     # The micro-batches ran on the server's driver, from the bundle the client shipped.
     assert server_log.read_text().count("micro-batch writer of stream orders.connect started on the Connect "
                                         "server from") == 2
