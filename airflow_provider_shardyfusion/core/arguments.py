@@ -91,3 +91,16 @@ def as_list(name: str, value: Any) -> list[Any]:
     if not isinstance(parsed, (list, tuple)):
         raise _refuse(name, value, "a list")
     return list(parsed)
+
+
+def as_literal(name: str, value: Any, types: tuple[type, ...], expected: str) -> Any:
+    """A value of one of ``types`` (never a bool), or its rendering (``"3"``, ``"{'max_retries': 2}"``)."""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise _refuse(name, value, expected) from None
+    if isinstance(parsed, bool) or not isinstance(parsed, types):
+        raise _refuse(name, value, expected)
+    return parsed

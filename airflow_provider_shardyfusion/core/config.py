@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
-from .arguments import as_bool, as_int, as_list, as_number
+from .arguments import as_bool, as_int, as_list, as_literal, as_number
 from .errors import ConfigError, show_value, text_number_hint
 from .manifest import WRITE_MODES
 from .retry import RetryPolicy
@@ -580,6 +580,11 @@ _TEXT_BOOLS = ("infer_routing_values", "verify_routing", "cache_input", "sort_wi
 _TEXT_INTS = ("num_dbs", "max_keys_per_shard", "batch_size", "sample_size", "sort_run_rows", "max_chain_depth")
 _TEXT_NUMBERS = ("max_writes_per_second", "max_write_bytes_per_second", "lease_seconds", "heartbeat_seconds")
 _TEXT_LISTS = ("value_columns", "routing_values")
+# Arguments that take one of several shapes; their text is read as the literal it renders.
+_TEXT_LITERALS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("shard_retry", (int, dict), "an integer (max retries) or a mapping"),
+    ("cel_columns", (list, tuple, dict), "a list of column names or a mapping of name to CEL type"),
+)
 
 
 def _write_call_args(scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -592,4 +597,8 @@ def _read_rendered_text(scope: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments given as text, read by the ``core.arguments`` rules (refused with the hint if unreadable)."""
     readers = ([(n, as_bool) for n in _TEXT_BOOLS] + [(n, as_int) for n in _TEXT_INTS]
                + [(n, as_number) for n in _TEXT_NUMBERS] + [(n, as_list) for n in _TEXT_LISTS])
-    return {name: read(name, scope[name]) for name, read in readers if isinstance(scope[name], str)}
+    read_text = {name: read(name, scope[name]) for name, read in readers if isinstance(scope[name], str)}
+    for name, types, expected in _TEXT_LITERALS:
+        if isinstance(scope[name], str):
+            read_text[name] = as_literal(name, scope[name], types, expected)
+    return read_text

@@ -13,9 +13,10 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from airflow_provider_shardyfusion.core.arguments import as_int
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
 
@@ -72,6 +73,9 @@ class Host:
         )
 
 
+_SIZES = ("executor_cores", "num_executors", "total_executor_cores")
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     """The operator's Spark arguments (validated by ``SparkSettings.validate``)."""
@@ -96,7 +100,10 @@ class SparkSettings:
         archive = self.python_env_archive
         if archive is not None and (not isinstance(archive, str) or not archive.strip("#")):
             raise ConfigError(f"python_env_archive {archive!r} must be a path or URI, e.g. 's3://b/env.tar.gz#env'")
-        return self
+        # Sizes: positive integers, or their rendering (a templated argument arrives as text).
+        sizes: dict[str, Any] = {name: as_int(name, getattr(self, name), minimum=1) for name in _SIZES
+                                 if getattr(self, name) is not None}
+        return replace(self, **sizes) if sizes else self
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_provider_shardyfusion.core.arguments import as_bool, as_duration, as_int, as_list, as_number
+from airflow_provider_shardyfusion.core.arguments import as_bool, as_duration, as_int, as_list, as_literal, as_number
 from airflow_provider_shardyfusion.core.cleanup import check_settings
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
@@ -62,6 +62,16 @@ def test_lists_and_their_rendering():
     for bad in ("'a'", "{1: 2}", "[1,", 7):
         with pytest.raises(ConfigError, match=r"expected_keys .* must be a list"):
             as_list("expected_keys", bad)
+
+
+def test_literals_of_several_shapes_and_their_rendering():
+    shapes = (int, dict)
+    assert as_literal("shard_retry", "3", shapes, "an integer or a mapping") == 3
+    assert as_literal("shard_retry", "{'max_retries': 1}", shapes, "an integer or a mapping") == {"max_retries": 1}
+    assert as_literal("shard_retry", 5, shapes, "an integer or a mapping") == 5
+    for bad in ("True", True, "[1]", "{1:", 2.5):
+        with pytest.raises(ConfigError, match=r"^shard_retry .* must be an integer or a mapping"):
+            as_literal("shard_retry", bad, shapes, "an integer or a mapping")
 
 
 def test_cleanup_settings_follow_the_rule():

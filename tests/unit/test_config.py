@@ -445,6 +445,19 @@ def test_a_number_rendered_as_text_is_read_and_other_text_names_the_template_set
         build_write_config(**(args | {name: "four"}))
 
 
+def test_shard_retry_and_cel_columns_rendered_as_text_are_read_as_their_literal():
+    assert build(shard_retry="3").options.shard_retry == build(shard_retry=3).options.shard_retry
+    assert build(shard_retry="{'max_retries': 2, 'max_backoff_s': 9}").options.shard_retry.max_backoff_s == 9
+    cel = {"num_dbs": None, "cel_expr": "region", "routing_values": ["eu", "us"]}
+    assert build(**cel, cel_columns="['region']").sharding == build(**cel, cel_columns=["region"]).sharding
+    assert build(**cel, cel_columns="{'region': 'string'}").sharding.cel_columns == {"region": "string"}
+    with pytest.raises(ConfigError, match=r"^shard_retry 'three' must be an integer \(max retries\) or a mapping; "
+                                          r".*render_template_as_native_obj=True"):
+        build(shard_retry="three")
+    with pytest.raises(ConfigError, match=r"^cel_columns 'region' must be a list of column names or a mapping"):
+        build(**cel, cel_columns="region")
+
+
 # ---- no credentials in URIs or Spark settings (issue 22) -------------------------------------------
 
 CANARY = "CANARY-s3cr3t-9f2"

@@ -190,3 +190,14 @@ def test_credentials_in_a_uri_setting_are_refused_without_repeating_them(setting
     with pytest.raises(ConfigError) as refused:
         settings.validate()
     assert str(refused.value).startswith(named) and "topsecret" not in str(refused.value)
+
+
+def test_executor_sizes_rendered_as_text_are_read_and_bad_ones_named():
+    settings = SparkSettings(executor_cores="4", num_executors=2, total_executor_cores=" 8 ").validate()
+    assert (settings.executor_cores, settings.num_executors, settings.total_executor_cores) == (4, 2, 8)
+    with pytest.raises(ConfigError, match=r"^num_executors 0 must be an integer >= 1$"):
+        SparkSettings(num_executors="0").validate()
+    with pytest.raises(ConfigError, match=r"^executor_cores 'four' must be an integer >= 1; .*native_obj=True"):
+        SparkSettings(executor_cores="four").validate()
+    with pytest.raises(ConfigError, match=r"^total_executor_cores True must be an integer >= 1$"):
+        SparkSettings(total_executor_cores=True).validate()
