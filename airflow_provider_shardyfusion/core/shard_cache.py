@@ -391,7 +391,10 @@ class ShardCache:
         return seen == (st.st_ino, st.st_mtime_ns)
 
     def _remove_run(self, run_id: str) -> None:
-        shutil.rmtree(os.path.join(self.root, f"run_id={run_id}"), ignore_errors=True)
+        folder = os.path.join(self.root, f"run_id={run_id}")
+        for trusted in [f for f in self._trusted if f.startswith(folder + os.sep)]:
+            self._trusted.pop(trusted, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
     def _remove_all(self) -> None:
         if self._cleanup is not None:
