@@ -432,8 +432,7 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
                 how.set_move_files(True)
                 for path in ssts:
                     db.ingest_external_file([path], how)
-                runs = _sorted_runs(db)
-                if max_runs is not None and runs > max_runs:
+                if max_runs is not None and (runs := _sorted_runs(db)) > max_runs:
                     log.info("shard %s of run %s: %d sorted runs compacted into one locally", shard.db_id, run_id, runs)
                     db.compact_range(None, None)
                     if on_compact is not None:
