@@ -410,6 +410,7 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
             python=sys.executable, application=self._application(bundle), bundle_zip=bundle.zip_path,
             config_json=self._job_config_json(config), credential_env=credential_env,
             deferrable=bool(self.deferrable),
+            deferrable_by_default=conf.getboolean("operators", "default_deferrable", fallback=False),
         )
         for secret in plan.redact:
             mask_secret(secret)

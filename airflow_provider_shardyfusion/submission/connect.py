@@ -47,10 +47,20 @@ def build_connect_plan(
     config_json: str,
     credential_env: Mapping[str, str] | None = None,
     deferrable: bool = False,
+    deferrable_by_default: bool = False,
 ) -> ConnectPlan:
-    """The child's argv and environment for one run; ``ConfigError`` for what Connect cannot do."""
+    """The child's argv and environment for one run; ``ConfigError`` for what Connect cannot do.
+
+    ``deferrable_by_default``: the deployment sets ``[operators] default_deferrable``, so
+    ``deferrable=True`` may be its default rather than the DAG's choice: the run then waits in the
+    task with a note instead of failing every Connect write of that deployment.
+    """
     spark.validate()
-    if deferrable:
+    notes = []
+    if deferrable and deferrable_by_default:
+        notes.append(f"[operators] default_deferrable is ignored with the Spark Connect connection {conn_id!r}: "
+                     "the job runs as a Connect client inside this task, which waits for it")
+    elif deferrable:
         raise ConfigError(
             f"deferrable=True cannot be used with the Spark Connect connection {conn_id!r}: the job runs as a "
             "Connect client inside this task, and the client must stay alive while the cluster writes. "
@@ -68,7 +78,7 @@ def build_connect_plan(
             f"{conn_id!r}: the client uploads it with addArtifacts(archive=True); a cluster-side URI belongs in "
             "the Connect server's own configuration (spark.archives)"
         )
-    notes = [f"{name} is ignored with the Spark Connect connection {conn_id!r}: the Connect server sizes its own "
+    notes += [f"{name} is ignored with the Spark Connect connection {conn_id!r}: the Connect server sizes its own "
              "executors" for name in _SERVER_SIDE if getattr(spark, name) is not None]
     credentials = dict(credential_env or {})
     # PYTHONPATH: the child imports the job from the very bundle the executors get.

@@ -177,6 +177,10 @@ def test_connect_plan_refuses_what_a_connect_client_cannot_do():
         connect_plan(spark=SparkSettings(conf={"spark.hadoop.fs.s3a.secret.key": "x"}))
     with pytest.raises(ConfigError, match=r"python_env_archive 's3://b/env.tgz#e' must be a file on this worker"):
         connect_plan(spark=SparkSettings(python_env_archive="s3://b/env.tgz#e"))
+    defaulted = connect_plan(deferrable=True, deferrable_by_default=True)
+    assert not defaulted.defer and defaulted.notes == (
+        "[operators] default_deferrable is ignored with the Spark Connect connection 'sc': the job runs as a "
+        "Connect client inside this task, which waits for it",)
     plan = connect_plan(spark=SparkSettings(executor_memory="4g", num_executors=8, python_env_archive="/envs/e.tgz#e"))
     assert [n.split(" ")[0] for n in plan.notes] == ["executor_memory", "num_executors"]
     assert plan.env["SHARDYFUSION_PYTHON_ENV_ARCHIVE"] == "/envs/e.tgz#e"
