@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import InputSpec, WriteConfig
-from .errors import ConfigError
+from .errors import ConfigError, StorageError
 from .layout import RUNS_DIR
+from .retry import RetryPolicy, call_with_retry
 from .stream_batches import MAX_STREAM_ID_CHARS, validate_stream_id
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .storage import ObjectStore
 
 TRIGGERS = ("available_now", "processing_time")
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "avro", "text")
@@ -116,3 +123,57 @@ def report_key(stream_id: str, report_id: str) -> str:
 
 def stop_key(stream_id: str, report_id: str) -> str:
     return f"{STREAMS_DIR}/{validate_stream_id(stream_id)}/{report_id}.stop"
+
+
+# The report is read once the job ended: a short outage of the store must not turn into "the job
+# left no report" (which reads as a failed stream) nor hide the batches it published.
+REPORT_READ_POLICY = RetryPolicy(attempts=5, base_delay_s=1.0, max_delay_s=8.0, deadline_s=30.0)
+
+
+def read_report(store: ObjectStore, stream_id: str, report_id: str, *,
+                policy: RetryPolicy = REPORT_READ_POLICY) -> dict[str, Any] | None:
+    """The job's report, or None when it wrote none; ``StorageError`` naming it when it cannot be read.
+
+    Storage errors are retried under ``policy``; a report that is not a JSON object is an error at
+    once (the job writes it whole, so reading again would not help).
+    """
+    key = report_key(stream_id, report_id)
+
+    def load() -> dict[str, Any] | None:
+        if not store.exists(key):
+            return None
+        data = store.get(key).data
+        try:
+            report = json.loads(data)
+        except ValueError as exc:
+            raise ConfigError(f"the streaming job's report {key} is not JSON: {exc}") from None
+        if not isinstance(report, dict):
+            raise ConfigError(f"the streaming job's report {key} is not a JSON object")
+        return report
+
+    try:
+        return call_with_retry(load, policy=policy, describe=f"reading the streaming job's report {key}")
+    except ConfigError as exc:
+        raise StorageError(str(exc)) from None
+
+
+def wait_for_stop(read: Callable[[], dict[str, Any] | None], running: Callable[[], bool], *, timeout: float,
+                  poll: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether the job reported its query finished and its process ended within ``timeout`` seconds.
+
+    ``read`` gives the report (a ``StorageError`` counts as "not yet": the job may still write it);
+    ``running`` tells whether the job's process still runs. ``clock``/``sleep`` let tests drive time.
+    """
+    deadline = clock() + timeout
+    while True:
+        try:
+            report = read()
+        except StorageError:
+            report = None
+        if report is not None and report.get("finished") and not running():
+            return True
+        left = deadline - clock()
+        if left <= 0:
+            return False
+        sleep(min(poll, left))

@@ -10,15 +10,13 @@ pyspark, rocksdict or boto3): it is parsed with every DAG.
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import write_args
-from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 
@@ -259,23 +257,20 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         self.log.info("Stream %s: %s query over %s into %s (checkpoint %s)", stream.stream_id, stream.trigger,
                       stream.source_path or stream.source_format, config.output_uri, stream.checkpoint_location)
         _, submit_error = self._submit(context, config, spark)
-        report = self._read_report(config.output_uri, stream)
+        try:
+            report = self._read_report(config.output_uri, stream)
+        except StorageError as exc:
+            raise StorageError(
+                f"stream {stream.stream_id!r}: the streaming job {'failed' if submit_error else 'ended'} but its "
+                f"report cannot be read ({exc}); the batches it published are the runs whose manifest names this "
+                "stream (`shardyfusion history`), and the next run resumes from the checkpoint"
+            ) from (submit_error or exc)
         return self._finish(context, config.output_uri, stream, report, submit_error)
 
     def _read_report(self, output_uri: str, stream: StreamSettings) -> dict[str, Any] | None:
-        from airflow_provider_shardyfusion.core.errors import StorageError
-        from airflow_provider_shardyfusion.core.stream_job import report_key
+        from airflow_provider_shardyfusion.core.stream_job import read_report
 
-        store = self.hook.get_store(output_uri)
-        key = report_key(stream.stream_id, stream.report_id)
-        try:
-            if not store.exists(key):
-                return None
-            report = json.loads(store.get(key).data)
-        except (StorageError, ValueError) as exc:
-            self.log.warning("Stream %s: the job's report %s is unreadable: %s", stream.stream_id, key, exc)
-            return None
-        return report if isinstance(report, dict) else None
+        return read_report(self.hook.get_store(output_uri), stream.stream_id, stream.report_id)
 
     def _finish(self, context: Context, output_uri: str, stream: StreamSettings, report: dict[str, Any] | None,
                 submit_error: Exception | None) -> dict[str, Any]:
@@ -325,18 +320,15 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         return bool(is_running()) if callable(is_running) else False
 
     def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
-        from airflow_provider_shardyfusion.core.stream_job import stop_key
+        from airflow_provider_shardyfusion.core.stream_job import stop_key, wait_for_stop
 
         store = self.hook.get_store(output_uri)
         store.put(stop_key(stream.stream_id, stream.report_id), b'{"reason": "the Airflow task was stopped"}')
         self.log.info("Stream %s: asked the query to stop after the batch in progress (at most %ss)",
                       stream.stream_id, self.stop_timeout)
-        deadline = time.monotonic() + float(self.stop_timeout)
-        while time.monotonic() < deadline:
-            report = self._read_report(output_uri, stream)
-            if report is not None and report.get("finished") and not self._submit_running():
-                self.log.info("Stream %s: the query stopped", stream.stream_id)
-                return
-            time.sleep(1.0)
+        if wait_for_stop(lambda: self._read_report(output_uri, stream), self._submit_running,
+                         timeout=float(self.stop_timeout)):
+            self.log.info("Stream %s: the query stopped", stream.stream_id)
+            return
         self.log.warning("Stream %s: the query did not stop within %ss; killing spark-submit", stream.stream_id,
                          self.stop_timeout)

@@ -16,7 +16,7 @@ import pytest
 from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
-from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key, sanitize_stream_id, stop_key
 from airflow_provider_shardyfusion.operators import sharded_write as sw
@@ -100,6 +100,14 @@ def test_a_job_without_report_fails(monkeypatch, tmp_path):
     connections(monkeypatch)
     stub_job(monkeypatch, None)
     with pytest.raises(SparkSubmitError, match="left no report"):
+        make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
+
+
+def test_a_job_whose_report_cannot_be_read_says_so(monkeypatch, tmp_path):
+    connections(monkeypatch)
+    stub_job(monkeypatch, ["not", "an", "object"])
+    with pytest.raises(StorageError, match=r"stream 'dag_x.write': the streaming job ended but its report cannot "
+                                           r"be read \(.*is not a JSON object\)"):
         make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
 
 

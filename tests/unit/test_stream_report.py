@@ -1,0 +1,89 @@
+"""The streaming job's report as the operator reads it (core/stream_job.py): outages, malformed, stop waits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_shardyfusion.core.errors import StorageError
+from airflow_provider_shardyfusion.core.retry import RetryPolicy
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.stream_job import read_report, report_key, wait_for_stop
+
+FAST = RetryPolicy(attempts=4, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
+
+
+class FlakyStore:
+    """A real local store whose first ``failures`` reads raise, as during a short outage."""
+
+    def __init__(self, store, failures: int):
+        self.store, self.failures, self.calls = store, failures, 0
+
+    def exists(self, key):
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise StorageError(f"GET {key}: connection reset")
+        return self.store.exists(key)
+
+    def get(self, key):
+        return self.store.get(key)
+
+
+def test_report_is_read_through_a_short_outage_and_an_absent_one_is_none(tmp_path):
+    store = open_store(f"file://{tmp_path}/snap")
+    assert read_report(store, "s1", "r1", policy=FAST) is None
+    store.put(report_key("s1", "r1"), json.dumps({"finished": True, "batches": [{"batch_id": 0}]}).encode())
+    flaky = FlakyStore(store, failures=3)
+    assert read_report(flaky, "s1", "r1", policy=FAST) == {"finished": True, "batches": [{"batch_id": 0}]}
+    assert flaky.calls == 4
+
+
+def test_report_unreadable_for_longer_than_the_retries_or_malformed_is_a_storage_error(tmp_path):
+    store = open_store(f"file://{tmp_path}/snap")
+    key = report_key("s1", "r1")
+    store.put(key, b'{"finished": true}')
+    flaky = FlakyStore(store, failures=10)
+    with pytest.raises(StorageError, match="connection reset"):
+        read_report(flaky, "s1", "r1", policy=FAST)
+    assert flaky.calls == FAST.attempts
+    store.put(key, b"[1, 2]")
+    once = FlakyStore(store, failures=0)
+    with pytest.raises(StorageError, match=rf"report {key} is not a JSON object"):
+        read_report(once, "s1", "r1", policy=FAST)
+    assert once.calls == 1  # a whole-written object does not heal: no retry
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.slept.append(s)
+        self.now += s
+
+
+def test_wait_for_stop_needs_the_finished_report_and_the_process_gone():
+    clock = Clock()
+    reads = iter([StorageError("outage"), None, {"finished": False}, {"finished": True}, {"finished": True}])
+
+    def read():
+        item = next(reads)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    running = iter([True, False])
+    assert wait_for_stop(read, lambda: next(running), timeout=10, poll=1.0, clock=clock, sleep=clock.sleep)
+    assert clock.slept == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_wait_for_stop_gives_up_at_the_timeout():
+    clock = Clock()
+    assert not wait_for_stop(lambda: {"finished": False}, lambda: True, timeout=2.5, poll=1.0, clock=clock,
+                             sleep=clock.sleep)
+    assert clock.slept == [1.0, 1.0, 0.5] and clock.now == 2.5
