@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -20,12 +19,11 @@ from .arguments import as_bool, as_int, as_list, as_literal, as_number
 from .errors import ConfigError, show_value, text_number_hint
 from .manifest import WRITE_MODES
 from .retry import RetryPolicy
-from .secrets import refuse_userinfo
+from .secrets import refuse_secret_options, refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
 
 CONFIG_FORMAT_VERSION = 1
-_SECRET_OPTION = re.compile(r"(?i)password|secret|token|credential|access[._-]?key")
 INPUT_FORMATS = ("parquet", "orc", "json", "csv", "avro", "delta", "text")
 # A run that stops renewing holds its run id until the lease runs out; a week is already generous.
 MAX_LEASE_SECONDS = 7 * 24 * 3600
@@ -97,14 +95,7 @@ class InputSpec:
         for name, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)):
             if v is not None and not isinstance(v, str):
                 raise ConfigError(f"{name} {v!r} must be a string")
-        secret_like = sorted(k for k in self.options if _SECRET_OPTION.search(k))
-        if secret_like:
-            # The config travels on the spark-submit command line and into logs: never secrets.
-            # spark_conf is no better: it ends up in the spark-submit argv.
-            raise ConfigError(
-                f"input_options {secret_like} look like credentials; do not pass secrets as options. Give the "
-                "job access through the Airflow connection (aws_conn_id) or the cluster's own role instead"
-            )
+        refuse_secret_options(self.options, "input_options")
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format, "options": dict(self.options), "table": self.table, "sql": self.sql}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .errors import ConfigError, ManifestValidationError
-from .secrets import refuse_userinfo
+from .secrets import redact_uri, refuse_userinfo
 
 CURRENT_KEY = "_CURRENT"
 MANIFESTS_DIR = "manifests"
@@ -119,7 +119,8 @@ def relative_key(root: str, uri: str) -> str:
     """Key of ``uri`` relative to ``root``; refuses anything outside the root."""
     prefix = _with_slash(root)
     if not uri.startswith(prefix):
-        raise ManifestValidationError(f"{uri!r} lies outside the output root {root!r}")
+        # The URI comes from a stored object (pointer, record): never echo user info it may carry.
+        raise ManifestValidationError(f"{redact_uri(uri)!r} lies outside the output root {root!r}")
     key = uri[len(prefix) :]
     if any(p in ("", ".", "..") for p in key.rstrip("/").split("/")):
         raise ManifestValidationError(f"{uri!r} contains empty, '.' or '..' path segments")

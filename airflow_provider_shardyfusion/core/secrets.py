@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 _USERINFO = re.compile(
     r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#]*@|[^/?#:@]*:(?!\d*(?:[/?#]|$))[^@]*@)"
 )
-_CREDENTIAL_KEY = re.compile(r"(?i)secret|password|passwd|token|credential|access[._-]?key|private[._-]?key")
+# Also the storage keys of other clouds' Hadoop connectors: fs.azure.account.key.<acct>, fs.azure.sas.*,
+# google.cloud.auth.service.account.json.keyfile, fs.s3a.encryption.key (SSE-C).
+_CREDENTIAL_KEY = re.compile(
+    r"(?i)secret|password|passwd|token|credential|access[._-]?key|private[._-]?key|account[._-]key"
+    r"|(?:^|[._-])sas(?:[._-]|$)|keyfile|encryption[._-]key"
+)
 
 HOW_TO_PASS_CREDENTIALS = (
     "give credentials through the Airflow connection (aws_conn_id), the environment of the workers, or the "
@@ -49,9 +54,19 @@ def refuse_credential_settings(settings: Mapping[str, object] | None, what: str)
     named = sorted(k for k in settings if isinstance(k, str) and _CREDENTIAL_KEY.search(k))
     if named:
         raise ConfigError(
-            f"{what} {named} look like credentials; Spark settings travel on the spark-submit command line "
+            f"{what} {named} look like credentials; these settings travel on the spark-submit command line "
             f"(visible in `ps`) and into logs. Do not pass them here: {HOW_TO_PASS_CREDENTIALS}"
         )
+
+
+def refuse_secret_options(options: Mapping[str, object] | None, what: str) -> None:
+    """A ``ConfigError`` if a data-source option is named like a credential or its value is a URI with user info.
+
+    Options travel with the job's config (argv, logs) like Spark settings do.
+    """
+    refuse_credential_settings(options, f"{what} keys")
+    for key, value in (options or {}).items():
+        refuse_userinfo(value, f"{what}[{key!r}]")
 
 
 def redact_values(text: str, secrets: Iterable[str]) -> str:

@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import InputSpec, WriteConfig
+from .config import WriteConfig
 from .errors import ConfigError, StorageError
 from .layout import RUNS_DIR
 from .retry import RetryPolicy, call_with_retry
+from .secrets import refuse_secret_options, refuse_userinfo
 from .stream_batches import MAX_STREAM_ID_CHARS, validate_stream_id
 
 if TYPE_CHECKING:
@@ -73,8 +74,10 @@ class StreamSettings:
             raise ConfigError(f"source_format {self.source_format!r} must be a Spark data source name")
         if self.source_path is None and self.source_format in FILE_FORMATS:
             raise ConfigError(f"source_format {self.source_format!r} is a file source: give source_path")
-        # Secret-looking options are refused as input options are: the settings travel on argv.
-        InputSpec(table="stream", options=dict(self.source_options)).validate()
+        # The settings travel on argv and into logs, as a write's input does.
+        refuse_userinfo(self.checkpoint_location, "checkpoint_location")
+        refuse_userinfo(self.source_path, "source_path")
+        refuse_secret_options(self.source_options, "source_options")
         return self
 
     @property

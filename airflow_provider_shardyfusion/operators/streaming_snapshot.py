@@ -248,9 +248,10 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         from airflow_provider_shardyfusion.streaming import check_stream_options, foreach_batch_writer
 
         spark = self.spark_settings()
+        # The stream's own settings first: their errors name this operator's arguments (source_path, ...).
+        self._stream = stream = self.stream_settings(context)
         config = self.build_config(context)
         config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
-        self._stream = stream = self.stream_settings(context)
         check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
         foreach_batch_writer(config, stream_id=stream.stream_id)
         self._me = self.airflow_context(context)

@@ -402,13 +402,38 @@ def test_input_options_that_look_like_credentials_are_refused():
     from airflow_provider_shardyfusion.core.config import build_write_config
     from airflow_provider_shardyfusion.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"input_options \['password'\] look like credentials") as info:
+    with pytest.raises(ConfigError, match=r"input_options keys \['password'\] look like credentials") as info:
         build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
                            input_options={"header": "true", "password": "hunter2"}, value_column="v", num_dbs=2)
     # spark_conf lands in the spark-submit argv: never advise it for secrets.
     message = str(info.value)
     assert "aws_conn_id" in message and "role" in message
     assert "spark_conf" not in message and "spark_env_vars" not in message
+
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"fs.azure.account.key.acct.dfs.core.windows.net": "k"}, "input_options keys"),
+    ({"fs.azure.sas.container.acct.blob.core.windows.net": "k"}, "input_options keys"),
+    ({"google.cloud.auth.service.account.json.keyfile": "/k.json"}, "input_options keys"),
+    ({"fs.s3a.encryption.key": "k"}, "input_options keys"),
+    ({"path": "s3a://AKIAEXAMPLE:topsecret@bucket/in/"}, "input_options['path']"),
+])
+def test_input_options_with_other_clouds_keys_or_credentials_in_a_uri_are_refused(options, named):
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
+                           input_options={"header": "true", **options}, value_column="v", num_dbs=2)
+    assert str(refused.value).startswith(named) and "topsecret" not in str(refused.value)
+
+
+def test_ordinary_settings_are_not_taken_for_credentials():
+    from airflow_provider_shardyfusion.core.secrets import refuse_secret_options
+
+    refuse_secret_options({"spark.sql.shuffle.partitions": "8", "header": "true", "basePath": "s3a://bucket/in/",
+                           "spark.authenticate.enableSaslEncryption": "true", "mergeSchema": "false"}, "input_options")
 
 
 # ---- publish (SPEC §8: staged writes) ---------------------------------------------------------

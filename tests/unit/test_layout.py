@@ -269,6 +269,12 @@ def test_relative_key_refuses_outside_root(uri):
         layout.relative_key("s3://bkt/prefix", uri)
 
 
+def test_a_reference_outside_the_root_is_refused_without_its_credentials():
+    with pytest.raises(ManifestValidationError, match=r"^'s3://\*\*\*@bkt/prefix/m.json' lies outside") as refused:
+        layout.relative_key("s3://bkt/prefix", "s3://AKIAEXAMPLE:topsecret@bkt/prefix/m.json")
+    assert "topsecret" not in str(refused.value)
+
+
 def test_scheme_and_timestamps():
     assert layout.scheme_of("s3://b/p") == "s3" and layout.scheme_of("file:///x") == "file"
     assert layout.format_ts(TS) == "2024-01-02T03:04:05.678901Z"

@@ -118,6 +118,9 @@ def test_a_job_whose_report_cannot_be_read_says_so(monkeypatch, tmp_path):
     ({"stream_id": "bad id!"}, "stream_id 'bad id!' is invalid"),
     ({"source_path": None}, "file source: give source_path"),
     ({"source_options": {"aws_secret_access_key": "x"}}, "look like credentials"),
+    ({"source_options": {"path": "s3a://AKIAEXAMPLE:topsecret@b/in/"}}, r"^source_options\['path'\] 's3a://\*\*\*@"),
+    ({"checkpoint_location": "s3a://AKIAEXAMPLE:topsecret@b/cp/"}, r"^checkpoint_location 's3a://\*\*\*@b/cp/'"),
+    ({"source_path": "s3a://AKIAEXAMPLE:topsecret@b/in/"}, r"^source_path 's3a://\*\*\*@b/in/'"),
 ])
 def test_bad_stream_arguments_fail_before_spark(monkeypatch, tmp_path, kw, match):
     connections(monkeypatch)
