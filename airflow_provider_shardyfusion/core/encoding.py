@@ -10,6 +10,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+import numbers
 import struct
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
@@ -51,6 +52,13 @@ def validate_key_encoding(encoding: object) -> KeyEncoding:
 
 def null_key_error(column: str) -> InputDataError:
     return InputDataError(f"column {column!r}: null key (rule: keys must not be null)")
+
+
+def plain_key(key: Any) -> Any:
+    """``key`` with numpy / pandas integers as the ``int`` they are (keys taken from a DataFrame); else as is."""
+    if isinstance(key, numbers.Integral) and not isinstance(key, (bool, int)):
+        return int(key)
+    return key
 
 
 def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:

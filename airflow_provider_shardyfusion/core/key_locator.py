@@ -8,7 +8,6 @@ may need other column values (``routing_context``).
 
 from __future__ import annotations
 
-import numbers
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from .encoding import PACK_INT_KEY, encode_key
+from .encoding import PACK_INT_KEY, encode_key, plain_key
 from .errors import ConfigError, ManifestValidationError, ReaderError
 from .routing import CelRouter, hash64, pack_int_key, route_key
 
@@ -77,8 +76,7 @@ def hash_locator(num_dbs: int, key_encoding: str, key_column: str) -> Locate:  #
     xxh3 = hash64
 
     def generic(key: Any) -> tuple[int, bytes]:
-        if isinstance(key, numbers.Integral) and not isinstance(key, (bool, int)):
-            key = int(key)  # numpy / pandas integers (e.g. keys taken from a DataFrame) route as the int they are
+        key = plain_key(key)
         stored = encode_key(key, key_encoding, column=key_column)
         return route_key(key, n), stored
 
@@ -170,6 +168,7 @@ def cel_locator(router: CelRouter, run_id: str, key_encoding: str, key_column: s
     lock = threading.Lock()
 
     def locate(key: Any, ctx: Mapping[str, Any] | None = None) -> tuple[int, bytes]:
+        key = plain_key(key)
         stored = encode_key(key, key_encoding, column=key_column)
         if key_only:
             row: Mapping[str, Any] = {key_column: key}

@@ -894,3 +894,9 @@ def test_numpy_integer_keys_are_read_as_the_int_they_are(tmp_path):
     with ShardedReader(root, cache_dir=tmp_path / "cache") as reader:
         assert reader.get(np.int64(7)) == b"v7" and reader.get(np.uint32(3)) == b"v3"
         assert reader.multi_get([np.int64(1), 2, np.int16(19)]) == [b"v1", b"v2", b"v19"]
+    cel_root = f"file://{tmp_path}/cel"
+    build_snapshot(cel_root, [(i, b"%d" % i) for i in range(40)], num_dbs=4, key_column="id",
+                   cel_expr="id % 4", cel_columns={"id": "int"})
+    with ShardedReader(cel_root, cache_dir=tmp_path / "cel-cache") as reader:
+        assert reader.get(np.int64(13)) == b"13" and reader.shard_for_key(np.int32(13)) == 1
+        assert reader.multi_get([np.int64(38), np.uint8(2), 41]) == [b"38", b"2", None]
