@@ -192,14 +192,25 @@ def threshold_checks(
 
 
 def _delta_ratio_check(manifest: Manifest, limit: float) -> Check:
-    """(puts + deletes) of the run's own layers over the rows of its base (SPEC §13)."""
-    if manifest.write_mode != "delta":
+    """(puts + deletes) of the run's own layers over the rows of its base (SPEC §13).
+
+    A delta written compacted (its base was at ``max_chain_depth``) has no layers of its own to
+    count: its change counts are the run's stats, which the writer totals over the same layers.
+    """
+    stats = manifest.stats or {}
+    if manifest.write_mode == "compact" and stats.get("write_mode") == "delta":
+        changes = _stat(stats, "puts") + _stat(stats, "deletes")
+        base_rows = _stat(stats, "base_rows")
+        how = " (written compacted)"
+    elif manifest.write_mode != "delta":
         return Check("max_delta_ratio", True, limit=limit, skipped=True,
                      detail=f"a {manifest.write_mode} run, not a delta")
-    own = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
-    changes = sum(layer.puts + layer.deletes for layer in own)
-    base_rows = manifest.row_count - sum(layer.inserted - layer.deleted for layer in own)
-    detail = f"{changes} puts and deletes on base run {manifest.base_run_id!r} of {base_rows} rows"
+    else:
+        own = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
+        changes = sum(layer.puts + layer.deletes for layer in own)
+        base_rows = manifest.row_count - sum(layer.inserted - layer.deleted for layer in own)
+        how = ""
+    detail = f"{changes} puts and deletes on base run {manifest.base_run_id!r} of {base_rows} rows{how}"
     if base_rows == 0:
         return Check("max_delta_ratio", True, limit=limit, skipped=True, detail=f"{detail}: the ratio is undefined")
     ratio = changes / base_rows
@@ -207,6 +218,13 @@ def _delta_ratio_check(manifest: Manifest, limit: float) -> Check:
     return Check("max_delta_ratio", ok, figure=round(ratio, 6), limit=limit, detail=detail,
                  problems=() if ok else (f"run {manifest.run_id!r}: delta ratio {ratio:.4f} exceeds max_delta_ratio "
                                          f"{limit} ({detail})",))
+
+
+def _stat(stats: dict[str, Any], name: str) -> int:
+    value = stats.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestValidationError(f"manifest stats.{name} {value!r} must be a count (an integer >= 0)")
+    return value
 
 
 def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
@@ -505,7 +523,7 @@ def _baseline(snapshots: SnapshotRoot, target: _Target, manifest: Manifest) -> t
     return rows, f"older succeeded run {record.run_id!r}"
 
 
-def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any]) -> Check | None:
+def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any], absent: Sequence[Any] = ()) -> Check | None:
     """The look-up check when the key alone cannot be routed (CEL over other columns), else None.
 
     The routing context of each row is not in the manifest: sampled look-ups are skipped, but keys
@@ -515,10 +533,11 @@ def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any]) -> Check | N
     if sharding.strategy != "cel" or not set(sharding.cel_columns or {}) - {sharding.key_column}:
         return None
     why = f"CEL routing over columns {sorted(sharding.cel_columns or {})} needs more than the key"
-    if expected:
+    asked = [name for name, keys in (("expected_keys", expected), ("absent_keys", absent)) if keys]
+    if asked:
         return Check("lookups", False, detail=why, problems=(
-            f"run {manifest.run_id!r}: expected_keys cannot be looked up by key alone: {why}; check them with "
-            "ShardedReader.get(key, routing_context=...) instead",))
+            f"run {manifest.run_id!r}: {' and '.join(asked)} cannot be looked up by key alone: {why}; check them "
+            "with ShardedReader.get(key, routing_context=...) instead",))
     return Check("lookups", True, skipped=True, detail=why)
 
 
@@ -547,7 +566,7 @@ def _lookup_check(
     from .reader import ShardedReader
 
     assert target.ref is not None
-    unroutable = _unroutable_by_key(manifest, expected)
+    unroutable = _unroutable_by_key(manifest, expected, absent)
     if unroutable is not None:
         return unroutable, []
     where = f"run {manifest.run_id!r}"

@@ -259,6 +259,15 @@ def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_roo
     assert manifest.chain_depth == 0 and manifest.write_mode == "compact" and not any(s.layers for s in manifest.shards)
     with ShardedReader(root, storage_options=options) as reader:
         chain.check(reader, [2, 4])
+    # Written compacted, it is still a delta of 2 changes (put 3, delete 4) on a base of 99 rows.
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+
+    snapshots = SnapshotRoot(open_store(root, options))
+    check = validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.05).check("max_delta_ratio")
+    assert check.figure == round(2 / 99, 6) and not check.skipped and "(written compacted)" in check.detail
+    with pytest.raises(ManifestValidationError, match=r"delta ratio 0.0202 exceeds max_delta_ratio 0.01"):
+        validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.01)
 
 
 def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):

@@ -237,3 +237,5 @@ def test_expected_keys_on_a_snapshot_routed_by_other_columns_fail_instead_of_pas
     assert report.check("lookups").skipped  # sampling cannot route by key alone: reported, not failed
     with pytest.raises(ManifestValidationError, match=r"expected_keys cannot be looked up by key alone.*region"):
         validate_snapshot(snapshots, run_id="by-region", expected_keys=[1, 2])
+    with pytest.raises(ManifestValidationError, match=r"absent_keys cannot be looked up by key alone.*region"):
+        validate_snapshot(snapshots, run_id="by-region", absent_keys=[99])
