@@ -1,7 +1,9 @@
 """Whether a written run may go live: the rules publish always applies and validation reports.
 
-Written once, here: a publish (the writer's own, ``PublishSnapshotOperator``, the CLI) and the
-validation gate must never disagree on what makes a run publishable.
+Written once, here: a publish of a written run (``PublishSnapshotOperator``, the CLI) and the
+validation gate must never disagree on what makes a run publishable. The writer's own publish
+(``publish.publish``) does not re-check what it has just written and recorded itself: it is the
+source of the manifest identity these rules compare against.
 
 - ``record_problems``: the run record says the run ``succeeded``, names exactly this manifest,
   and its data is neither deleted nor being deleted by cleanup; a failed run is named with its
