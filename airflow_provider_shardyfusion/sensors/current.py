@@ -8,7 +8,7 @@ from airflow.sdk import PokeReturnValue
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError, ShardyfusionError
+from airflow_provider_shardyfusion.core.errors import ConfigError, error_type_by_name
 from airflow_provider_shardyfusion.core.pointer import PointerWait
 from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
@@ -135,7 +135,9 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
 
     def _on_event(self, event: dict[str, Any]) -> Any:
         if event.get("status") != "success":
-            raise ShardyfusionError(
+            # The trigger's own error class (e.g. a refused manifest), so the task fails as a poke would.
+            error_cls = error_type_by_name(str(event.get("error_type") or ""))
+            raise error_cls(
                 f"CurrentSnapshotSensor {self.task_id!r}: {event.get('message') or 'trigger failed without a message'}"
             )
         pointer = event["pointer"]

@@ -113,7 +113,7 @@ class RunRecordSensor(PokeThenDeferSensor):
             waited = time.monotonic() - self._first_poke
             if self.missing_timeout is not None and waited > self.missing_timeout:
                 outcome = RunOutcome.missing(run_id, root, waited, self.missing_timeout)
-        if not outcome.is_final:
+        if not outcome.is_final or outcome.transient:  # a storage blip: the sensor's timeout bounds the wait
             self.log.info("%s", outcome.message)
             return False
         return self._finish(outcome)

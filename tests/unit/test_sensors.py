@@ -115,6 +115,29 @@ def test_run_record_sensor_execute_complete(file_root):
     assert info.value.reason == "failed"
 
 
+def test_run_record_sensor_pokes_again_after_a_storage_error(file_root):
+    from airflow_provider_shardyfusion.core.errors import StorageError
+
+    pointer = publish_snapshot(store_for(file_root))
+    sensor = RunRecordSensor(task_id="s", output_uri=file_root, run_id=pointer.run_id, deferrable=False)
+    real = sensor.hook.get_snapshots(file_root)
+    failures = [StorageError("GET runs/run.json: 503 SlowDown")]
+
+    class Flaky:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def read_run(self, run_id):
+            if failures:
+                raise failures.pop()
+            return real.read_run(run_id)
+
+    sensor.hook.get_snapshots = lambda root: Flaky()
+    assert sensor.poke({}) is False  # like the operator and the trigger: read again, do not fail
+    done = sensor.poke({})
+    assert done.is_done and done.xcom_value["run_id"] == pointer.run_id
+
+
 def test_run_record_sensor_missing_timeout_in_poke_mode(file_root):
     sensor = RunRecordSensor(task_id="s", output_uri=file_root, run_id="r1", deferrable=False, missing_timeout=0,
                              poll_interval=0.01)
@@ -189,6 +212,13 @@ def test_current_sensor_execute_complete_error():
     sensor = CurrentSnapshotSensor(task_id="c", output_uri="file:///x")
     with pytest.raises(Exception, match="CurrentSnapshotSensor 'c': giving up"):
         sensor.execute_complete({}, {"status": "error", "message": "giving up on _CURRENT"})
+
+
+def test_current_sensor_execute_complete_keeps_the_triggers_error_type():
+    sensor = CurrentSnapshotSensor(task_id="c", output_uri="file:///x")
+    with pytest.raises(ManifestValidationError, match="CurrentSnapshotSensor 'c': manifest checksum differs"):
+        sensor.execute_complete({}, {"status": "error", "message": "manifest checksum differs",
+                                     "error_type": "ManifestValidationError"})
 
 
 def test_trigger_backoff_is_exponential_and_capped():
