@@ -376,13 +376,26 @@ def live_until(runs: Mapping[str, RunRecord | None], pointer: CurrentPointer | N
     Every pointer move stamps ``published_at`` on the run it names (a rollback stamps it again),
     so a run stopped being live by the first move after its own stamp; the pointer's own
     ``updated_at`` is a move too. Without a later move the run's own stamp is the best bound.
+
+    That stamp is written after the move and may be lost (an outage, a killed publisher): the
+    publisher's claim (``publishing_at``, written before the move and cleared by the stamp) then
+    remains, and the move happened within ``PUBLISH_CLAIM_TTL`` of it. Such a run counts as live
+    from the end of that window, which can only make its bound later. Claims never count as moves:
+    one whose publish did not move the pointer would cut another run's bound short.
     """
-    stamps = sorted((r.published_at, rid) for rid, r in runs.items() if r is not None and r.published_at is not None)
-    moves = sorted([t for t, _ in stamps] + ([pointer.updated_at] if pointer is not None else []))
+    moves = sorted([r.published_at for r in runs.values() if r is not None and r.published_at is not None]
+                   + ([pointer.updated_at] if pointer is not None else []))
     out = {}
-    for stamp, run_id in stamps:
-        later = [m for m in moves if m > stamp]
-        out[run_id] = later[0] if later else stamp
+    for run_id, record in runs.items():
+        if record is None:
+            continue
+        since = record.published_at
+        if record.publishing_at is not None and (since is None or record.publishing_at > since):
+            since = record.publishing_at + PUBLISH_CLAIM_TTL
+        if since is None:
+            continue
+        later = [m for m in moves if m > since]
+        out[run_id] = later[0] if later else since
     return out
 
 

@@ -217,6 +217,57 @@ def test_grace_covers_every_run_live_within_it(any_root, tmp_path, figure):
            rows_checked=len(KEYS))
 
 
+def test_grace_keeps_a_run_whose_published_stamp_was_lost(any_root, tmp_path, figure, monkeypatch):
+    """v2 staged hours ago, then approved: the pointer moved but its published_at stamp was lost (the
+    publish only warns). v3 and v4 go live a second apart an hour later: a reader still on v2 keeps
+    reading it through the grace period, and then it goes."""
+    from airflow_provider_shardyfusion.core.errors import StorageError
+
+    root, options = any_root
+    now = layout.utc_now()
+    build_snapshot(root, sorted(values("v1").items()), num_dbs=3, run_id="v1", storage_options=options,
+                   published_at=now - timedelta(hours=5), shard_layout="sst")
+    build_snapshot(root, sorted(values("v2").items()), num_dbs=3, run_id="v2", storage_options=options,
+                   published_at=now - timedelta(hours=4), publish=False, shard_layout="sst")
+    snapshots = SnapshotRoot(open_store(root, options))
+    lost = []
+
+    def stamp_lost(self, run_id, *args, **kwargs):
+        lost.append(run_id)
+        raise StorageError(f"PUT runs/run_id={run_id}/run.json: connection reset")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(SnapshotRoot, "mark_published", stamp_lost)
+        publish_run(snapshots, run_id="v2", **NO_SLEEP)
+    record = snapshots.read_run("v2")
+    assert lost == ["v2"] and snapshots.current().run_id == "v2"
+    assert record.published_at is None and record.publishing_at is not None
+    reader = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "reader")
+    assert dict(zip(KEYS, reader.multi_get(list(KEYS)), strict=True)) == values("v2")
+    reader.close()
+    reader = ShardedReader(root, storage_options=options, cache_dir=tmp_path / "reader2",
+                           manifest_ref=snapshots.current().manifest_ref)
+    for n, run_id in enumerate(("v3", "v4")):
+        build_snapshot(root, sorted(values(run_id).items()), num_dbs=3, run_id=run_id, storage_options=options,
+                       published_at=now + timedelta(hours=1, seconds=n), shard_layout="sst")
+    plan = make_plan(snapshots, keep_runs=1, grace_period=timedelta(hours=1), now=now + timedelta(hours=1.5))
+    report = execute_cleanup(snapshots, plan)
+    assert ("v2", "recently_live") in {(s.run_id, s.rule) for s in plan.skipped}, plan.to_dict()
+    assert "v2" not in {i.run_id for i in plan.items}
+    assert dict(zip(KEYS, reader.multi_get(list(KEYS)), strict=True)) == values("v2")  # fresh shards too
+    reader.close()
+    later = make_plan(snapshots, keep_runs=1, grace_period=timedelta(hours=1), now=now + timedelta(hours=3))
+    assert {i.run_id for i in later.of("expired_snapshots")} == {"v1", "v2", "v3"}
+    done = execute_cleanup(snapshots, later)
+    # v2's claim is minutes old on the real clock (its stamp never cleared it): the execution keeps
+    # it until the claim expires, as it would a publish under way.
+    assert snapshots.current().run_id == "v4" and set(done.marked_deleted) == {"v1", "v3"}
+    assert [s.run_id for s in done.skipped_runs] == ["v2"] and "a publish claimed it" in done.skipped_runs[0].reason
+    figure(stamps_lost=len(lost), runs_kept_by_the_grace=len([s for s in plan.skipped if s.rule == "recently_live"]),
+           objects_deleted_now=report.to_dict()["deleted_objects"], runs_deleted_after_the_grace=len(done.marked_deleted),
+           rows_checked=2 * len(KEYS))
+
+
 def test_missing_pointer_refuses_cleanup(any_root, figure):
     root, options = any_root
     now = layout.utc_now()

@@ -35,7 +35,14 @@ from airflow_provider_shardyfusion.core.cleanup import (
 )
 from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, ConfigError
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
+from airflow_provider_shardyfusion.core.run_record import (
+    FAILED,
+    PUBLISH_CLAIM_TTL,
+    RUNNING,
+    SUCCEEDED,
+    RunError,
+    RunRecord,
+)
 from airflow_provider_shardyfusion.core.snapshot import ManifestRef
 from airflow_provider_shardyfusion.core.storage.base import ObjectInfo
 
@@ -535,6 +542,42 @@ def test_live_until_after_a_rollback_and_without_a_later_move():
     # No move after a run's own stamp (its publisher stamped late): every move came before it, so it
     # stopped being live no later than that stamp.
     assert live_until({"c": replace(record("c"), published_at=t)}, replace(pointer, updated_at=t - GRACE)) == {"c": t}
+
+
+def test_live_until_of_a_run_whose_published_stamp_was_lost():
+    t = NOW - DAY
+    # b's publisher claimed it at t+1h and moved the pointer, but its published_at stamp was lost;
+    # c and d went live seconds later. b was live in between: it counts as live until the first
+    # move after its claim's window, not as a run never published.
+    runs = {"a": replace(record("a"), published_at=t),
+            "b": replace(record("b"), publishing_at=t + GRACE),
+            "c": replace(record("c"), published_at=t + GRACE + PUBLISH_CLAIM_TTL + timedelta(seconds=1)),
+            "d": replace(record("d"), published_at=t + GRACE + PUBLISH_CLAIM_TTL + timedelta(seconds=2))}
+    pointer = CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="d", updated_at=runs["d"].published_at)
+    until = live_until(runs, pointer)
+    assert until["b"] == runs["c"].published_at
+    # A rollback whose new stamp was lost: the claim is newer than the old stamp, so it decides.
+    rolled = replace(record("e"), published_at=t, publishing_at=t + 2 * GRACE)
+    assert live_until({"e": rolled}, None) == {"e": t + 2 * GRACE + PUBLISH_CLAIM_TTL}
+    # A claim is no move: a publish that never moved the pointer does not end a's bound.
+    assert until["a"] == runs["c"].published_at
+
+
+def test_a_lost_published_stamp_still_keeps_the_run_for_the_grace_period():
+    root = Root()
+    root.run(record("v1", started=5 * DAY, published=True))
+    # v2 was staged 4 h ago and published half an hour ago: claimed, moved, its stamp lost.
+    root.run(replace(record("v2", started=4 * GRACE), publishing_at=NOW - 2 * PUBLISH_CLAIM_TTL))
+    for n, run_id in enumerate(("v3", "v4")):
+        root.run(replace(record(run_id, started=GRACE), published_at=NOW - PUBLISH_CLAIM_TTL + timedelta(seconds=n)))
+    root.publish("v4")
+    root.pointer = replace(root.pointer, updated_at=NOW - PUBLISH_CLAIM_TTL + timedelta(seconds=1))
+    plan = root.plan(keep_runs=1, now=NOW)
+    assert "v2" not in {i.run_id for i in plan.items}, plan.to_dict()
+    assert ("v2", "recently_live") in {(s.run_id, s.rule) for s in plan.skipped}
+    # Once the grace period is over, it goes like any replaced run.
+    later = root.plan(keep_runs=1, now=NOW + 2 * GRACE)
+    assert "v2" in {i.run_id for i in later.of("expired_snapshots")}
 
 
 def test_a_missing_pointer_with_only_deleted_published_runs_plans_on():
