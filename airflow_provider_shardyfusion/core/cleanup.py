@@ -20,9 +20,25 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from . import layout
 from .arguments import as_duration, as_int, as_list
-from .errors import CleanupRefusedError, ConfigError, ManifestValidationError, RunAbandoned, RunRecordError, StorageError
+from .errors import (
+    CleanupRefusedError,
+    ClockSkewError,
+    ConfigError,
+    ManifestValidationError,
+    RunAbandoned,
+    RunRecordError,
+    StorageError,
+)
 from .pointer import CurrentPointer
-from .run_record import FAILED, PUBLISH_CLAIM_TTL, RUNNING, SUCCEEDED, RunError, RunRecord
+from .run_record import (
+    FAILED,
+    PUBLISH_CLAIM_HONOURED,
+    RUNNING,
+    SUCCEEDED,
+    RunError,
+    RunRecord,
+    check_storage_clock,
+)
 from .snapshot import SnapshotRoot
 from .storage.base import ObjectInfo
 
@@ -379,7 +395,7 @@ def live_until(runs: Mapping[str, RunRecord | None], pointer: CurrentPointer | N
 
     That stamp is written after the move and may be lost (an outage, a killed publisher): the
     publisher's claim (``publishing_at``, written before the move and cleared by the stamp) then
-    remains, and the move happened within ``PUBLISH_CLAIM_TTL`` of it. Such a run counts as live
+    remains, and the move happened within ``PUBLISH_CLAIM_HONOURED`` of it. Such a run counts as live
     from the end of that window, which can only make its bound later. Claims never count as moves:
     one whose publish did not move the pointer would cut another run's bound short.
     """
@@ -391,7 +407,7 @@ def live_until(runs: Mapping[str, RunRecord | None], pointer: CurrentPointer | N
             continue
         since = record.published_at
         if record.publishing_at is not None and (since is None or record.publishing_at > since):
-            since = record.publishing_at + PUBLISH_CLAIM_TTL
+            since = record.publishing_at + PUBLISH_CLAIM_HONOURED
         if since is None:
             continue
         later = [m for m in moves if m > since]
@@ -607,20 +623,25 @@ def _mark_deleted(snapshots: SnapshotRoot, run_id: str) -> bool:
     return marked
 
 
-def _claim_for_deletion(snapshots: SnapshotRoot, run_id: str) -> str | None:
+def _claim_for_deletion(snapshots: SnapshotRoot, run_id: str, *, check_clock: bool = False) -> str | None:
     """Stamp ``deleting_at`` on the run's record (one conditional put); the reason it was refused, if so.
 
     The cleanup side of the fence with publish: a publisher claims ``publishing_at`` the same way
     before it checks the files and moves ``_CURRENT``, and refuses a run claimed for deletion. A
-    claim younger than ``PUBLISH_CLAIM_TTL`` means a publish may be under way: the run is left alone.
+    claim younger than ``PUBLISH_CLAIM_HONOURED`` (the publisher's ``PUBLISH_CLAIM_TTL`` plus room for
+    both clocks' skew and the pointer move's retries) means a publish may be under way: the run is left alone.
     One attempt only: a record that changed since it was read (a publisher claimed it, a pointer
-    move stamped it) is left alone too; the next cleanup plans it again.
+    move stamped it) is left alone too; the next cleanup plans it again. ``check_clock``: compare
+    this machine's clock with the storage's stamp of the claim (``ClockSkewError``, the claim
+    released): claims are judged by this clock.
     """
     refusal: list[str] = []
+    stamped: list[datetime] = []
 
     def claim(record: RunRecord) -> RunRecord | None:
         now = layout.utc_now()
-        if record.publishing_at is not None and now - record.publishing_at < PUBLISH_CLAIM_TTL:
+        stamped[:] = [now]
+        if record.publishing_at is not None and now - record.publishing_at < PUBLISH_CLAIM_HONOURED:
             refusal.append(f"a publish claimed it at {layout.format_ts(record.publishing_at)}; kept")
             return None
         return replace(record, deleting_at=now)
@@ -629,7 +650,16 @@ def _claim_for_deletion(snapshots: SnapshotRoot, run_id: str) -> str | None:
         snapshots.update_run(run_id, claim, attempts=1)
     except RunRecordError as exc:
         return f"run record changed while claiming it for deletion (a publish may have claimed it); kept: {exc}"
-    return refusal[0] if refusal else None
+    if refusal:
+        return refusal[0]
+    if check_clock and stamped:
+        try:
+            check_storage_clock(snapshots.store, layout.run_record_key(run_id), stamped[0],
+                                "the machine running the cleanup")
+        except ClockSkewError:
+            _release_claim(snapshots, run_id)
+            raise
+    return None
 
 
 def _release_claim(snapshots: SnapshotRoot, run_id: str) -> None:
@@ -655,6 +685,7 @@ class _Execution:
     marked_failed: list[str] = field(default_factory=list)
     marked_deleted: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    clock_checked: bool = False  # once per execution, on the first claim it stamps
 
     def report(self, abandon_reason: str | None = None) -> CleanupReport:
         for category, d in self.deleted.items():
@@ -698,13 +729,16 @@ class _Execution:
         if item.category not in _CLAIMED:
             return True
         try:
-            refused = _claim_for_deletion(self.snapshots, item.run_id)
+            refused = _claim_for_deletion(self.snapshots, item.run_id, check_clock=not self.clock_checked)
+        except ClockSkewError:
+            raise  # every claim of this cleanup would be judged by that clock: stop before deleting anything
         except (StorageError, RunRecordError) as exc:
             self.errors.append((item.run_id, f"could not claim the run for deletion: {exc}"))
             return False
         if refused is not None:
             self.skipped.append(Skipped(item.run_id, refused, rule="fence"))
             return False
+        self.clock_checked = True
         return True
 
     def _count(self, item: PlanItem, failed: Mapping[str, str]) -> None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import integrity, layout
 from .checksum import bytes_checksum
-from .errors import PublishManifestError, RunRecordError, RunSupersededError, StorageError
+from .errors import ClockSkewError, PublishManifestError, RunRecordError, RunSupersededError, StorageError
 from .pointer import CurrentPointer
 from .retry import call_with_retry
-from .run_record import PUBLISH_CLAIM_TTL, RunRecord, RunRecordLifecycle
+from .run_record import PUBLISH_CLAIM_TTL, RunRecord, RunRecordLifecycle, check_storage_clock
 from .snapshot import POINTER_RETRY, ManifestRef, SnapshotRoot
 
 if TYPE_CHECKING:
@@ -282,6 +282,15 @@ def _claim_for_publish(snapshots: SnapshotRoot, ref: ManifestRef, clock: Callabl
         problems = [f"{where} does not exist"]
     if problems or stored is None:
         raise PublishManifestError(_refusal(ref, problems))
+    if stored.publishing_at is not None:
+        # Cleanup judges this claim by its own clock: a publisher's clock far off would make the
+        # claim look expired (or everlasting) to it.
+        try:
+            check_storage_clock(snapshots.store, layout.run_record_key(ref.run_id), stored.publishing_at,
+                                "the machine publishing")
+        except ClockSkewError:
+            release_publish_claim(snapshots, ref.run_id)
+            raise
     return stored
 
 

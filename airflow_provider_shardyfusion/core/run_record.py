@@ -40,6 +40,31 @@ PUBLISH_CLAIM_TTL = timedelta(minutes=15)
 # How far a writer's clock may be from the storage's. Generous next to NTP (milliseconds) and to S3's
 # whole-second LastModified, small next to the lease (10 min) and to the gaps between runs it orders.
 MAX_CLOCK_SKEW = timedelta(minutes=2)
+# How long cleanup honours a publisher's claim: longer than the publisher may use it, since each of
+# the two clocks may be MAX_CLOCK_SKEW from the storage's, and the pointer move that follows the
+# publisher's last check of its claim retries for seconds.
+PUBLISH_CLAIM_HONOURED = PUBLISH_CLAIM_TTL + 2 * MAX_CLOCK_SKEW + timedelta(minutes=1)
+
+
+def check_storage_clock(store: ObjectStore, key: str, ours: datetime, machine: str) -> timedelta | None:
+    """The skew between ``ours`` (this machine's time when it just wrote ``key``) and the storage's stamp.
+
+    ``None`` if the store gives no time; more than ``MAX_CLOCK_SKEW`` raises ``ClockSkewError``
+    naming ``machine`` (what to synchronise).
+    """
+    info = store.head(key)
+    if info is None or info.last_modified is None:
+        return None
+    theirs = info.last_modified
+    skew = ours - theirs
+    if abs(skew) > MAX_CLOCK_SKEW:
+        raise ClockSkewError(
+            f"this machine's clock read {layout.format_ts(ours)} when it wrote {store.uri(key)}, which the storage "
+            f"stamped {layout.format_ts(theirs)}: {abs(skew.total_seconds()):.0f} s apart, more than the "
+            f"{MAX_CLOCK_SKEW.total_seconds():.0f} s allowed. Run start times decide which run is newer, and "
+            f"leases and claims expire by the clock; synchronise the clock (NTP) of {machine}"
+        )
+    return skew
 
 
 @dataclass(frozen=True)
@@ -213,19 +238,7 @@ class RunRecordLifecycle:
         judged older than the live one and staged silently; refusing it here, before any data is
         written, says what is wrong instead.
         """
-        info = self.store.head(self.key)
-        if info is None or info.last_modified is None:
-            return None
-        ours, theirs = self.record.started_at, info.last_modified
-        skew = ours - theirs
-        if abs(skew) > MAX_CLOCK_SKEW:
-            raise ClockSkewError(
-                f"this machine's clock read {layout.format_ts(ours)} when it created {self.ref}, which the storage "
-                f"stamped {layout.format_ts(theirs)}: {abs(skew.total_seconds()):.0f} s apart, more than the "
-                f"{MAX_CLOCK_SKEW.total_seconds():.0f} s allowed. Run start times decide which run is newer and "
-                "leases expire by the clock; synchronise the clock (NTP) of the machine running the Spark driver"
-            )
-        return skew
+        return check_storage_clock(self.store, self.key, self.record.started_at, "the machine running the Spark driver")
 
     def heartbeat(self) -> bool:
         """Renew the lease once; a failed write is logged, never raised. True if renewed."""

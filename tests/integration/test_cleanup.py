@@ -315,7 +315,7 @@ class OnRecordPut:
 
 
 def test_a_run_a_publish_claimed_is_left_alone_until_the_claim_expires(store):
-    from airflow_provider_shardyfusion.core.run_record import PUBLISH_CLAIM_TTL
+    from airflow_provider_shardyfusion.core.run_record import PUBLISH_CLAIM_HONOURED
 
     snapshots = three_runs(store)
     before = objects(store)
@@ -326,11 +326,27 @@ def test_a_run_a_publish_claimed_is_left_alone_until_the_claim_expires(store):
     assert "a publish claimed it" in report.skipped_runs[0].reason
     assert set(objects(store)) == set(before) - of_run(before, "run-1")
     assert snapshots.read_run("run-0").deleting_at is None and report.marked_deleted == ("run-1",)
-    # A publisher that died holding the claim delays the cleanup by PUBLISH_CLAIM_TTL, no more.
-    snapshots.update_run("run-0", lambda r: replace(r, publishing_at=claimed - PUBLISH_CLAIM_TTL))
+    # A publisher that died holding the claim delays the cleanup by PUBLISH_CLAIM_HONOURED, no more.
+    snapshots.update_run("run-0", lambda r: replace(r, publishing_at=claimed - PUBLISH_CLAIM_HONOURED))
     again = execute_cleanup(snapshots, make_plan(snapshots, keep_runs=1, grace_period=0))
     assert again.marked_deleted == ("run-0",) and not of_run(objects(store), "run-0")
     assert snapshots.read_run("run-0").deleting_at is not None  # stays: the run can never be published again
+
+
+def test_a_cleanup_whose_clock_is_hours_off_deletes_nothing(store, monkeypatch):
+    from airflow_provider_shardyfusion.core.errors import ClockSkewError
+
+    snapshots = three_runs(store)
+    before = objects(store)
+    plan = make_plan(snapshots, keep_runs=1, grace_period=0)
+    real_now = layout.utc_now
+    monkeypatch.setattr(layout, "utc_now", lambda: real_now() + timedelta(hours=3))
+    # Its clock judges publish claims: hours ahead, every claim would look expired to it.
+    with pytest.raises(ClockSkewError, match=r"synchronise the clock \(NTP\) of the machine running the cleanup"):
+        execute_cleanup(snapshots, plan)
+    monkeypatch.undo()
+    assert objects(store) == before
+    assert all(snapshots.read_run(r).deleting_at is None for r in ("run-0", "run-1", "run-2"))
 
 
 def test_a_record_claimed_by_a_publish_between_read_and_put_is_left_alone(store):

@@ -89,6 +89,21 @@ def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
     assert snapshots.current().run_id == "run-a"
 
 
+def test_a_publisher_whose_clock_is_hours_off_is_refused_and_frees_its_claim(runs):
+    from airflow_provider_shardyfusion.core.errors import ClockSkewError
+
+    snapshots, _, _built = runs
+    publish_run(snapshots, run_id="run-a", sleep=lambda s: None)
+    # Cleanup judges a publish claim by its own clock: a claim stamped hours off would look expired.
+    with pytest.raises(ClockSkewError, match=r"run_id=run-b/run.json.*synchronise the clock \(NTP\) of the "
+                                              r"machine publishing"):
+        publish_run(snapshots, run_id="run-b", sleep=lambda s: None,
+                    clock=lambda: layout.utc_now() - timedelta(hours=3))
+    assert snapshots.current().run_id == "run-a" and snapshots.read_run("run-b").publishing_at is None
+    publish_run(snapshots, run_id="run-b", sleep=lambda s: None)
+    assert snapshots.current().run_id == "run-b"
+
+
 def test_a_concurrent_publisher_makes_the_move_decide_again(runs):
     """Between our read of ``_CURRENT`` and our conditional put, another publisher moves it to a
     newer run: the put fails, we re-read, and now refuse to move it backwards."""

@@ -173,7 +173,7 @@ def test_without_the_fence_the_same_interleavings_break_the_live_snapshot(any_ro
     (Proves the interleavings above reach the window the fence closes.)"""
     from airflow_provider_shardyfusion.core import cleanup as cleanup_module
 
-    monkeypatch.setattr(cleanup_module, "_claim_for_deletion", lambda snapshots, run_id: None)
+    monkeypatch.setattr(cleanup_module, "_claim_for_deletion", lambda snapshots, run_id, **kw: None)
     base, options = any_root
     first, second = ORDERS["publish-inside-cleanup"](publisher(target))
     _, steps, _ = run_interleaved(f"{base}/count", options, tmp_path / "count", first, lambda s: None, 0)
