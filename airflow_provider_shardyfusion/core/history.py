@@ -13,13 +13,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import layout
-from .errors import ConfigError
+from .errors import ConfigError, RunRecordError
+from .pointer import CurrentPointer
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
 if TYPE_CHECKING:
     from .manifest import Manifest, ShardEntry
-    from .pointer import CurrentPointer
-    from .snapshot import SnapshotRoot
+    from .snapshot import ManifestRef, SnapshotRoot
 
 RunState = Literal["running", "failed", "staged", "live", "superseded", "rolled_back", "deleted", "unreadable"]
 
@@ -67,10 +67,15 @@ class RootHistory:
     live_run_id: str | None
     live_since: datetime | None
     runs: tuple[RunEntry, ...]
+    pointer: CurrentPointer | None = field(default=None, repr=False, compare=False)  # as read: no second read
 
     def to_dict(self) -> dict[str, Any]:
         return {"root": self.root, "live_run_id": self.live_run_id, "live_since": _ts(self.live_since),
                 "runs": [r.to_dict() for r in self.runs]}
+
+
+# Run records read at a time: a history page of a large root on S3 is bound by round trips.
+HISTORY_READ_PARALLEL = 16
 
 
 def root_history(snapshots: SnapshotRoot) -> RootHistory:
@@ -78,7 +83,7 @@ def root_history(snapshots: SnapshotRoot) -> RootHistory:
     live = snapshots.current()
     records: dict[str, RunRecord] = {}
     unreadable: dict[str, str] = {}
-    for run_id, record, exc in snapshots.iter_runs():
+    for run_id, record, exc in snapshots.iter_runs(parallel=HISTORY_READ_PARALLEL):
         if record is not None:
             records[run_id] = record
         else:
@@ -88,7 +93,7 @@ def root_history(snapshots: SnapshotRoot) -> RootHistory:
     entries += [RunEntry(run_id=run_id, state="unreadable", error=why) for run_id, why in unreadable.items()]
     entries.sort(key=lambda e: (e.started_at is not None, e.started_at or datetime.min, e.run_id), reverse=True)
     return RootHistory(root=snapshots.root, live_run_id=live.run_id if live else None,
-                       live_since=live.updated_at if live else None, runs=tuple(entries))
+                       live_since=live.updated_at if live else None, runs=tuple(entries), pointer=live)
 
 
 def _replacements(records: dict[str, RunRecord]) -> dict[str, RunRecord]:
@@ -191,7 +196,7 @@ def _chain_changes(sa: ShardEntry | None, sb: ShardEntry | None) -> dict[str, in
 
 def diff_runs(snapshots: SnapshotRoot, run_a: str, run_b: str) -> RunDiff:
     """Compare the manifests of two runs; ``ConfigError`` naming a run that has none."""
-    a, b = _manifest_of(snapshots, run_a), _manifest_of(snapshots, run_b)
+    a, b = manifest_of_run(snapshots, run_a), manifest_of_run(snapshots, run_b)
     shards_a = {s.db_id: s for s in a.shards}
     shards_b = {s.db_id: s for s in b.shards}
     diffs = []
@@ -216,8 +221,21 @@ def _layer_files(shard: ShardEntry) -> list[list[tuple[str, int, str]]]:
     return [sorted((f.name, f.size, f.checksum) for f in layer.files) for layer in shard.all_layers()]
 
 
-def _manifest_of(snapshots: SnapshotRoot, run_id: str) -> Manifest:
-    ref = snapshots.find_manifest(run_id)
+def manifest_of_run(snapshots: SnapshotRoot, run_id: str, record: RunRecord | None = None) -> Manifest:
+    """The manifest the run's record names (one read, no listing of every manifest of the root);
+    ``ConfigError`` for a run that has none (failed, running, deleted)."""
+    if record is None:
+        try:
+            record = snapshots.read_run(run_id)
+        except RunRecordError:
+            record = None  # unreadable: the manifest may still be found by its path
+    ref: ManifestRef | None
+    if record is not None and record.manifest_ref is not None and record.deleted_at is None:
+        ref = snapshots.manifest_ref(record.manifest_ref)
+    elif record is None:
+        ref = snapshots.find_manifest(run_id)
+    else:
+        ref = None
     if ref is None:
         raise ConfigError(f"run {run_id!r} has no manifest under {snapshots.root} (failed, running, or deleted)")
     return snapshots.read_manifest(ref)

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
-# The key look-up opens one shard per run: the newest runs only.
-MAX_KEY_LOOKUP_RUNS = 20
+# The key look-up opens one shard per run: the newest runs by default, more on request.
+KEY_LOOKUP_RUNS = 20
+MAX_KEY_LOOKUP_RUNS = 500
 _VALUE_PREVIEW_CHARS = 200
 
 
@@ -41,9 +42,10 @@ class HistorySource:
             raise HTTPException(status_code=404, detail=f"{uri!r} is not a known snapshot root")
         return listed[uri.rstrip("/")]
 
-    def history(self, uri: str) -> RootHistory:
+    def history(self, uri: str, snapshots: SnapshotRoot | None = None) -> RootHistory:
+        """The root's history: one listing of its runs, each record read once, ``_CURRENT`` once."""
         try:
-            return root_history(self.open_root(uri))
+            return root_history(snapshots if snapshots is not None else self.open_root(uri))
         except ShardyfusionError as exc:
             raise HTTPException(status_code=502, detail=f"{uri}: {exc}") from None
 
@@ -67,9 +69,8 @@ class HistorySource:
                                    "last_validation": None}
         if h.live_since is not None:
             summary["age_s"] = round((layout.utc_now() - h.live_since).total_seconds())
-        pointer = snapshots.current()
-        if pointer is not None:
-            summary["chain_depth"] = snapshots.load_manifest(pointer).chain_depth
+        if h.pointer is not None:
+            summary["chain_depth"] = snapshots.load_manifest(h.pointer).chain_depth
         validated = [r for r in h.runs if r.validation]
         if validated:
             last = max(validated, key=lambda r: str((r.validation or {}).get("validated_at") or ""))
@@ -79,15 +80,14 @@ class HistorySource:
         return summary
 
     def run_data(self, uri: str, run_id: str) -> dict[str, Any]:
-        entry = next((r for r in self.history(uri).runs if r.run_id == run_id), None)
+        snapshots = self.open_root(uri)
+        entry = next((r for r in self.history(uri, snapshots).runs if r.run_id == run_id), None)
         if entry is None:
             raise HTTPException(status_code=404, detail=f"no run {run_id!r} under {uri}")
         data: dict[str, Any] = {"root": uri, "run": entry.to_dict(), "shards": [], "links": {}}
-        snapshots = self.open_root(uri)
-        ref = snapshots.find_manifest(run_id) if entry.state not in ("deleted", "unreadable") else None
-        if ref is None:
+        if entry.manifest_ref is None or entry.state in ("deleted", "unreadable"):
             return data
-        manifest = snapshots.read_manifest(ref)
+        manifest = snapshots.read_manifest(entry.manifest_ref)  # the one its record names: no listing
         shards: list[dict[str, Any]] = [{"db_id": s.db_id, "rows": s.row_count, "bytes": s.byte_size, "files": len(s.files),
                    "layers": [{"run_id": x.run_id, "kind": x.kind, "bytes": x.byte_size, "inserted": x.inserted,
                                "updated": x.updated, "deleted": x.deleted, "deleted_absent": x.deleted_absent}
@@ -110,12 +110,14 @@ class HistorySource:
         except ShardyfusionError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
 
-    def key_data(self, uri: str, key: str) -> dict[str, Any]:
+    def key_data(self, uri: str, key: str, limit: int = KEY_LOOKUP_RUNS) -> dict[str, Any]:
+        """``key`` in the newest ``limit`` retained runs (not deleted, failed or running)."""
         # Each run's manifest is the one its record names: no listing of manifests per run.
         runs = [r for r in self.history(uri).runs if r.manifest_ref and r.state not in ("deleted", "running", "failed")]
         found = [{"run_id": r.run_id, "state": r.state, **_look_up(self.open_reader, uri, str(r.manifest_ref), key)}
-                 for r in runs[:MAX_KEY_LOOKUP_RUNS]]
-        return {"root": uri, "key": key, "runs": found}
+                 for r in runs[:limit]]
+        return {"root": uri, "key": key, "runs": found, "retained_runs": len(runs), "limit": limit,
+                "max_limit": MAX_KEY_LOOKUP_RUNS}
 
 
 def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None) -> FastAPI:
@@ -144,8 +146,9 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
         return respond(source.diff_data(source.known(uri), a, b), format, render.diff_page)
 
     @app.get("/key")
-    def key_view(uri: str, key: str, format: str = Query("html")) -> Any:
-        return respond(source.key_data(source.known(uri), key), format, render.key_page)
+    def key_view(uri: str, key: str, format: str = Query("html"),
+                 limit: int = Query(KEY_LOOKUP_RUNS, ge=1, le=MAX_KEY_LOOKUP_RUNS)) -> Any:
+        return respond(source.key_data(source.known(uri), key, limit), format, render.key_page)
 
     return app
 

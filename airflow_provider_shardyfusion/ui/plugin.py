@@ -9,6 +9,8 @@ history_aws_conn_id``. Every route requires Airflow's own authentication and ass
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from airflow.api_fastapi.core_api.security import requires_access_asset
@@ -45,10 +47,22 @@ def all_roots() -> list[str]:
     return found
 
 
+# One hook (its connection looked up once) serves the requests of a minute: a key look-up opens
+# a reader per run, and a connection changed in Airflow is seen within that minute.
+_HOOK_TTL_S = 60.0
+_hook_cache: dict[str, Any] = {}
+_hook_lock = threading.Lock()
+
+
 def _hook() -> Any:
     from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
-    return ShardyfusionHook(aws_conn_id=conf.get("shardyfusion", "history_aws_conn_id", fallback=None) or None)
+    conn_id = conf.get("shardyfusion", "history_aws_conn_id", fallback=None) or None
+    with _hook_lock:
+        cached = _hook_cache.get("hook")
+        if cached is None or cached[0] != conn_id or time.monotonic() - cached[1] > _HOOK_TTL_S:
+            cached = _hook_cache["hook"] = (conn_id, time.monotonic(), ShardyfusionHook(aws_conn_id=conn_id))
+        return cached[2]
 
 
 app = create_app(

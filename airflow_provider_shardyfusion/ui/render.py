@@ -197,4 +197,8 @@ def _delta(a: int | None, b: int | None) -> int | None:
 def key_page(data: dict[str, Any]) -> str:
     rows = [[esc(r["run_id"]), state(r["state"]), esc(r.get("found")), esc(r.get("value")), esc(r.get("error") or "")]
             for r in data["runs"]]
-    return page(f"Key {data['key']!s} in {data['root']}", table(["run", "state", "found", "value", "problem"], rows))
+    shown, retained = len(data["runs"]), data.get("retained_runs", len(data["runs"]))
+    note = (f"<p>The newest {shown} of {retained} retained runs (add <code>&amp;limit=N</code> for more, up to "
+            f"{esc(data.get('max_limit'))}).</p>" if shown < retained else f"<p>All {retained} retained runs.</p>")
+    return page(f"Key {data['key']!s} in {data['root']}",
+                note + table(["run", "state", "found", "value", "problem"], rows))

@@ -17,9 +17,13 @@ from tests.history_root import build_history_root, client_for
 from tests.snapshot_helpers import write_run_record
 
 
+OPTS: dict[str, dict | None] = {}  # root -> storage options of the fixture's store
+
+
 @pytest.fixture
 def ui(any_root, tmp_path):
     root, opts = any_root
+    OPTS[root] = opts
     runs = build_history_root(root, opts)
     return client_for([root], opts, tmp_path), root, runs
 
@@ -77,7 +81,11 @@ def test_diff_and_key_look_up_across_runs(ui):
     assert values == {runs["v1"]: (False, None), runs["v2"]: (True, "v2-25"), runs["v3"]: (True, "v3-25"),
                       runs["staged"]: (True, "staged-25")}
     html = client.get("/key", params={"uri": root, "key": "25"}).text
-    assert "staged-25" in html and "v3-25" in html
+    assert "staged-25" in html and "v3-25" in html and "All 4 retained runs" in html
+    newest = client.get("/key", params={"uri": root, "key": "25", "limit": 2, "format": "json"}).json()
+    assert [r["run_id"] for r in newest["runs"]] == [runs["staged"], runs["v3"]] and newest["retained_runs"] == 4
+    assert "The newest 2 of 4 retained runs" in client.get("/key", params={"uri": root, "key": "25", "limit": 2}).text
+    assert client.get("/key", params={"uri": root, "key": "25", "limit": 0}).status_code == 422
 
 
 def test_only_listed_roots_are_served(ui, tmp_path):
@@ -95,6 +103,57 @@ def test_a_thousand_runs_render(tmp_path):
         write_run_record(store, f"20260101T{i // 60:02d}{i % 60:02d}00Z-{i:08d}", "running")
     html = client_for([root], None, tmp_path).get("/root", params={"uri": root}).text
     assert len(re.findall(r">running</span>", html)) == 1000
+
+
+class CountingStore:
+    """The real store, counting each storage call by kind and what it was for."""
+
+    def __init__(self, inner, calls):
+        self._inner, self.calls = inner, calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if name not in ("get", "list", "head", "exists"):
+            return attr
+
+        def call(key, *args, **kwargs):
+            kind = "pointer" if key.endswith("_CURRENT") else key.split("/")[0]
+            self.calls[f"{name} {kind}"] = self.calls.get(f"{name} {kind}", 0) + 1
+            return attr(key, *args, **kwargs)
+
+        return call
+
+
+def test_each_page_reads_the_root_once_and_never_lists_every_manifest(ui, tmp_path):
+    """What keeps a large root fast: per request one listing of run records, each record and
+    _CURRENT read once, and only the manifests the page shows (named by their records)."""
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+
+    _, root, runs = ui
+    calls: dict[str, int] = {}
+    source = HistorySource(
+        roots=lambda: [root], open_root=lambda uri: SnapshotRoot(CountingStore(open_store(uri, OPTS[uri]), calls)),
+        open_reader=lambda uri, ref: ShardedReader(uri, storage_options=OPTS[uri], manifest_ref=ref,
+                                                   cache_dir=str(tmp_path / "cache")))
+    client = TestClient(create_app(source))
+    records = 8  # build_history_root: five written runs, failed, running, unreadable
+    expected = {
+        ("/", ()): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 1},
+        ("/root", ()): {"list runs": 1, "get runs": records, "get pointer": 1},
+        ("/run", ("staged",)): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 1},
+        ("/diff", ("v1", "v2")): {"get runs": 2, "get manifests": 2},
+    }
+    for (path, names), want in expected.items():
+        calls.clear()
+        params = {"uri": root, "format": "json"}
+        if path == "/run":
+            params["run_id"] = runs[names[0]]
+        if path == "/diff":
+            params.update(a=runs[names[0]], b=runs[names[1]])
+        assert client.get(path, params=params).status_code == 200, path
+        assert calls == want, (path, calls)
 
 
 def test_the_plugin_app_refuses_a_request_without_airflow_authentication():
