@@ -16,7 +16,6 @@ from airflow_provider_shardyfusion.core.storage import open_store
 from tests.history_root import build_history_root, client_for
 from tests.snapshot_helpers import write_run_record
 
-
 OPTS: dict[str, dict | None] = {}  # root -> storage options of the fixture's store
 
 
