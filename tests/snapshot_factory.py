@@ -152,13 +152,15 @@ def build_snapshot(
     work_dir: str | None = None,
     shard_layout: str = SHARD_LAYOUT_DB,
     ssts_per_shard: int = 1,
+    writer: Mapping[str, Any] | None = None,
 ) -> BuiltSnapshot:
     """Write ``rows`` (key, value) as a snapshot under ``root`` and (by default) publish it.
 
     Values: bytes/str for ``value_format="binary"``, mappings for ``"json"``. CEL routing takes
     ``cel_expr``/``cel_columns``/``cel_mode``/``routing_values``; ``routing_context(key)`` supplies
     the non-key CEL columns of a row. ``shard_layout="sst"`` ships each shard as
-    ``ssts_per_shard`` SST files (no database), recorded in ``storage_engine``.
+    ``ssts_per_shard`` SST files (no database), recorded in ``storage_engine``. ``writer``: extra
+    writer info (``spark_app_id``, ``airflow``...) for the manifest and the run record.
     """
     store = open_store(root, dict(storage_options) if storage_options else None)
     run_id = layout.validate_run_id(run_id or layout.new_run_id())
@@ -224,7 +226,7 @@ def build_snapshot(
         storage_engine={"name": "rocksdb", "writer": "tests.snapshot_factory",
                         **({"shard_layout": shard_layout} if shard_layout != SHARD_LAYOUT_DB else {})},
         stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
-        writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
+        writer={"provider": "snapshot_factory", **(writer or {})}, run_started_at=published_at - timedelta(seconds=1),
     ).validate()
     mkey = layout.manifest_key(run_id, published_at)
     store.put(mkey, manifest.to_bytes())
@@ -234,6 +236,7 @@ def build_snapshot(
             lease_expires_at=published_at + timedelta(minutes=10), output_uri=store.root, finished_at=published_at,
             manifest_ref=store.uri(mkey), num_dbs=num_dbs, stats=dict(manifest.stats),
             published_at=published_at if publish else None,  # as a real pointer move stamps it
+            writer=dict(manifest.writer),
         )
         store.put(layout.run_record_key(run_id), record.to_bytes())
     if publish:

@@ -9,6 +9,7 @@ the API server read a place nobody published to. Read-only: nothing here writes.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -33,8 +34,11 @@ class HistorySource:
     """Where the pages' data comes from: the listed roots, how to open a root and a pinned reader."""
 
     def __init__(self, roots: Callable[[], list[str]], open_root: Callable[[str], SnapshotRoot],
-                 open_reader: Callable[[str, str], Any]):
+                 open_reader: Callable[[str, str], Any], spark_ui_template: str | None = None):
         self.roots, self.open_root, self.open_reader = roots, open_root, open_reader
+        # e.g. "https://spark-history.internal/history/{app_id}/": the link for runs whose writer
+        # recorded no UI address (Spark Connect clients, drivers with the UI off, finished apps).
+        self.spark_ui_template = spark_ui_template
 
     def known(self, uri: str) -> str:
         listed = {r.rstrip("/"): r for r in self.roots()}
@@ -97,11 +101,15 @@ class HistorySource:
         data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=manifest.writer.get("spark_app_id"),
                     write_mode=manifest.write_mode, base_run_id=manifest.base_run_id, chain_depth=manifest.chain_depth,
                     skew=round(max(s.row_count for s in manifest.shards) / mean, 3) if shards and mean else None)
+        app_id = manifest.writer.get("spark_app_id")
+        if self.spark_ui_template and app_id:
+            data["links"]["Spark application (history server)"] = self.spark_ui_template.format(app_id=quote(str(app_id)))
         if manifest.writer.get("spark_ui_url"):
             data["links"]["Spark application UI"] = str(manifest.writer["spark_ui_url"])
         task = entry.airflow
         if task.get("dag_id") and task.get("run_id") and task.get("task_id"):
-            data["links"]["Airflow task"] = f"/dags/{task['dag_id']}/runs/{task['run_id']}/tasks/{task['task_id']}"
+            parts = [quote(str(task[k]), safe="") for k in ("dag_id", "run_id", "task_id")]
+            data["links"]["Airflow task"] = "/dags/{}/runs/{}/tasks/{}".format(*parts)
         return data
 
     def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:

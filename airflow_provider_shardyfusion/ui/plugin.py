@@ -3,7 +3,9 @@
 Declared in ``get_provider_info()["plugins"]``. Roots are the output URIs of the provider's asset
 events (events whose extra carries a ``manifest_ref``) plus ``[shardyfusion] history_roots``
 (comma-separated); storage credentials come from the connection ``[shardyfusion]
-history_aws_conn_id``. Every route requires Airflow's own authentication and asset read access.
+history_aws_conn_id``; ``[shardyfusion] history_spark_ui_url`` (e.g.
+``https://spark-history.internal/history/{app_id}/``) links each run to its Spark application.
+Every route requires Airflow's own authentication and asset read access.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _hook() -> Any:
 
 app = create_app(
     HistorySource(roots=all_roots, open_root=lambda uri: _hook().get_snapshots(uri),
-                  open_reader=lambda uri, manifest_ref: _hook().get_reader(uri, manifest_ref=manifest_ref)),
+                  open_reader=lambda uri, manifest_ref: _hook().get_reader(uri, manifest_ref=manifest_ref),
+                  spark_ui_template=conf.get("shardyfusion", "history_spark_ui_url", fallback=None) or None),
     auth=requires_access_asset(method="GET"),
 )
 

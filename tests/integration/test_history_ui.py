@@ -66,6 +66,26 @@ def test_run_page_with_shards_validation_and_links(ui):
     assert client.get("/run", params={"uri": root, "run_id": "20990101T000000Z-nothere0"}).status_code == 404
 
 
+def test_run_links_to_its_airflow_task_and_spark_application(file_root, tmp_path):
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+    from tests.snapshot_factory import build_snapshot
+
+    airflow = {"dag_id": "daily snapshot", "task_id": "write", "run_id": "manual__2026-01-01T00:00:00+00:00"}
+    built = build_snapshot(file_root, [(1, b"a")], num_dbs=1, writer={"spark_app_id": "app-20260101-0007",
+                                                                       "airflow": airflow})
+    source = HistorySource(
+        roots=lambda: [file_root], open_root=lambda uri: SnapshotRoot(open_store(uri)),
+        open_reader=lambda uri, ref: ShardedReader(uri, manifest_ref=ref, cache_dir=str(tmp_path / "cache")),
+        spark_ui_template="https://spark-history.internal/history/{app_id}/")
+    data = TestClient(create_app(source)).get("/run", params={"uri": file_root, "run_id": built.run_id,
+                                                             "format": "json"}).json()
+    assert data["links"] == {
+        "Spark application (history server)": "https://spark-history.internal/history/app-20260101-0007/",
+        "Airflow task": "/dags/daily%20snapshot/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00/tasks/write"}
+
+
 def test_diff_and_key_look_up_across_runs(ui):
     client, root, runs = ui
     diff = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"], "format": "json"}).json()
