@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -104,3 +105,18 @@ def as_literal(name: str, value: Any, types: tuple[type, ...], expected: str) ->
     if isinstance(parsed, bool) or not isinstance(parsed, types):
         raise _refuse(name, value, expected)
     return parsed
+
+
+def as_mapping(name: str, value: Any) -> dict[str, Any] | None:
+    """A mapping with string keys, or its rendering (``"{'header': 'true'}"``); ``None`` stays ``None``."""
+    if value is None:
+        return None
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise _refuse(name, value, "a mapping of string keys") from None
+    if not isinstance(parsed, Mapping) or not all(isinstance(k, str) for k in parsed):
+        raise _refuse(name, value, "a mapping of string keys")
+    return dict(parsed)

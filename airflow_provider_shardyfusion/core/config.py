@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import encoding, layout, routing
-from .arguments import as_bool, as_int, as_list, as_literal, as_number
+from .arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_number
 from .errors import ConfigError, show_value, text_number_hint
 from .manifest import WRITE_MODES
 from .retry import RetryPolicy
@@ -65,11 +65,8 @@ def _list_field(section: str, d: Mapping[str, Any], name: str) -> tuple[Any, ...
 
 
 def _str_map(name: str, value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"{name} {value!r} must be a mapping of string keys")
-    return {k: str(v) for k, v in value.items()}
+    """A mapping of string keys (or its rendering as text), its values as text."""
+    return {k: str(v) for k, v in (as_mapping(name, value) or {}).items()}
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snapshot_outlet
 from airflow_provider_shardyfusion.core import layout, write_args
+from airflow_provider_shardyfusion.core.arguments import as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
 from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, wait_for_run
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
@@ -345,7 +346,7 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         ).validate()
 
     def _waiting_timeout(self) -> timedelta:
-        if isinstance(self.poll_interval, bool) or not isinstance(self.poll_interval, (int, float)) or self.poll_interval <= 0:
+        if as_number("poll_interval", self.poll_interval) <= 0:  # nan and inf are refused there
             raise ConfigError(f"poll_interval {self.poll_interval!r} must be a number of seconds > 0")
         return resolve_deferral_timeout(self.deferral_timeout, self.execution_timeout)
 

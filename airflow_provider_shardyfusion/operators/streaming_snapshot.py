@@ -10,17 +10,19 @@ pyspark, rocksdict or boto3): it is parsed with every DAG.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import write_args
+from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from airflow.sdk import Context
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
@@ -217,13 +219,13 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
             map_index = getattr(ti, "map_index", -1)
             suffix = f".{map_index}" if isinstance(map_index, int) and map_index >= 0 else ""
             stream_id = sanitize_stream_id(f"{ti.dag_id}.{ti.task_id}{suffix}")
-        if self.source_options is not None and not isinstance(self.source_options, Mapping):
-            raise ConfigError(f"source_options must be a mapping, got {type(self.source_options).__name__}")
+        source_options = as_mapping("source_options", self.source_options) or {}
+        as_number("stop_timeout", self.stop_timeout, minimum=0)
         report_id = sanitize_stream_id(f"{ti.run_id}.try{ti.try_number}.{getattr(ti, 'map_index', -1)}")
         return StreamSettings(
             stream_id=stream_id, checkpoint_location=self.checkpoint_location, report_id=report_id,
             source_path=self.source_path, source_format=self.source_format, source_schema=self.source_schema,
-            source_options={str(k): str(v) for k, v in (self.source_options or {}).items()},
+            source_options={k: str(v) for k, v in source_options.items()},
             trigger=self.trigger, processing_time=self.processing_time,
         ).validate()
 
@@ -328,7 +330,7 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         self.log.info("Stream %s: asked the query to stop after the batch in progress (at most %ss)",
                       stream.stream_id, self.stop_timeout)
         if wait_for_stop(lambda: self._read_report(output_uri, stream), self._submit_running,
-                         timeout=float(self.stop_timeout)):
+                         timeout=float(as_number("stop_timeout", self.stop_timeout, minimum=0))):
             self.log.info("Stream %s: the query stopped", stream.stream_id)
             return
         self.log.warning("Stream %s: the query did not stop within %ss; killing spark-submit", stream.stream_id,

@@ -55,7 +55,7 @@ def build_connect_plan(
     ``deferrable=True`` may be its default rather than the DAG's choice: the run then waits in the
     task with a note instead of failing every Connect write of that deployment.
     """
-    spark.validate()
+    spark = spark.validate()
     notes = []
     if deferrable and deferrable_by_default:
         notes.append(f"[operators] default_deferrable is ignored with the Spark Connect connection {conn_id!r}: "

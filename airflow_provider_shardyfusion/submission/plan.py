@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_provider_shardyfusion.core.arguments import as_int
+from airflow_provider_shardyfusion.core.arguments import as_int, as_mapping
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
 
@@ -90,20 +90,18 @@ class SparkSettings:
     total_executor_cores: int | None = None
 
     def validate(self) -> SparkSettings:
-        for name, value in (("spark_conf", self.conf), ("spark_env_vars", self.env_vars)):
-            if value is not None and (not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value)):
-                raise ConfigError(f"{name} must be a mapping of string keys, got {type(value).__name__}")
-        refuse_credential_settings(self.conf, "spark_conf keys")
-        for key, value in (self.conf or {}).items():  # a URI-valued setting (e.g. an event log dir) too
+        # Mappings and sizes may arrive rendered as text (a templated argument): read as their value.
+        conf, env_vars = as_mapping("spark_conf", self.conf), as_mapping("spark_env_vars", self.env_vars)
+        refuse_credential_settings(conf, "spark_conf keys")
+        for key, value in (conf or {}).items():  # a URI-valued setting (e.g. an event log dir) too
             refuse_userinfo(value, f"spark_conf[{key!r}]")
         refuse_userinfo(self.python_env_archive, "python_env_archive")
         archive = self.python_env_archive
         if archive is not None and (not isinstance(archive, str) or not archive.strip("#")):
             raise ConfigError(f"python_env_archive {archive!r} must be a path or URI, e.g. 's3://b/env.tar.gz#env'")
-        # Sizes: positive integers, or their rendering (a templated argument arrives as text).
         sizes: dict[str, Any] = {name: as_int(name, getattr(self, name), minimum=1) for name in _SIZES
                                  if getattr(self, name) is not None}
-        return replace(self, **sizes) if sizes else self
+        return replace(self, conf=conf, env_vars=env_vars, **sizes)
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def build_submit_plan(  # noqa: C901 - one branch per deploy mode and resource f
     deferrable: bool = False,
 ) -> SubmitPlan:
     """The spark-submit arguments and the waiting policy for one run."""
-    spark.validate()
+    spark = spark.validate()
     credential_env = dict(credential_env or {})
     cluster = target.cluster_mode
     notes: list[str] = []

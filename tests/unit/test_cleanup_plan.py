@@ -37,7 +37,7 @@ from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, Confi
 from airflow_provider_shardyfusion.core.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.run_record import (
     FAILED,
-    PUBLISH_CLAIM_TTL,
+    PUBLISH_CLAIM_HONOURED,
     RUNNING,
     SUCCEEDED,
     RunError,
@@ -551,14 +551,14 @@ def test_live_until_of_a_run_whose_published_stamp_was_lost():
     # move after its claim's window, not as a run never published.
     runs = {"a": replace(record("a"), published_at=t),
             "b": replace(record("b"), publishing_at=t + GRACE),
-            "c": replace(record("c"), published_at=t + GRACE + PUBLISH_CLAIM_TTL + timedelta(seconds=1)),
-            "d": replace(record("d"), published_at=t + GRACE + PUBLISH_CLAIM_TTL + timedelta(seconds=2))}
+            "c": replace(record("c"), published_at=t + GRACE + PUBLISH_CLAIM_HONOURED + timedelta(seconds=1)),
+            "d": replace(record("d"), published_at=t + GRACE + PUBLISH_CLAIM_HONOURED + timedelta(seconds=2))}
     pointer = CurrentPointer(manifest_ref=f"{ROOT}/x", run_id="d", updated_at=runs["d"].published_at)
     until = live_until(runs, pointer)
     assert until["b"] == runs["c"].published_at
     # A rollback whose new stamp was lost: the claim is newer than the old stamp, so it decides.
     rolled = replace(record("e"), published_at=t, publishing_at=t + 2 * GRACE)
-    assert live_until({"e": rolled}, None) == {"e": t + 2 * GRACE + PUBLISH_CLAIM_TTL}
+    assert live_until({"e": rolled}, None) == {"e": t + 2 * GRACE + PUBLISH_CLAIM_HONOURED}
     # A claim is no move: a publish that never moved the pointer does not end a's bound.
     assert until["a"] == runs["c"].published_at
 
@@ -567,11 +567,11 @@ def test_a_lost_published_stamp_still_keeps_the_run_for_the_grace_period():
     root = Root()
     root.run(record("v1", started=5 * DAY, published=True))
     # v2 was staged 4 h ago and published half an hour ago: claimed, moved, its stamp lost.
-    root.run(replace(record("v2", started=4 * GRACE), publishing_at=NOW - 2 * PUBLISH_CLAIM_TTL))
+    root.run(replace(record("v2", started=4 * GRACE), publishing_at=NOW - 2 * PUBLISH_CLAIM_HONOURED))
     for n, run_id in enumerate(("v3", "v4")):
-        root.run(replace(record(run_id, started=GRACE), published_at=NOW - PUBLISH_CLAIM_TTL + timedelta(seconds=n)))
+        root.run(replace(record(run_id, started=GRACE), published_at=NOW - PUBLISH_CLAIM_HONOURED + timedelta(seconds=n)))
     root.publish("v4")
-    root.pointer = replace(root.pointer, updated_at=NOW - PUBLISH_CLAIM_TTL + timedelta(seconds=1))
+    root.pointer = replace(root.pointer, updated_at=NOW - PUBLISH_CLAIM_HONOURED + timedelta(seconds=1))
     plan = root.plan(keep_runs=1, now=NOW)
     assert "v2" not in {i.run_id for i in plan.items}, plan.to_dict()
     assert ("v2", "recently_live") in {(s.run_id, s.rule) for s in plan.skipped}

@@ -429,6 +429,14 @@ def test_input_options_with_other_clouds_keys_or_credentials_in_a_uri_are_refuse
     assert str(refused.value).startswith(named) and "topsecret" not in str(refused.value)
 
 
+def test_input_options_rendered_as_text_are_read():
+    from airflow_provider_shardyfusion.core.config import build_write_config
+
+    config = build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
+                                input_options="{'header': True, 'sep': ';'}", value_column="v", num_dbs=2)
+    assert config.input.options == {"header": "True", "sep": ";"}
+
+
 def test_ordinary_settings_are_not_taken_for_credentials():
     from airflow_provider_shardyfusion.core.secrets import refuse_secret_options
 

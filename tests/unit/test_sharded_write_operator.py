@@ -122,6 +122,10 @@ def test_output_uri_becomes_an_outlet_asset_unless_templated():
         ({"batch_size": -1}, "batch_size"),
         ({"spark_conf": ["not", "a", "mapping"]}, "spark_conf"),
         ({"poll_interval": 0}, "poll_interval"),
+        ({"poll_interval": float("nan")}, "poll_interval nan must be a finite number"),
+        ({"poll_interval": float("inf")}, "poll_interval inf must be a finite number"),
+        ({"spark_conf": "{'spark.x': 1"}, r"spark_conf .* must be a mapping of string keys; .*native_obj=True"),
+        ({"input_options": "header=true"}, r"input_options 'header=true' must be a mapping of string keys; "),
     ],
 )
 def test_bad_argument_fails_naming_it_before_any_submit(monkeypatch, tmp_path, override, named):

@@ -196,6 +196,13 @@ def test_credentials_in_a_uri_setting_are_refused_without_repeating_them(setting
     assert str(refused.value).startswith(named) and "topsecret" not in str(refused.value)
 
 
+def test_spark_mappings_rendered_as_text_are_read():
+    settings = SparkSettings(conf="{'spark.sql.shuffle.partitions': 8}", env_vars='{"TZ": "UTC"}').validate()
+    assert settings.conf == {"spark.sql.shuffle.partitions": 8} and settings.env_vars == {"TZ": "UTC"}
+    with pytest.raises(ConfigError, match=r"spark_conf keys \['spark.hadoop.fs.s3a.secret.key'\] look like"):
+        SparkSettings(conf="{'spark.hadoop.fs.s3a.secret.key': 'x'}").validate()
+
+
 def test_executor_sizes_rendered_as_text_are_read_and_bad_ones_named():
     settings = SparkSettings(executor_cores="4", num_executors=2, total_executor_cores=" 8 ").validate()
     assert (settings.executor_cores, settings.num_executors, settings.total_executor_cores) == (4, 2, 8)
