@@ -261,9 +261,10 @@ class ShardBuilder:
             self._db = Rdict(self.db_dir, options=opts)
         elif not as_db:
             os.makedirs(self._build_dir, exist_ok=True)
-        check_existing = self._runs > 0 and (
-            not self.allow_duplicate_keys and self._max is not None and run.keys[0] <= self._max
-        )
+        # A run whose keys overlap those stored before may repeat one of them: refused, or (with
+        # allow_duplicate_keys) overwritten, and then counted once so the row count stays exact.
+        check_existing = self._runs > 0 and self._max is not None and run.keys[0] <= self._max
+        repeated = 0
         if check_existing and self.presorted:
             # Sorted runs only meet at their boundary: the first key is stored already iff it is
             # the largest key stored, so two comparisons replace the look-ups.
@@ -271,7 +272,9 @@ class ShardBuilder:
             assert last is not None  # check_existing: something was stored already
             self._check_sorted(np.array([run.keys[0] < last]), lambda _: self._decode_for_message(run.keys[0]))
             if run.keys[0] == self._max:
-                self._raise_duplicate(run.keys[0])
+                if not self.allow_duplicate_keys:
+                    self._raise_duplicate(run.keys[0])
+                repeated = 1
             check_existing = False
         if check_existing and not as_db:
             self._load_lookup_db(opts)
@@ -284,7 +287,7 @@ class ShardBuilder:
             ks = run.keys[start : start + self.batch_size]
             vs = values.slice(start, len(ks)).to_pylist()
             if check_existing:
-                self._check_not_stored(ks)
+                repeated += self._stored_already(ks)
             if self.limiter is not None and self.limiter.active:
                 self.limiter.acquire(len(ks), sum(map(len, ks)) + sum(map(len, vs)))
             deque(map(writer.__setitem__, ks, vs), maxlen=0)  # the per-row loop without Python bytecode
@@ -301,7 +304,7 @@ class ShardBuilder:
             self._unchecked_ssts.append(sst_path)
         self._min = run.keys[0] if self._min is None else min(self._min, run.keys[0])
         self._max = run.keys[-1] if self._max is None else max(self._max, run.keys[-1])
-        self.rows_written += n
+        self.rows_written += n - repeated
         self._runs += 1
         log.info("shard run %d: %d rows sorted and written (%.2fs sort, %.2fs write)", self._runs, n, t1 - t0, t2 - t1)
 
@@ -328,11 +331,16 @@ class ShardBuilder:
             "(rule: keys must be unique within a snapshot)"
         )
 
-    def _check_not_stored(self, keys: list[bytes]) -> None:
+    def _stored_already(self, keys: list[bytes]) -> int:
+        """How many of ``keys`` an earlier run stored; a duplicate key error unless they are allowed."""
         found = self._db.get(keys)
+        repeated = 0
         for k, v in zip(keys, found, strict=False):
             if v is not None:
-                self._raise_duplicate(k)
+                if not self.allow_duplicate_keys:
+                    self._raise_duplicate(k)
+                repeated += 1
+        return repeated
 
     # -- result ---------------------------------------------------------------------------------
 
