@@ -275,3 +275,52 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
     # The micro-batches ran on the server's driver, from the bundle the client shipped.
     assert server_log.read_text().count("micro-batch writer of stream orders.connect started on the Connect "
                                         "server from") == 2
+
+
+def test_python_env_archive_becomes_the_executors_interpreter(tmp_path, thin_python):
+    """A Connect server whose own Python workers have no library the writer needs (no pyarrow, no
+    rocksdict): the job fails there, unless python_env_archive ships an environment that has them, which
+    addArtifacts(archive=True) unpacks on the cluster and spark.sql.execution.pyspark.python runs."""
+    import zipfile
+
+    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.submission.bundle import build_bundle
+    from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
+
+    uv = Path(sys.executable).parent / "uv"
+    bare = tmp_path / "bare"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(bare)], check=True)
+    probe = subprocess.run([str(bare / "bin" / "python"), "-c", "import pyarrow"], capture_output=True, text=True)
+    assert probe.returncode != 0  # the server's Python workers cannot run the writer on their own
+    # The environment to ship, as venv-pack or conda-pack would give it: the interpreter copied (Spark
+    # refuses to unpack a symlink that points outside the archive) and the writer's libraries.
+    env = tmp_path / "writer-env"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(env)], check=True)
+    libraries = [p for p in THIN_CLIENT_PACKAGES if not p.startswith("pyspark")]
+    subprocess.run([str(uv), "pip", "install", "-q", "--link-mode", "copy", "--python", str(env / "bin" / "python"),
+                    *libraries], check=True)
+    # A zip keeps the files' modes where the cluster unpacks it (Hadoop's tar unpacking drops the
+    # executable bit); entries "bin/...", "lib/...": its root becomes <alias>/ there.
+    archive = tmp_path / "writer-env.zip"
+    with zipfile.ZipFile(archive, "w") as packed:
+        for path in sorted(env.rglob("*")):
+            packed.write(path, str(path.relative_to(env)))
+    table, expected = int_table(1_500, seed=11)
+    bundle = build_bundle()
+
+    def run(root: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        config = build_write_config(output_uri=root, input_path=write_parquet(tmp_path, table), key_column="id",
+                                    value_column="payload", num_dbs=3)
+        return subprocess.run(
+            [thin_python, bundle.entry_script, CONFIG_ARG, encode_config(config.to_json())], capture_output=True,
+            text=True, env={**os.environ, job_env.REMOTE_URL: f"sc://127.0.0.1:{port}", job_env.BUNDLE: bundle.zip_path,
+                            "PYTHONPATH": bundle.zip_path, **env}, cwd=str(tmp_path), timeout=600)
+
+    with connect_server(tmp_path, env={"PYSPARK_PYTHON": str(bare / "bin" / "python")}) as port:
+        without = run(f"file://{tmp_path}/without", {})
+        assert without.returncode != 0 and "ModuleNotFoundError" in without.stderr, without.stderr[-3000:]
+        shipped = run(f"file://{tmp_path}/snap", {job_env.PYTHON_ENV_ARCHIVE: f"{archive}#writer_env"})
+    assert shipped.returncode == 0, shipped.stderr[-3000:]
+    manifest, shards = read_snapshot(f"file://{tmp_path}/snap")
+    assert_exact(manifest, shards, expected, "u64be")
