@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import free_port, stop_process
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # py4j logs "Closing down clientserver connection" from __del__ after pytest closed its streams.
@@ -30,21 +32,6 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 if VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
-    """Terminate a server started by the tests; kill it if it does not stop within ``timeout``."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.conftest import free_port
+from tests.processes import free_port
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.conftest import free_port, stop_process
+from tests.processes import free_port, stop_process
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -19,7 +19,7 @@ from . import integrity, layout
 from .checksum import bytes_checksum
 from .errors import ClockSkewError, PublishManifestError, RunRecordError, RunSupersededError, StorageError
 from .pointer import CurrentPointer
-from .retry import call_with_retry
+from .retry import call_with_retry, is_storage_error
 from .run_record import PUBLISH_CLAIM_TTL, RunRecord, RunRecordLifecycle, check_storage_clock
 from .snapshot import POINTER_RETRY, ManifestRef, SnapshotRoot
 
@@ -104,7 +104,7 @@ def mark_succeeded(lifecycle: RunRecordLifecycle, manifest_ref: str, stats: dict
             f"not published (_CURRENT unchanged; manifest {manifest_ref}): {exc}"
         )
 
-    return call_with_retry(attempt, policy=POINTER_RETRY, retryable=lambda e: isinstance(e, StorageError),
+    return call_with_retry(attempt, policy=POINTER_RETRY, retryable=is_storage_error,
                            describe=f"run {lifecycle.record.run_id}: marking the run record succeeded",
                            give_up=give_up, sleep=sleep)
 

@@ -22,6 +22,7 @@ from .errors import (
     ManifestValidationError,
     RunRecordError,
     ShardAssignmentError,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ def is_retryable(exc: BaseException) -> bool:
     e.g. ``core.storage.s3.is_transient``; what leaves a store is a ``StorageError``.)
     """
     return not isinstance(exc, PERMANENT_ERRORS)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Only what a store raised: for steps whose other failures are decisions, not the moment."""
+    return isinstance(exc, StorageError)
 
 
 def _retry_delay(

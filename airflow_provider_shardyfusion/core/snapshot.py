@@ -27,7 +27,7 @@ from .errors import (
 )
 from .manifest import Manifest
 from .pointer import CurrentPointer, parse_pointer
-from .retry import RetryPolicy, call_with_retry
+from .retry import RetryPolicy, call_with_retry, is_storage_error
 from .run_record import RunRecord, read_run_record
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class SnapshotRoot:
             )
 
         return call_with_retry(
-            attempt, policy=POINTER_RETRY, retryable=lambda e: isinstance(e, (StorageError, _PointerMoved)),
+            attempt, policy=POINTER_RETRY, retryable=lambda e: is_storage_error(e) or isinstance(e, _PointerMoved),
             describe=f"run {target.run_id}: moving _CURRENT", give_up=give_up, sleep=sleep,
         )
 

@@ -425,7 +425,7 @@ def test_unreachable_s3_endpoint_is_a_storage_error_for_every_operation(tmp_path
     """Nothing listens on the port: each operation ends in one StorageError naming the endpoint."""
     from airflow_provider_shardyfusion.core.retry import RetryPolicy
     from airflow_provider_shardyfusion.core.storage import StorageOptions
-    from tests.conftest import free_port
+    from tests.processes import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # bound then released: connections are refused
     options = StorageOptions(endpoint_url=endpoint, region_name="us-east-1", addressing_style="path", max_attempts=1)

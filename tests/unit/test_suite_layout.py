@@ -31,5 +31,7 @@ def test_helpers_are_imported_through_the_tests_package_and_never_from_test_modu
                 problems.append(f"{where}: bare helper import {module!r}; write 'tests.{module}'")
             elif parts[0] == "tests" and parts[-1].startswith("test_"):
                 problems.append(f"{where}: imports the test module {module!r}; move what it needs to a helper")
+            elif parts[0] == "tests" and parts[-1] == "conftest":
+                problems.append(f"{where}: imports conftest (pytest loads it itself); move what it needs to a helper")
     assert not problems, "\n".join(problems)
     assert {"snapshot_factory", "spark_helpers", "operator_helpers"} <= HELPERS  # the rule sees the helpers
