@@ -57,7 +57,7 @@ def test_a_record_naming_another_runs_manifest_is_refused(snapshots, figure):
     figure(records_swapped=1, publishes_refused=1, pointer_moves=0)
 
 
-def test_publishing_a_deleted_or_failed_run_says_so(snapshots):
+def test_publishing_a_deleted_or_failed_run_says_so(snapshots, figure):
     build = snapshots.store.root
     now = layout.utc_now()
     for n, run_id in enumerate(("gone", "kept")):
@@ -78,9 +78,10 @@ def test_publishing_a_deleted_or_failed_run_says_so(snapshots):
     with pytest.raises(PublishManifestError, match=r"run 'broken' failed \(RunAbandoned: abandoned: lease expired\)"):
         publish_run(snapshots, run_id="broken", **NO_SLEEP)
     assert snapshots.current().run_id == "kept"
+    figure(publishes_refused=2, named_the_cleanup_time=1, named_the_runs_own_error=1, pointer_moves=0)
 
 
-def test_previous_run_id_is_the_run_the_move_replaced(snapshots):
+def test_previous_run_id_is_the_run_the_move_replaced(snapshots, figure):
     publish_written_run(snapshots.store, "a", started_minutes_ago=10, live=True)
     publish_written_run(snapshots.store, "b", started_minutes_ago=5, live=False)
     publish_written_run(snapshots.store, "c", live=False)
@@ -106,9 +107,10 @@ def test_previous_run_id_is_the_run_the_move_replaced(snapshots):
     assert raced and result.moved
     assert result.previous_run_id == "b" == result.pointer.previous_run_id
     assert snapshots.current().run_id == "c"
+    figure(races=1, previous_run_id_reported=result.previous_run_id, previous_run_id_first_read="a")
 
 
-def test_a_cleanup_whose_every_deletion_failed_fails(snapshots):
+def test_a_cleanup_whose_every_deletion_failed_fails(snapshots, figure):
     now = layout.utc_now()
     for n, run_id in enumerate(("old", "new")):
         build_snapshot(snapshots.store.root, [(1, b"x")], num_dbs=2, run_id=run_id,
@@ -128,6 +130,8 @@ def test_a_cleanup_whose_every_deletion_failed_fails(snapshots):
     with pytest.raises(StorageError, match=r"deleted none of \d+ planned object\(s\).*AccessDenied"):
         report.raise_if_nothing_deleted()
     assert snapshots.read_run("old").deleted_at is None
+    planned = sum(len(i.objects) for i in report.plan.items)
+    figure(objects_planned=planned, deletions_refused=len(report.errors), cleanups_failed=1, runs_marked_deleted=0)
 
 
 def _options(snapshots: SnapshotRoot):

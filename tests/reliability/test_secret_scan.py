@@ -1,7 +1,8 @@
 """One canary secret, put everywhere a user might put it, found nowhere it must not be (issue 22 #6).
 
-The canary goes into the AWS connection (where credentials belong), into ``input_path`` as URI
-user info and into ``spark_conf`` as an S3A secret key (where they do not). The connection's run
+The canary goes into the AWS connection (where credentials belong), and where they do not: into
+``input_path``, a ``spark_conf`` value, an ``input_options`` value and ``python_env_archive`` as URI
+user info, into ``spark_conf`` as an S3A secret key and into ``input_options`` as an Azure account key. The connection's run
 writes a real snapshot to the S3 server on loopback; spark-submit is stubbed (building the real
 command line through the spark provider's hook), because the process-level scan of a real
 spark-submit (``ps`` while it runs) is in ``tests/e2e/test_quickstart_dag.py``. Scanned: the
@@ -32,7 +33,7 @@ def scan(where: str, text: str) -> list[str]:
 
 
 def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
-        monkeypatch, tmp_path, s3_server, s3_root, s3_options, caplog):
+        monkeypatch, tmp_path, s3_server, s3_root, s3_options, caplog, figure):
     caplog.set_level(logging.DEBUG)
     connections(monkeypatch, aws={"conn_type": "aws", "login": "AKIACANARY", "password": CANARY,
                                   "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}})
@@ -62,9 +63,13 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
     refused = {
         "input_path": dict(input_path=f"s3a://AKIACANARY:{CANARY}@bucket/in/"),
         "spark_conf": dict(spark_conf={"spark.hadoop.fs.s3a.secret.key": CANARY}),
+        "spark_conf['spark.eventLog.dir']": dict(spark_conf={"spark.eventLog.dir": f"s3a://AKIACANARY:{CANARY}@b/l"}),
+        "input_options['path']": dict(input_options={"path": f"s3a://AKIACANARY:{CANARY}@bucket/in/"}),
+        "input_options keys": dict(input_options={"fs.azure.account.key.acct.dfs.core.windows.net": CANARY}),
+        "python_env_archive": dict(python_env_archive=f"s3://AKIACANARY:{CANARY}@bucket/env.zip#env"),
     }
     for argument, override in refused.items():
-        bad = make_op(s3_root, aws_conn_id="sf_aws", run_id=f"run-refused-{argument.replace('_', '-')}", **override)
+        bad = make_op(s3_root, aws_conn_id="sf_aws", run_id=f"run-refused-{len(found)}", **override)
         with pytest.raises(ConfigError) as caught:
             bad.execute(make_context())
         assert argument in str(caught.value), caught.value
@@ -73,3 +78,4 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
     assert len(seen.calls) == calls, "a refused argument reached spark-submit"
     assert [k.key for k in store.list("runs/") if "refused" in k.key] == []
     assert not found, f"the canary leaked into: {found}"
+    figure(objects_scanned=len(keys), arguments_refused=len(refused), leaks=len(found))
