@@ -190,6 +190,7 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
     chain.write("delta", {1: "d1"}, [2])
     d1_model = dict(chain.model)
     chain.write("delta", {3: "d2"}, [4])
+    d2_model = dict(chain.model)
     # A delta on step02 while step03 is live: written, but publishing would drop step03's changes.
     with pytest.raises(PublishManifestError, match=r"written on run 'step02-delta'.*names 'step03-delta'"):
         chain.write("delta", {5: "late"}, [], base_run_id="step02-delta")
@@ -203,12 +204,29 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
         publish_run(snapshots, run_id="step04-delta", sleep=lambda s: None)
     with pytest.raises(PublishManifestError, match="drop that run's changes"):
         publish_run(snapshots, run_id="step04-delta", allow_older=True, sleep=lambda s: None)
+    if options is None:  # the operator says the same (its S3 use needs a connection; the core is tested on both)
+        from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
+        from tests.operator_helpers import make_context
+
+        operator = PublishSnapshotOperator(task_id="publish_late", output_uri=root, run_id="step04-delta",
+                                           aws_conn_id=None)
+        with pytest.raises(PublishManifestError, match=r"step04-delta.*step03-delta"):
+            operator.execute(make_context())
+        assert snapshots.current().run_id == "step03-delta"
+    # A reader pinned to a chain run keeps reading exactly that run, live or not.
+    pinned = ShardedReader(root, storage_options=options, manifest_ref=snapshots.read_run("step03-delta").manifest_ref,
+                           cache_dir=tmp_path / "pinned")
+    assert pinned.multi_get(sorted(d2_model)) == [d2_model[k] for k in sorted(d2_model)]
     # Rolling back to any run of the chain that was live works, and forward again.
     for run_id, model in (("step02-delta", d1_model), ("step01-full", first_model)):
         publish_run(snapshots, run_id=run_id, allow_older=True, sleep=lambda s: None)
         with ShardedReader(root, storage_options=options) as reader:
             assert reader.run_id == run_id
             assert reader.multi_get(sorted(model)) == [model[k] for k in sorted(model)]
+        pinned.refresh()  # pinned: the rollback does not move it
+        assert pinned.run_id == "step03-delta"
+        assert pinned.multi_get(sorted(d2_model)) == [d2_model[k] for k in sorted(d2_model)]
+    pinned.close()
     # And a delta with nothing published refuses to start.
     with pytest.raises(ConfigError, match="needs a published snapshot"):
         run(spark, output_uri=layout.join(root, "empty"), key_column="id", value_column="payload",
