@@ -81,14 +81,19 @@ def as_duration(name: str, value: Any) -> timedelta:
     return parsed
 
 
+def _rendered(name: str, value: Any, expected: str) -> Any:
+    """``value``, or the Python literal a text renders (refused, naming ``expected``, if it is none)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        raise _refuse(name, value, expected) from None
+
+
 def as_list(name: str, value: Any) -> list[Any]:
     """A list or tuple, or its rendering (``"['a', 'b']"``, ``'[1, 2]'``). A bare string is not a list."""
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise _refuse(name, value, "a list") from None
+    parsed = _rendered(name, value, "a list")
     if not isinstance(parsed, (list, tuple)):
         raise _refuse(name, value, "a list")
     return list(parsed)
@@ -96,12 +101,7 @@ def as_list(name: str, value: Any) -> list[Any]:
 
 def as_literal(name: str, value: Any, types: tuple[type, ...], expected: str) -> Any:
     """A value of one of ``types`` (never a bool), or its rendering (``"3"``, ``"{'max_retries': 2}"``)."""
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise _refuse(name, value, expected) from None
+    parsed = _rendered(name, value, expected)
     if isinstance(parsed, bool) or not isinstance(parsed, types):
         raise _refuse(name, value, expected)
     return parsed
@@ -111,12 +111,7 @@ def as_mapping(name: str, value: Any) -> dict[str, Any] | None:
     """A mapping with string keys, or its rendering (``"{'header': 'true'}"``); ``None`` stays ``None``."""
     if value is None:
         return None
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise _refuse(name, value, "a mapping of string keys") from None
+    parsed = _rendered(name, value, "a mapping of string keys")
     if not isinstance(parsed, Mapping) or not all(isinstance(k, str) for k in parsed):
         raise _refuse(name, value, "a mapping of string keys")
     return dict(parsed)
