@@ -138,3 +138,6 @@ def test_install_requirements_are_ranges_with_the_tested_floors(wheel):
     assert floors["apache-airflow-providers-amazon"] == "9.4.0"
     spark_extra = [r for r in reqs["pyspark"] if r.marker and r.marker.evaluate({"extra": "spark"})]
     assert spark_extra and str(spark_extra[0].specifier) in ("<5,>=4.1", ">=4.1,<5")
+    connect_extra = [r for r in reqs["apache-airflow-providers-apache-spark"]
+                     if r.marker and r.marker.evaluate({"extra": "connect"})]
+    assert connect_extra and str(connect_extra[0].specifier) in ("<7,>=6.0", ">=6.0,<7")
