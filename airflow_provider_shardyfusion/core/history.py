@@ -221,14 +221,14 @@ def _layer_files(shard: ShardEntry) -> list[list[tuple[str, int, str]]]:
     return [sorted((f.name, f.size, f.checksum) for f in layer.files) for layer in shard.all_layers()]
 
 
-def manifest_of_run(snapshots: SnapshotRoot, run_id: str, record: RunRecord | None = None) -> Manifest:
+def manifest_of_run(snapshots: SnapshotRoot, run_id: str) -> Manifest:
     """The manifest the run's record names (one read, no listing of every manifest of the root);
     ``ConfigError`` for a run that has none (failed, running, deleted)."""
-    if record is None:
-        try:
-            record = snapshots.read_run(run_id)
-        except RunRecordError:
-            record = None  # unreadable: the manifest may still be found by its path
+    record: RunRecord | None
+    try:
+        record = snapshots.read_run(run_id)
+    except RunRecordError:
+        record = None  # unreadable: the manifest may still be found by its path
     ref: ManifestRef | None
     if record is not None and record.manifest_ref is not None and record.deleted_at is None:
         ref = snapshots.manifest_ref(record.manifest_ref)

@@ -323,14 +323,16 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         return bool(is_running()) if callable(is_running) else False
 
     def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
-        from airflow_provider_shardyfusion.core.stream_job import stop_key, wait_for_stop
+        from airflow_provider_shardyfusion.core.retry import NO_RETRY
+        from airflow_provider_shardyfusion.core.stream_job import read_report, stop_key, wait_for_stop
 
         store = self.hook.get_store(output_uri)
         store.put(stop_key(stream.stream_id, stream.report_id), b'{"reason": "the Airflow task was stopped"}')
         self.log.info("Stream %s: asked the query to stop after the batch in progress (at most %ss)",
                       stream.stream_id, self.stop_timeout)
-        if wait_for_stop(lambda: self._read_report(output_uri, stream), self._submit_running,
-                         timeout=float(as_number("stop_timeout", self.stop_timeout, minimum=0))):
+        # One read per poll: the wait itself is the retry (a failed read counts as "not yet").
+        if wait_for_stop(lambda: read_report(store, stream.stream_id, stream.report_id, policy=NO_RETRY),
+                         self._submit_running, timeout=float(as_number("stop_timeout", self.stop_timeout, minimum=0))):
             self.log.info("Stream %s: the query stopped", stream.stream_id)
             return
         self.log.warning("Stream %s: the query did not stop within %ss; killing spark-submit", stream.stream_id,

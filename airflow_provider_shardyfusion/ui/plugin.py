@@ -52,18 +52,19 @@ def all_roots() -> list[str]:
 # One hook (its connection looked up once) serves the requests of a minute: a key look-up opens
 # a reader per run, and a connection changed in Airflow is seen within that minute.
 _HOOK_TTL_S = 60.0
-_hook_cache: dict[str, Any] = {}
 _hook_lock = threading.Lock()
+_cached_hook: tuple[str | None, float, Any] | None = None  # (connection id, made at, hook)
 
 
 def _hook() -> Any:
     from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
     conn_id = conf.get("shardyfusion", "history_aws_conn_id", fallback=None) or None
+    global _cached_hook
     with _hook_lock:
-        cached = _hook_cache.get("hook")
+        cached = _cached_hook
         if cached is None or cached[0] != conn_id or time.monotonic() - cached[1] > _HOOK_TTL_S:
-            cached = _hook_cache["hook"] = (conn_id, time.monotonic(), ShardyfusionHook(aws_conn_id=conn_id))
+            cached = _cached_hook = (conn_id, time.monotonic(), ShardyfusionHook(aws_conn_id=conn_id))
         return cached[2]
 
 
