@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install system-tools lint test demo bench clean
+.PHONY: install system-tools lint test test-unit test-fast demo bench clean
 
 install: $(VENV)/.installed system-tools
 
@@ -45,8 +45,19 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The full gate: two xdist workers, one test file each at a time (files share their Spark session
+# and servers through module fixtures); the 25 slowest tests are listed at the end.
 test: install lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25
+
+# The one-minute loop: the unit tests only.
+test-unit: install
+	$(PY) -m pytest tests/unit -q
+
+# Everything that needs neither Spark, nor the S3 server, nor a running Airflow (tests/tiers.py marks
+# them from the fixtures they use; a test reaching one of those unmarked fails saying so).
+test-fast: install
+	$(PY) -m pytest -q -m "not spark and not s3 and not airflow"
 
 demo: install
 	$(PY) dags_example/run_demo.py

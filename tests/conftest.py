@@ -7,13 +7,16 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.figures import figure_lines
 from tests.processes import free_port, stop_process
+from tests.tiers import excluded_parts, markers_for, write_spark_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +37,30 @@ if VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 
 
+def pytest_configure(config):
+    # A tier without Spark: any Spark launch (in-process session or spark-submit) fails at once.
+    if "spark" in excluded_parts(config.option.markexpr or ""):
+        refusal = write_spark_refusal(Path(tempfile.mkdtemp(prefix="shardyfusion-no-spark-")))
+        os.environ["SPARK_HOME"] = str(refusal)
+        os.environ["PATH"] = str(refusal / "bin") + os.pathsep + os.environ["PATH"]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for marker in sorted(markers_for(tuple(getattr(item, "fixturenames", ())), params)):
+            item.add_marker(marker)
+
+
+def pytest_terminal_summary(terminalreporter):
+    # Here, not in tests/reliability/conftest.py: under xdist only the root conftest runs in the controller.
+    lines = figure_lines(terminalreporter.stats)
+    if lines:
+        terminalreporter.section("reliability figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -48,8 +75,10 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> 
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(request):
     """A moto S3 server on a free loopback port, reached by boto3 over HTTP; stopped afterwards."""
+    if "s3" in excluded_parts(request.config.option.markexpr or ""):
+        pytest.fail("this test uses the S3 server but is not marked 's3': add pytest.mark.s3 (tests/tiers.py)")
     port = free_port()
     moto = Path(VENV_BIN) / "moto_server"
     cmd = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.tiers import excluded_parts
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -87,7 +89,9 @@ class AirflowEnv:
 
 
 @pytest.fixture(scope="session")
-def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+def airflow_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+    if "airflow" in excluded_parts(request.config.option.markexpr or ""):
+        pytest.fail("this test runs Airflow but is not marked 'airflow': add pytest.mark.airflow (tests/tiers.py)")
     home = tmp_path_factory.mktemp("airflow_home")
     env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIPPED_PREFIXES)}
     env.update(

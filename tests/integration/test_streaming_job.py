@@ -35,6 +35,8 @@ from tests.stream_files import put_changes
 JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "streaming_job.py"
 STREAM = "orders.job"
 
+pytestmark = pytest.mark.spark  # the job runs through spark-submit, which no fixture shows
+
 
 def run_job(root: str, source: Path, checkpoint: Path, report_id: str, **stream_kw) -> subprocess.CompletedProcess:
     config = build_write_config(output_uri=root, input_path=str(source), key_column="id", value_column="payload",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-_FIGURES: list[str] = []
+from tests.figures import PROPERTY
 
 
 @pytest.fixture
@@ -14,14 +14,8 @@ def figure(request):
     def report(**numbers: object) -> str:
         line = f"FIGURE {request.node.name}: " + ", ".join(f"{k.replace('_', ' ')}={v}" for k, v in numbers.items())
         print(line)
-        _FIGURES.append(line)
+        # On the test's report: the summary (tests/conftest.py) then sees xdist workers' figures too.
+        request.node.user_properties.append((PROPERTY, line))
         return line
 
     return report
-
-
-def pytest_terminal_summary(terminalreporter):
-    if _FIGURES:
-        terminalreporter.section("reliability figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)

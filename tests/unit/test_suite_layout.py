@@ -35,3 +35,26 @@ def test_helpers_are_imported_through_the_tests_package_and_never_from_test_modu
                 problems.append(f"{where}: imports conftest (pytest loads it itself); move what it needs to a helper")
     assert not problems, "\n".join(problems)
     assert {"snapshot_factory", "spark_helpers", "operator_helpers"} <= HELPERS  # the rule sees the helpers
+
+
+def test_tiers_read_markers_from_the_parts_a_test_uses():
+    from tests.tiers import excluded_parts, markers_for
+
+    assert markers_for(("tmp_path", "s3_root", "s3_server"), {}) == {"s3"}
+    assert markers_for(("any_root", "file_root"), {"any_root": "file"}) == set()
+    assert markers_for(("any_root",), {"any_root": "s3"}) == {"s3"}
+    assert markers_for(("spark", "run_dag", "airflow_env"), {}) == {"spark", "airflow"}
+    assert excluded_parts("not spark and not s3 and not airflow") == {"spark", "s3", "airflow"}
+    assert excluded_parts("spark and (not s3)") == {"s3"}
+    assert excluded_parts("") == set()
+
+
+def test_the_no_spark_home_refuses_every_launcher(tmp_path):
+    import subprocess
+
+    from tests.tiers import write_spark_refusal
+
+    home = write_spark_refusal(tmp_path / "home")
+    for name in ("spark-submit", "spark-class", "pyspark"):
+        proc = subprocess.run([str(home / "bin" / name), "--version"], capture_output=True, text=True, check=False)
+        assert proc.returncode == 3 and "not marked 'spark'" in proc.stderr
