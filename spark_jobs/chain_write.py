@@ -105,7 +105,13 @@ def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C9
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
-    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values, first_null_row
+    from airflow_provider_shardyfusion.core.arrow_codec import (
+        UTF8_RULE_KEY,
+        check_utf8,
+        delete_flags,
+        encode_values,
+        first_null_row,
+    )
     from airflow_provider_shardyfusion.core.delta import sorted_changes
 
     keys: list[Any] = []
@@ -119,8 +125,8 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
         check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
         encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
         if plan.delete_column is not None:
-            flags = batch.column(plan.delete_column).to_pylist()
-            encoded = [None if flag is True else v for v, flag in zip(encoded, flags, strict=True)]
+            flags = delete_flags(batch, plan.delete_column, key_column=plan.key_column)
+            encoded = [None if flag else v for v, flag in zip(encoded, flags, strict=True)]
         keys.extend(key_col.to_pylist())
         values.extend(encoded)
     return sorted_changes(keys, values, key_encoding=plan.key_encoding, key_column=plan.key_column,

@@ -13,8 +13,9 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError, ReaderError
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, PublishManifestError, ReaderError
 from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.spark_helpers import run, write_parquet
@@ -286,6 +287,29 @@ def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_roo
     assert check.figure == round(2 / 99, 6) and not check.skipped and "(written compacted)" in check.detail
     with pytest.raises(ManifestValidationError, match=r"delta ratio 0.0202 exceeds max_delta_ratio 0.01"):
         validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.01)
+
+
+def test_a_null_delete_flag_is_a_bad_row_and_nothing_is_published(spark, tmp_path, file_root):
+    # A null flag used to be taken as an upsert: key 5's stored value became empty bytes.
+    root, options = file_root, None
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(100)})
+    store = open_store(root, options)
+    before = store.get(layout.CURRENT_KEY).data
+    table = pa.table({"id": pa.array([1, 2, 5], pa.int64()), "payload": ["d1", None, None],
+                      "deleted": pa.array([False, True, None], pa.bool_())})
+    with pytest.raises(InputDataError) as caught:
+        run(spark, output_uri=root, key_column="id", value_column="payload", write_mode="delta",
+            delete_column="deleted", input_path=write_parquet(tmp_path, table, "null-flag"), run_id="null-flag")
+    message = str(caught.value)
+    assert "column 'deleted'" in message and "key 5" in message and "null" in message, message
+    record = read_run_record(store, "null-flag")
+    assert record is not None and record.status == "failed" and record.error is not None
+    assert (record.error.type, "column 'deleted'" in record.error.message) == ("InputDataError", True)
+    assert store.get(layout.CURRENT_KEY).data == before
+    with ShardedReader(root, storage_options=options) as reader:
+        chain.check(reader)
+        assert reader.get(5) == b"v0-5"
 
 
 def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
