@@ -11,6 +11,7 @@ Every route requires Airflow's own authentication and asset read access.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -23,13 +24,16 @@ from airflow.api_fastapi.core_api.security import requires_access_asset
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk.configuration import conf
 
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import StorageError
 from airflow_provider_shardyfusion.core.history import run_claim_holds
-from airflow_provider_shardyfusion.ui.app import HistorySource, Unanswered, create_app, within
+from airflow_provider_shardyfusion.core.retry import RetryPolicy
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage.s3 import S3Store, make_s3_client
+from airflow_provider_shardyfusion.ui.app import ROOT_DEADLINE_S, HistorySource, Unanswered, create_app, within
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +127,19 @@ def _hook() -> Any:
         return cached[2]
 
 
+# S3 calls of the history give up about when the page does (ROOT_DEADLINE_S): 2 s to connect, 3 s
+# for each read of the answer, one attempt and no retry past the deadline; otherwise a store that
+# does not answer keeps a thread of the API server for botocore's minutes of timeouts and retries.
+HISTORY_S3_TIMEOUTS_S = (2.0, 3.0)
+HISTORY_S3_RETRY = RetryPolicy(attempts=2, base_delay_s=0.2, max_delay_s=0.5, deadline_s=ROOT_DEADLINE_S)
+
 def open_root(uri: str) -> SnapshotRoot:
-    return _hook().get_snapshots(uri)
+    """The root read with the history connection's credentials; on S3 with short timeouts."""
+    if not layout.normalize_root(uri).startswith("s3://"):
+        return _hook().get_snapshots(uri)
+    options = dataclasses.replace(_hook().storage_options(uri), max_attempts=1)
+    client = make_s3_client(options, timeouts_s=HISTORY_S3_TIMEOUTS_S)
+    return SnapshotRoot(S3Store(uri, options, client=client, retry=HISTORY_S3_RETRY))
 
 
 def cache_dir() -> str:

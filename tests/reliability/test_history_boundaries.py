@@ -156,6 +156,29 @@ def test_an_unreachable_store_costs_a_page_at_most_its_deadline(file_root, tmp_p
            bound_s=int(BOUND_S))
 
 
+def test_the_plugins_s3_reads_give_up_about_when_the_page_does(monkeypatch, figure):
+    """The thread a page leaves behind on a silent store ends soon too: the plugin's S3 client
+    waits 2 s to connect and 3 s for an answer, retried only within the page's 5 s (botocore
+    alone: 60 s each, five attempts, under the store's own six within 60 s)."""
+    from airflow_provider_shardyfusion.core.errors import StorageError
+    from airflow_provider_shardyfusion.ui import plugin
+
+    silent = SilentServer()
+    try:
+        monkeypatch.setenv("AIRFLOW__SHARDYFUSION__HISTORY_AWS_CONN_ID", "history_silent")
+        monkeypatch.setenv("AIRFLOW_CONN_HISTORY_SILENT", json.dumps({"conn_type": "aws", "extra": {
+            "endpoint_url": f"http://127.0.0.1:{silent.port}", "region_name": "us-east-1"}}))
+        snapshots = plugin.open_root("s3://silent-bucket/snap")
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="ReadTimeoutError"):
+            snapshots.current()
+        gave_up_s = time.monotonic() - started
+        assert gave_up_s <= BOUND_S, gave_up_s
+    finally:
+        silent.close()
+    figure(connections_held=len(silent.held), gave_up_s=round(gave_up_s))
+
+
 # -- item 1: only our operators' events make a root --------------------------------------------------
 
 DAG_FILE = '''
