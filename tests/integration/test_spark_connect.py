@@ -156,7 +156,7 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
 
 
 THIN_CLIENT_PACKAGES = ("pyspark-client=={version}", "pyarrow", "pandas>=2.2", "numpy", "xxhash", "cel-python",
-                        "rocksdict", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
+                        "rocksdict", "msgspec", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
 
 
 @pytest.fixture(scope="module")
