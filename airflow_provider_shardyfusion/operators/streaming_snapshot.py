@@ -35,9 +35,19 @@ _STREAM_FIELDS = ("source_path", "source_format", "source_schema", "source_optio
                   "stream_id", "trigger", "processing_time")
 # The write arguments a stream does not take: the source replaces the input, and the job chooses the
 # run id, publishing and write mode per batch; the task always runs the query itself.
-_NOT_STREAM_ARGS = frozenset({"input_path", "input_format", "input_options", "input_table", "input_sql", "run_id",
-                              "cache_input", "publish", "write_mode", "base_run_id", "deferrable", "poll_interval",
-                              "deferral_timeout"})
+_WHY_NOT_STREAM_ARG = {
+    **dict.fromkeys(("input_path", "input_format", "input_options", "input_table", "input_sql", "cache_input"),
+                    "the stream's source is the input: use source_path, source_format, source_schema and "
+                    "source_options"),
+    "run_id": "each micro-batch's run id is <stream_id>-b<batch_id:012d>: set stream_id",
+    "publish": "every micro-batch is published (the next one is a delta on it)",
+    "write_mode": "the writer chooses each micro-batch's write mode: full on an empty root, then delta "
+                  "(max_chain_depth compacts)",
+    "base_run_id": "every micro-batch is written on the live snapshot",
+    **dict.fromkeys(("deferrable", "poll_interval", "deferral_timeout"),
+                    "the task runs the query itself: deferring is not supported"),
+}
+_NOT_STREAM_ARGS = frozenset(_WHY_NOT_STREAM_ARG)
 # Declared once in core.write_args; tests/unit/test_write_args.py checks the signature and docs below.
 _WRITE_FIELDS = tuple(a.name for a in write_args.OPERATOR_ARGS if a.name not in _NOT_STREAM_ARGS)
 LIVE_ACTIONS = ("written", "published")
@@ -180,6 +190,11 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         stop_timeout: float = 60.0,
         **kwargs: Any,
     ) -> None:
+        refused = sorted(set(kwargs) & _NOT_STREAM_ARGS)
+        if refused:
+            # Passed on as-is they would clash with what is set below (a bare TypeError) or be ignored.
+            raise ConfigError("StreamingSnapshotOperator does not take " + "; ".join(
+                f"{name!r} ({_WHY_NOT_STREAM_ARG[name]})" for name in refused))
         given = {k: v for k, v in locals().items() if k in _WRITE_FIELDS}
         # publish=None gives the snapshot's AssetAlias as the outlet: every published batch adds its own
         # event through it. Every micro-batch is published (set below, after the outlets are chosen).
