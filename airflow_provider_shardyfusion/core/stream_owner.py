@@ -56,15 +56,17 @@ class StreamOwner:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> StreamOwner:
-        return ser.parse_object(lambda o: ser.from_plain(cls, o, _WHAT, StreamOwnershipError), obj, _WHAT,
-                                StreamOwnershipError)
+        return _CODEC.from_dict(obj)
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> StreamOwner:
-        return cls.from_dict(ser.loads_object(data, _WHAT, StreamOwnershipError, STREAM_OWNER_FORMAT_VERSION))
+        return _CODEC.from_bytes(data)
+
+
+_CODEC = ser.Codec(StreamOwner, _WHAT, StreamOwnershipError, supported=STREAM_OWNER_FORMAT_VERSION)
 
 
 @dataclass(frozen=True)
