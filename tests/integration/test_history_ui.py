@@ -292,3 +292,34 @@ def test_key_look_up_downloads_within_a_byte_budget_and_reuses_its_cache(file_ro
     again = client.get("/key", params={"uri": file_root, "key": "7", "limit": 6, "format": "json"}).json()
     assert [r["value"][:8] for r in again["runs"]] == [f"r{i}-7r{i}-7" for i in (5, 4, 3, 2, 1, 0)]
     assert again["stopped"] is None and again["bytes_downloaded"] == downloaded() - before == sum(size[:3])
+
+
+def test_roots_page_marks_a_missing_root_shows_the_live_runs_validation_and_errors_in_the_layout(file_root, tmp_path):
+    """Issue 28 items 5-6: a root with nothing under it says so (not an empty root); the validation shown
+    is the live run's; an unknown root answers a 404 page in the layout, its JSON twin the detail."""
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+    from tests.snapshot_factory import build_snapshot
+
+    older = build_snapshot(file_root, [(1, b"a")], num_dbs=1, run_id="20260101T000000Z-older000")
+    live = build_snapshot(file_root, [(1, b"a"), (2, b"b")], num_dbs=1, run_id="20260102T000000Z-live0000")
+    snapshots = SnapshotRoot(open_store(file_root))
+    assert validate_snapshot(snapshots, run_id=live.run_id, min_rows=1).ok
+    with pytest.raises(ManifestValidationError):  # the last validation of the root, of a run that is not live
+        validate_snapshot(snapshots, run_id=older.run_id, min_rows=5)
+    nowhere = f"file://{tmp_path}/nowhere"
+    client = client_for([file_root, nowhere], None, tmp_path)
+    rows = {r["root"]: r for r in client.get("/", params={"format": "json"}).json()["roots"]}
+    assert rows[file_root]["last_validation"]["run_id"] == live.run_id and rows[file_root]["last_validation"]["ok"]
+    assert rows[nowhere]["exists"] is False and rows[nowhere]["error"].startswith("nothing here")
+    page = client.get("/").text
+    assert page.count(">missing</span>") == 1 and "passed <time" in page and "FAILED" not in page
+    assert "Nothing here: no run records and no _CURRENT" in client.get("/root", params={"uri": nowhere}).text
+
+    unknown = client.get("/root", params={"uri": f"file://{tmp_path}/unlisted"})
+    assert unknown.status_code == 404 and unknown.headers["content-type"].startswith("text/html")
+    assert "<h1>404 Not found</h1>" in unknown.text and "is not a known snapshot root" in unknown.text
+    assert "Content-Security-Policy".lower() in unknown.headers and "<script" not in unknown.text
+    twin = client.get("/root", params={"uri": f"file://{tmp_path}/unlisted", "format": "json"})
+    assert twin.status_code == 404 and "is not a known snapshot root" in twin.json()["detail"]
