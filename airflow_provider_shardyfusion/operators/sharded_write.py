@@ -30,6 +30,7 @@ from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snaps
 from airflow_provider_shardyfusion.core import layout, write_args
 from airflow_provider_shardyfusion.core.arguments import as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.input_check import check_write_input
 from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, wait_for_run
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.core.write_attempts import (
@@ -356,6 +357,7 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         spark = self.spark_settings()
         timeout = self._waiting_timeout()
         config = self.build_config(context)  # validates every argument before touching a connection
+        check_write_input(config, output_uri=self.output_uri)
         config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
         self._me = me = self.airflow_context(context)
         choice = self._choose_run(config, me)

@@ -17,6 +17,7 @@ from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import write_args
 from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
+from airflow_provider_shardyfusion.core.input_check import check_write_input
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 
@@ -281,6 +282,7 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         # The stream's own settings first: their errors name this operator's arguments (source_path, ...).
         self._stream = stream = self.stream_settings(context)
         config = self.build_config(context)
+        check_write_input(config, output_uri=self.output_uri, input_name="source_path", read_columns=False)
         config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
         check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
         foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
