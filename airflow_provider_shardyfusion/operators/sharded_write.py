@@ -148,7 +148,8 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
     :param key_column: the lookup key column (integer, string or binary). (templated)
     :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
     :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
-    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``). (templated)
+    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a
+        delta takes its base's format and columns. (templated)
     :param num_dbs: number of shards (hash sharding, or CEL direct routing). (templated)
     :param max_keys_per_shard: hash sharding sized from the row count instead of ``num_dbs``. (templated)
     :param cel_expr: CEL expression routing each row to a shard (CEL sharding). (templated)
@@ -218,7 +219,7 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
-        value_format: str = _D.value_format,
+        value_format: str | None = _D.value_format,
         num_dbs: int | None = _D.num_dbs,
         max_keys_per_shard: int | None = _D.max_keys_per_shard,
         cel_expr: str | None = _D.cel_expr,
