@@ -170,6 +170,11 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
     selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+    # The shards' own lines are logged by the executors (not in the task log of a cluster run).
+    winners = selection.winners.values()
+    log.info("run %s: shards written %d/%d (%d rows, %d bytes; %d empty)", run_id, len(selection.winners),
+             plan.num_dbs, sum(w.row_count for w in winners), sum(w.byte_size for w in winners),
+             len(selection.empty_db_ids))
     manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                          shard_sort="spark" if write_plan.presorted else "writer")
     return manifest
