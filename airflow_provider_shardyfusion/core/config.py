@@ -142,6 +142,10 @@ class ValueSpec:
         if len(set(cols)) != len(cols):
             raise ConfigError(f"value_columns {list(cols)} repeats a column")
 
+    def for_mode(self, write_mode: str) -> ValueSpec:
+        """Unset in a full write is ``binary``; a chain keeps it unset for its base's (``on_base``)."""
+        return replace(self, format="binary") if self.format is None and write_mode == "full" else self
+
     def on_base(self, base_format: str, base_columns: Sequence[str]) -> tuple[ValueSpec, list[str]]:
         """The value a chain writes on a base: what is unset is the base's; what is given must agree.
 
@@ -576,9 +580,8 @@ def build_write_config(
                         table=input_table, sql=input_sql),
         key_column=key_column,
         key_encoding=key_encoding,
-        # Unset in a chain: the base's format (core.config.ValueSpec.on_base, in the job).
-        value=ValueSpec(format=value_format if value_format is not None or write_mode != "full" else "binary",
-                        column=value_column, columns=tuple(value_columns) if value_columns else None),
+        value=ValueSpec(format=value_format, column=value_column,
+                        columns=tuple(value_columns) if value_columns else None).for_mode(write_mode),
         sharding=ShardingSpec(
             strategy="cel" if cel_expr is not None else "hash", num_dbs=num_dbs,
             max_keys_per_shard=max_keys_per_shard, cel_expr=cel_expr,
