@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install system-tools lint test test-unit test-fast demo bench clean
+.PHONY: install system-tools lint test test-unit test-fast demo try bench clean
 
 install: $(VENV)/.installed system-tools
 
@@ -61,6 +61,12 @@ test-fast: install
 
 demo: install
 	$(PY) dags_example/run_demo.py
+
+# Your own DAG file in the demo's Airflow: `make try DAG=path/to/my_dag.py` (CONF='{"rows": 10}' for
+# params); exits non-zero when a task failed, which plain dag.test() does not.
+try: install
+	@test -n "$(DAG)" || { echo 'usage: make try DAG=path/to/dag.py [CONF=JSON]' >&2; exit 2; }
+	$(PY) dags_example/try_dag.py "$(DAG)" $(if $(CONF),--conf '$(CONF)')
 
 bench: install
 	PYTHONPATH=$(abspath tests) $(PY) benchmarks/run_all.py  # the snapshot factory lives with the tests

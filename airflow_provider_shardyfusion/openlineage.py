@@ -137,11 +137,13 @@ class SnapshotSchema:
                    value_format=manifest.value_format, value_columns=tuple(manifest.value_columns))
 
     @classmethod
-    def of_arguments(cls, key_column: str, key_encoding: str | None, value_format: str,
+    def of_arguments(cls, key_column: str, key_encoding: str | None, value_format: str | None,
                      value_column: str | None, value_columns: Sequence[str] | None) -> SnapshotSchema:
-        """From the operator's (rendered) arguments, when the manifest is not at hand."""
+        """From the operator's (rendered) arguments, when the manifest is not at hand (an unset
+        ``value_format`` read by the columns given: a delta's base is not at hand either)."""
         cols = tuple(value_columns) if value_columns else ((value_column,) if value_column else ())
-        return cls(key_column=key_column, key_encoding=key_encoding, value_format=value_format, value_columns=cols)
+        fmt = value_format or ("json" if value_columns else "binary")
+        return cls(key_column=key_column, key_encoding=key_encoding, value_format=fmt, value_columns=cols)
 
     def fields(self) -> list[tuple[str, str | None, str]]:
         """``(name, type, description)`` per field; types are the key's kind and the value's form."""

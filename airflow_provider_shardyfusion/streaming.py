@@ -262,7 +262,8 @@ def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
     """The write config of one micro-batch: its run id and write mode, always on the live snapshot."""
     delta = DeltaSpec(write_mode=mode, delete_column=config.delta.delete_column if mode == "delta" else None,
                       base_run_id=None, max_chain_depth=config.delta.max_chain_depth)
-    return replace(config, run_id=run_id, delta=delta).validate()
+    # A stream's first batch is a full write: an unset value_format is binary there, as in any full write.
+    return replace(config, run_id=run_id, delta=delta, value=config.value.for_mode(mode)).validate()
 
 
 def foreach_batch_writer(config: WriteConfig, *, stream_id: str, checkpoint_location: str | None = None,

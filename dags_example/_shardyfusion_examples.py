@@ -86,9 +86,10 @@ def build_quickstart_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | Non
         @task
         def generate(params: dict[str, Any] | None = None, run_id: str | None = None) -> str:
             params = params or {}
-            # One folder per run: concurrent runs must not read (or delete) each other's input.
-            return generate_input(input_dir(dag_id, run_id or "manual"), int(params.get("rows", DEFAULT_ROWS)),
-                                  duplicate_keys=bool(params.get("duplicate_keys")))
+            # One folder per run: concurrent runs must not read (or delete) each other's input. The
+            # scheme is explicit: a bare path would be refused (Spark's default FS need not be local).
+            return "file://" + generate_input(input_dir(dag_id, run_id or "manual"), int(params.get("rows", DEFAULT_ROWS)),
+                                              duplicate_keys=bool(params.get("duplicate_keys")))
 
         input_path = generate()
 

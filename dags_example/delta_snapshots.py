@@ -154,7 +154,8 @@ with DAG(
     @task
     def generate_table(params: dict[str, Any] | None = None, run_id: str | None = None) -> str:
         table = full_table(int((params or {})["rows"]))
-        return write_parquet(input_dir("shardyfusion_delta_full", str(run_id)), list(table), list(table.values()))
+        path = write_parquet(input_dir("shardyfusion_delta_full", str(run_id)), list(table), list(table.values()))
+        return f"file://{path}"  # inputs name their scheme: a bare path is refused
 
     ShardedWriteOperator(
         task_id="write_full",
@@ -199,7 +200,7 @@ with DAG(
         path = write_parquet(input_dir("shardyfusion_delta_hourly", str(run_id)), keys,
                              [*upserts.values(), *[None] * len(deletes)],
                              deleted=[False] * len(upserts) + [True] * len(deletes))
-        return {"path": path, "batch": batch, "upserted_keys": list(upserts), "deleted_keys": deletes}
+        return {"path": f"file://{path}", "batch": batch, "upserted_keys": list(upserts), "deleted_keys": deletes}
 
     changes = generate_changes()
 

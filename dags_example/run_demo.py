@@ -23,17 +23,18 @@ DEMO = REPO / ".demo"
 DAG_ID = "shardyfusion_quickstart"
 
 
-def demo_env() -> dict[str, str]:
+def demo_env(home: Path = DEMO, dags_folder: Path = REPO / "dags_example") -> dict[str, str]:
+    """The throw-away Airflow's environment: everything under ``home``, DAGs from ``dags_folder``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))}
     venv_bin = str(Path(sys.executable).parent)
     env.update(
-        AIRFLOW_HOME=str(DEMO / "airflow"),
-        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags_example"),
+        AIRFLOW_HOME=str(home / "airflow"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags_folder),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{DEMO / 'airflow' / 'airflow.db'}",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow' / 'airflow.db'}",
         # JSON, not a URI: "spark://local[*]" would not parse as a local master (→ YARN).
         AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": "local[*]"}),
-        SHARDYFUSION_DEMO_DIR=str(DEMO / "data"),
+        SHARDYFUSION_DEMO_DIR=str(home / "data"),
         SPARK_LOCAL_IP=env.get("SPARK_LOCAL_IP", "127.0.0.1"),
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,

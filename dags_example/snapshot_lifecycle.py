@@ -78,7 +78,7 @@ def build_lifecycle_dag(dag_id: str, output_uri: str, *, aws_conn_id: str | None
             table = pa.table({"id": pa.array(keys, pa.int64()),
                               "value": pa.array([value_of(k, str(run_id)) for k in keys], pa.string())})
             pq.write_table(table, os.path.join(path, "part-00000.parquet"))
-            return path
+            return f"file://{path}"  # inputs name their scheme: a bare path is refused
 
         write = ShardedWriteOperator(
             task_id="write_snapshot",

@@ -54,7 +54,7 @@ with DAG(
     ingest = StreamingSnapshotOperator(
         task_id="ingest",
         output_uri=OUTPUT_URI,
-        source_path=INCOMING,
+        source_path=f"file://{INCOMING}",
         source_format="parquet",
         source_schema=SCHEMA,  # the folder may be empty on the first run: no schema to read from files
         checkpoint_location=CHECKPOINT,

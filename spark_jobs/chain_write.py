@@ -16,7 +16,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -90,8 +90,9 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Man
     return pointer.manifest_ref, snapshots.load_manifest(pointer)
 
 
-def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C901 - one check per inherited setting, each naming both values
-    """A chain inherits routing, encodings and shard count: anything given must agree, naming both values."""
+def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # noqa: C901 - one check per inherited setting, each naming both values
+    """A chain inherits routing, encodings, shard count and value format: anything given must agree,
+    naming both values. Returns the config with the base's value settings where none were given."""
     conflicts = []
     sharding = config.sharding
     if base.shard_layout != "sst":
@@ -111,15 +112,14 @@ def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C9
             conflicts.append(f"cel_expr {sharding.cel_expr!r} vs the base's {base.sharding.cel_expr!r}")
     if config.key_encoding is not None and config.key_encoding != base.key_encoding:
         conflicts.append(f"key_encoding {config.key_encoding!r} vs the base's {base.key_encoding!r}")
+    value = config.value
     if config.delta.write_mode == "delta":
-        if config.value.format != base.value_format:
-            conflicts.append(f"value_format {config.value.format!r} vs the base's {base.value_format!r}")
-        elif base.value_columns and config.value.value_columns() != tuple(base.value_columns) \
-                and base.value_format == "json":
-            conflicts.append(f"value_columns {list(config.value.value_columns())} vs the base's {list(base.value_columns)}")
+        value, value_conflicts = config.value.on_base(base.value_format, base.value_columns)
+        conflicts += value_conflicts
     if conflicts:
         raise ConfigError(f"write_mode {config.delta.write_mode!r} on base run {base.run_id!r}: " + "; ".join(conflicts)
                           + " (a chain keeps the base's sharding and encodings; leave them unset or write a full snapshot)")
+    return replace(config, value=value)
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:

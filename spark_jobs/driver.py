@@ -170,6 +170,11 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
     selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+    # The shards' own lines are logged by the executors (not in the task log of a cluster run).
+    winners = selection.winners.values()
+    log.info("run %s: shards written %d/%d (%d rows, %d bytes; %d empty)", run_id, len(selection.winners),
+             plan.num_dbs, sum(w.row_count for w in winners), sum(w.byte_size for w in winners),
+             len(selection.empty_db_ids))
     manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                          shard_sort="spark" if write_plan.presorted else "writer")
     return manifest
@@ -186,7 +191,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     run_id, mode = config.run_id, config.delta.write_mode
     with _Step(run_id, durations, "resolve_base"):
         base_ref, base = resolve_base(SnapshotRoot(store), config)
-        check_against_base(config, base)
+        config = check_against_base(config, base)
         compact = mode == "compact" or base.chain_depth >= config.delta.max_chain_depth
         log.info("run %s: %s on base run %s (chain depth %d, %d rows, %d shards)%s", run_id, mode, base.run_id,
                  base.chain_depth, base.row_count, base.num_dbs,
@@ -326,7 +331,7 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
     sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
     return WritePlan(
         output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=config.run_id,
-        key_column=config.key_column, key_encoding=key_encoding, value_format=config.value.format,
+        key_column=config.key_column, key_encoding=key_encoding, value_format=encoding.validate_value_format(config.value.format),
         value_columns=config.value.value_columns(), batch_size=opts.batch_size, sort_run_rows=opts.sort_run_rows,
         allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
         max_write_bytes_per_second=opts.max_write_bytes_per_second,

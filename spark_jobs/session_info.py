@@ -24,8 +24,10 @@ def app_id(spark: Any) -> str | None:
 
 def ui_url(spark: Any) -> str | None:
     """The driver's web UI, when it can be known: a Connect client only sees the server's conf, where
-    the port actually bound is not recorded, so there the URL is left out rather than guessed."""
-    if is_connect(spark) or spark.conf.get("spark.ui.enabled", "true") == "false":
+    the port actually bound is not recorded, so there the URL is left out rather than guessed. A
+    local driver's UI ends with the job, before anyone can follow a link to it: left out too."""
+    if is_connect(spark) or spark.conf.get("spark.ui.enabled", "true") == "false" \
+            or str(spark.conf.get("spark.master", "")).startswith("local"):
         return None
     return spark.sparkContext.uiWebUrl
 

@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sharded_write_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the WriteConfig JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from spark_jobs import job_logging
+
+    job_logging.configure()
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
     from airflow_provider_shardyfusion.core.errors import ShardyfusionError

@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streaming_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the streaming job JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from spark_jobs import job_logging
+
+    job_logging.configure()
 
     from airflow_provider_shardyfusion.core.errors import ShardyfusionError
     from airflow_provider_shardyfusion.core.stream_job import decode_job_config

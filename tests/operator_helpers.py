@@ -34,7 +34,7 @@ def make_context():
 
 
 def make_op(root: str, **kw) -> ShardedWriteOperator:
-    args = dict(task_id="write", output_uri=root, input_path="/data/in", key_column="id", value_column="payload",
+    args = dict(task_id="write", output_uri=root, input_path="s3://inputs/data/in", key_column="id", value_column="payload",
                 num_dbs=4, spark_conn_id="sf_spark")
     args.update(kw)
     return ShardedWriteOperator(**args)

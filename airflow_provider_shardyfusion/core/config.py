@@ -106,13 +106,24 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ValueSpec:
-    """``binary``: one column (binary or string); ``json``: named columns → JSON object."""
+    """``binary``: one column (binary or string); ``json``: named columns → JSON object.
 
-    format: str = "binary"
+    ``format=None`` only in a delta: the base's format, and the base's columns where none are given.
+    """
+
+    format: str | None = "binary"
     column: str | None = None
     columns: tuple[str, ...] | None = None
 
     def validate(self) -> None:
+        if self.format is None:
+            if self.column is not None and (not isinstance(self.column, str) or not self.column):
+                raise ConfigError(f"value_column {show_value(self.column)} must be a column name")
+            if self.columns:
+                self._check_columns(self.columns)
+            if self.column and self.columns:
+                raise ConfigError("give value_column or value_columns, not both")
+            return
         encoding.validate_value_format(self.format)
         if self.format == "binary":
             if not self.column or not isinstance(self.column, str):
@@ -122,11 +133,41 @@ class ValueSpec:
         else:
             if self.column and self.columns:
                 raise ConfigError("give value_column or value_columns, not both")
-            cols = self.value_columns()
-            if not cols or not all(isinstance(c, str) and c for c in cols):
-                raise ConfigError("value_format 'json' needs value_columns (a non-empty list of column names)")
-            if len(set(cols)) != len(cols):
-                raise ConfigError(f"value_columns {list(cols)} repeats a column")
+            self._check_columns(self.value_columns())
+
+    @staticmethod
+    def _check_columns(cols: Sequence[str]) -> None:
+        if not cols or not all(isinstance(c, str) and c for c in cols):
+            raise ConfigError("value_format 'json' needs value_columns (a non-empty list of column names)")
+        if len(set(cols)) != len(cols):
+            raise ConfigError(f"value_columns {list(cols)} repeats a column")
+
+    def for_mode(self, write_mode: str) -> ValueSpec:
+        """Unset in a full write is ``binary``; a chain keeps it unset for its base's (``on_base``)."""
+        return replace(self, format="binary") if self.format is None and write_mode == "full" else self
+
+    def on_base(self, base_format: str, base_columns: Sequence[str]) -> tuple[ValueSpec, list[str]]:
+        """The value a chain writes on a base: what is unset is the base's; what is given must agree.
+
+        Returns the resolved spec and the conflicts, each naming both values. A binary value's
+        column may be named differently (only its bytes are stored); JSON columns are the stored
+        object's member names, so they must be the base's.
+        """
+        conflicts = []
+        if self.format is not None and self.format != base_format:
+            conflicts.append(f"value_format {self.format!r} vs the base's {base_format!r}")
+        given = self.value_columns()
+        if base_format == "json":
+            if given and tuple(given) != tuple(base_columns):
+                conflicts.append(f"value_columns {list(given)} vs the base's {list(base_columns)}")
+            return ValueSpec(format="json", columns=tuple(base_columns)), conflicts
+        if len(given) > 1:
+            conflicts.append(f"value_columns {list(given)} vs the base's binary value_column "
+                             f"{base_columns[0] if base_columns else None!r}")
+        column = given[0] if given else (base_columns[0] if base_columns else None)
+        if column is None:
+            conflicts.append(f"no value_column given, and the base records none (value_format {base_format!r})")
+        return ValueSpec(format=base_format, column=column), conflicts
 
     def value_columns(self) -> tuple[str, ...]:
         if self.columns:
@@ -392,6 +433,8 @@ class WriteConfig:
             raise ConfigError(f"key_column {self.key_column!r} must be a non-empty column name")
         if self.delta.write_mode != "compact":
             self.value.validate()
+        if self.value.format is None and not self.delta.chained:
+            raise ConfigError("value_format is needed for write_mode 'full' (only a chain takes its base's)")
         if self.key_encoding is not None:
             encoding.validate_key_encoding(self.key_encoding)
         # A chain inherits its sharding from the base manifest; what is given is checked against it then.
@@ -475,7 +518,7 @@ def build_write_config(
     key_column: str = _D.key_column,
     value_column: str | None = _D.value_column,
     value_columns: Sequence[str] | None = _D.value_columns,
-    value_format: str = _D.value_format,
+    value_format: str | None = _D.value_format,
     num_dbs: int | None = _D.num_dbs,
     max_keys_per_shard: int | None = _D.max_keys_per_shard,
     cel_expr: str | None = _D.cel_expr,
@@ -538,7 +581,7 @@ def build_write_config(
         key_column=key_column,
         key_encoding=key_encoding,
         value=ValueSpec(format=value_format, column=value_column,
-                        columns=tuple(value_columns) if value_columns else None),
+                        columns=tuple(value_columns) if value_columns else None).for_mode(write_mode),
         sharding=ShardingSpec(
             strategy="cel" if cel_expr is not None else "hash", num_dbs=num_dbs,
             max_keys_per_shard=max_keys_per_shard, cel_expr=cel_expr,

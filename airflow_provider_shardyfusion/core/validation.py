@@ -607,7 +607,10 @@ def _lookup_check(
         more = f" and {len(missing_expected) - _MAX_LISTED} more" if len(missing_expected) > _MAX_LISTED else ""
         problems.append(f"{where}: {len(missing_expected)} of {len(expected)} expected keys are missing: {shown}{more}")
     found: int = sum(1 for lk in lookups if lk.found)
+    # A key asked to be absent and not found is as expected: "2 of 4 read" would read like a failure.
+    as_expected = sum(1 for lk in lookups if lk.found == (lk.source != "absent"))
     figure = {"sampled": len(samples), "expected": len(expected), "absent": len(absent), "found": found,
               "missing_expected": len(missing_expected)}
-    return Check("lookups", not problems, figure=figure,
-                 detail=f"{found} of {len(wanted)} keys read through ShardedReader", problems=tuple(problems)), lookups
+    detail = (f"{as_expected} of {len(wanted)} as expected ({found} present, {len(lookups) - found} absent), "
+              "looked up through ShardedReader")
+    return Check("lookups", not problems, figure=figure, detail=detail, problems=tuple(problems)), lookups

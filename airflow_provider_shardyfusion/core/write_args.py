@@ -76,7 +76,9 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              "the value column (binary or string) with ``value_format='binary'``."),
     WriteArg("value_columns", "Sequence[str] | None", None,
              "the columns stored as one JSON object per key with ``value_format='json'``."),
-    WriteArg("value_format", "str", "binary", "``binary`` (``value_column``) or ``json`` (``value_columns``)."),
+    WriteArg("value_format", "str | None", None,
+             "``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a delta "
+             "takes its base's format and columns."),
     WriteArg("num_dbs", "int | None", None, "number of shards (hash sharding, or CEL direct routing)."),
     WriteArg("max_keys_per_shard", "int | None", None,
              "hash sharding sized from the row count instead of ``num_dbs``."),

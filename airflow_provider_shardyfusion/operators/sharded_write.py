@@ -28,6 +28,7 @@ from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import layout, write_args
 from airflow_provider_shardyfusion.core.arguments import as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
+from airflow_provider_shardyfusion.core.input_check import check_write_input
 from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, wait_for_run
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.core.write_attempts import (
@@ -108,7 +109,8 @@ class ShardedWriteOperator(SparkJobOperator):
     :param key_column: the lookup key column (integer, string or binary). (templated)
     :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
     :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
-    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``). (templated)
+    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a
+        delta takes its base's format and columns. (templated)
     :param num_dbs: number of shards (hash sharding, or CEL direct routing). (templated)
     :param max_keys_per_shard: hash sharding sized from the row count instead of ``num_dbs``. (templated)
     :param cel_expr: CEL expression routing each row to a shard (CEL sharding). (templated)
@@ -177,7 +179,7 @@ class ShardedWriteOperator(SparkJobOperator):
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
-        value_format: str = _D.value_format,
+        value_format: str | None = _D.value_format,
         num_dbs: int | None = _D.num_dbs,
         max_keys_per_shard: int | None = _D.max_keys_per_shard,
         cel_expr: str | None = _D.cel_expr,
@@ -280,6 +282,7 @@ class ShardedWriteOperator(SparkJobOperator):
         spark = self.spark_settings()
         timeout = self._waiting_timeout()
         config = self._write_config(context)
+        check_write_input(config, output_uri=self.output_uri)
         self._me = me = self.airflow_context(context)
         choice = self._choose_run(config, me)
         if choice.action == "attach":

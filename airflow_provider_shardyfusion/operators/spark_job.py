@@ -50,6 +50,10 @@ class SparkApplicationLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
+        if not isinstance(ti_key, tuple):
+            # The task runner asks right after the try, with the operator that ran it: that knows
+            # whether it stored a link. Reading an XCom never pushed is logged as an error by Airflow.
+            return getattr(operator, "_spark_app_url", "")
         try:
             value = XCom.get_value(key=self.key, ti_key=ti_key)
         except Exception:  # a missing link must never fail the task or the UI
@@ -61,6 +65,7 @@ class SparkApplicationLink(BaseOperatorLink):
         if not operator.do_xcom_push or not app_id:
             return
         context["ti"].xcom_push(key=cls.key, value={"spark_app_id": app_id, "url": url})
+        operator._spark_app_url = url or ""
 
 
 def _submit_hook_class() -> type[ShardyfusionSparkSubmitHook]:

@@ -16,6 +16,7 @@ from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import write_args
 from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
+from airflow_provider_shardyfusion.core.input_check import check_write_input
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.operators.spark_job import SPARK_JOB_ARGS, SparkJobOperator
 
@@ -111,7 +112,8 @@ class StreamingSnapshotOperator(SparkJobOperator):
     :param key_column: the lookup key column (integer, string or binary). (templated)
     :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
     :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
-    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``). (templated)
+    :param value_format: ``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a
+        delta takes its base's format and columns. (templated)
     :param num_dbs: number of shards (hash sharding, or CEL direct routing). (templated)
     :param max_keys_per_shard: hash sharding sized from the row count instead of ``num_dbs``. (templated)
     :param cel_expr: CEL expression routing each row to a shard (CEL sharding). (templated)
@@ -172,7 +174,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
-        value_format: str = _D.value_format,
+        value_format: str | None = _D.value_format,
         num_dbs: int | None = _D.num_dbs,
         max_keys_per_shard: int | None = _D.max_keys_per_shard,
         cel_expr: str | None = _D.cel_expr,
@@ -282,6 +284,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
         # The stream's own settings first: their errors name this operator's arguments (source_path, ...).
         self._stream = stream = self.stream_settings(context)
         config = self._write_config(context)
+        check_write_input(config, output_uri=self.output_uri, input_name="source_path", read_columns=False)
         check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
         foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
                              stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)

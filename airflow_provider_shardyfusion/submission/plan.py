@@ -23,6 +23,7 @@ from airflow_provider_shardyfusion.core.write_attempts import SPARK_SUBMIT
 
 DEFAULT_ENV_ALIAS = "shardyfusion_env"
 CONFIG_ARG = "--config-b64"
+DEFAULT_SPARK_LOG_LEVEL = "WARN"
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,9 @@ def build_submit_plan(  # noqa: C901 - one branch per deploy mode and resource f
     cluster = target.cluster_mode
     notes: list[str] = []
     conf = {k: str(v) for k, v in (spark.conf or {}).items()}
+    # Spark's INFO lines (hundreds per run) would bury the job's own progress lines; spark_conf may
+    # set another level. Applied when the SparkContext starts (Spark >= 3.5).
+    conf.setdefault("spark.log.level", DEFAULT_SPARK_LOG_LEVEL)
     env_vars = {k: str(v) for k, v in (spark.env_vars or {}).items()}
     if target.is_standalone and cluster and env_vars:
         raise ConfigError(

@@ -4,6 +4,8 @@ Started by ``tests/airflow_env.py`` in a child process, because Airflow reads it
 (AIRFLOW_HOME, database, DAGs folder) once at import: the test process must not import it first.
 
 Usage: python run_dag.py <dag_id> [<run_conf JSON>]
+       python run_dag.py --file <dag file> [<dag_id> or "" for the file's only DAG] [<run_conf JSON>]
+(the second form is ``make try``'s, ``dags_example/try_dag.py``).
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ RESULT_MARKER = "@@DAG_TEST_RESULT@@ "
 
 
 def main() -> int:
-    dag_id = sys.argv[1]
-    run_conf = json.loads(sys.argv[2]) if len(sys.argv) > 2 else None
+    args = sys.argv[1:]
+    dag_file = None
+    if args[:1] == ["--file"]:
+        dag_file, args = args[1], args[2:]
+    dag_id = args[0] if args else ""
+    run_conf = json.loads(args[1]) if len(args) > 1 else None
 
     from airflow.configuration import conf
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    dagbag = DagBag(dag_folder=conf.get("core", "dags_folder"))
+    dagbag = DagBag(dag_folder=dag_file or conf.get("core", "dags_folder"))
+    if not dag_id and len(dagbag.dags) == 1:
+        dag_id = next(iter(dagbag.dags))
     if dag_id not in dagbag.dags:
-        print(RESULT_MARKER + json.dumps({"error": f"DAG {dag_id!r} not found", "import_errors": {
+        found = sorted(dagbag.dags)
+        print(RESULT_MARKER + json.dumps({"error": f"DAG {dag_id!r} not found (DAGs found: {found})", "import_errors": {
             str(k): v for k, v in dagbag.import_errors.items()}}))
         return 2
     dr = dagbag.dags[dag_id].test(run_conf=run_conf)

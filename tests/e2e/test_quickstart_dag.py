@@ -45,7 +45,7 @@ def test_quickstart_publishes_a_snapshot_that_reads_back_exactly(run_dag, tmp_pa
     assert record.writer["airflow"]["task_id"] == "write_snapshot"
 
     # The input lives in a folder of this DAG run only (concurrent runs never share one).
-    assert result.xcoms["generate"] == quickstart.input_dir("shardyfusion_quickstart", result.run_id).replace(
+    assert result.xcoms["generate"] == "file://" + quickstart.input_dir("shardyfusion_quickstart", result.run_id).replace(
         quickstart.DEMO_DIR, str(tmp_path))
     assert result.run_id.replace(":", "_").replace("+", "_") in result.xcoms["generate"]
 

@@ -6,6 +6,7 @@ changes it asked for; the per-layer counts are checked against the same model.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pyarrow as pa
@@ -312,6 +313,28 @@ def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_roo
     assert check.figure == round(2 / 99, 6) and not check.skipped and "(written compacted)" in check.detail
     with pytest.raises(ManifestValidationError, match=r"delta ratio 0.0202 exceeds max_delta_ratio 0.01"):
         validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.01)
+
+
+def test_a_delta_takes_the_value_format_and_columns_of_its_base(spark, tmp_path, file_root):
+    root = file_root
+    base = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": ["a", "b", "c"], "score": [10, 20, 30]})
+    run(spark, output_uri=root, input_path=write_parquet(tmp_path, base, "base"), key_column="id", num_dbs=2,
+        value_format="json", value_columns=["name", "score"], run_id="base-json")
+    change = pa.table({"id": pa.array([2, 3, 4], pa.int64()), "name": ["B", None, "d"], "score": [21, None, 40],
+                       "deleted": [False, True, False]})
+    change_path = write_parquet(tmp_path, change, "change")
+    for given, conflict in (({"value_format": "binary", "value_column": "name"}, "value_format 'binary' vs the base's 'json'"),
+                            ({"value_columns": ["name"]}, "value_columns ['name'] vs the base's ['name', 'score']")):
+        with pytest.raises(ConfigError, match=re.escape(conflict)):
+            run(spark, output_uri=root, input_path=change_path, key_column="id", write_mode="delta",
+                delete_column="deleted", run_id=f"refused-{len(conflict)}", **given)
+    # Nothing about the value given: the base's format and columns, as with its sharding.
+    run(spark, output_uri=root, input_path=change_path, key_column="id", write_mode="delta", delete_column="deleted",
+        run_id="delta-inherits")
+    with ShardedReader(root, cache_dir=str(tmp_path / "cache")) as reader:
+        assert reader.manifest.run_id == "delta-inherits" and reader.manifest.value_format == "json"
+        assert [reader.get(k) for k in (1, 2, 3, 4)] == [
+            {"name": "a", "score": 10}, {"name": "B", "score": 21}, None, {"name": "d", "score": 40}]
 
 
 def test_a_null_delete_flag_is_a_bad_row_and_nothing_is_published(spark, tmp_path, file_root):

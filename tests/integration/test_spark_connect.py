@@ -233,7 +233,7 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
 
     def ingest() -> dict:
         op = StreamingSnapshotOperator(
-            task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
+            task_id="ingest", output_uri=root, source_path=f"file://{source}", checkpoint_location=str(tmp_path / "cp"),
             source_schema="id LONG, payload STRING, deleted BOOLEAN", source_options={"maxFilesPerTrigger": 1},
             stream_id="orders.connect", key_column="id", value_column="payload", delete_column="deleted",
             num_dbs=3, spark_conn_id="sf_spark", aws_conn_id=None)

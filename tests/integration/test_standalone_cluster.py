@@ -75,7 +75,7 @@ def test_operator_writes_through_a_standalone_cluster(standalone_master, tmp_pat
                        tmp_path / "input" / f"part-{n}.parquet")
     root = f"file://{tmp_path}/snap"
     op = ShardedWriteOperator(
-        task_id="write", output_uri=root, input_path=str(tmp_path / "input"), key_column="id",
+        task_id="write", output_uri=root, input_path=f"file://{tmp_path}/input", key_column="id",
         value_column="payload", num_dbs=8, spark_conn_id="sf_standalone", total_executor_cores=2,
         executor_memory="1g",
         spark_conf={"spark.ui.enabled": "false", "spark.pyspark.python": python_without_the_source_tree(tmp_path)},

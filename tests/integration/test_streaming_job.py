@@ -143,7 +143,7 @@ def test_on_kill_stops_a_processing_time_query_after_its_batch(monkeypatch, tmp_
     root = layout.normalize_root(str(tmp_path / "root"))
     put_changes(source, 0, {1: "a", 2: "b"})
     op = StreamingSnapshotOperator(
-        task_id="ingest", output_uri=root, source_path=str(source), checkpoint_location=str(tmp_path / "cp"),
+        task_id="ingest", output_uri=root, source_path=f"file://{source}", checkpoint_location=str(tmp_path / "cp"),
         trigger="processing_time", processing_time="1 second", key_column="id", value_column="payload",
         delete_column="deleted", num_dbs=2, spark_conn_id="sf_spark", stop_timeout=90,
         spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},

@@ -128,6 +128,12 @@ def test_expected_keys_read_exact_binary_values_and_text_becomes_int(file_root):
                    147: value_digest(_value(49), "binary")}
 
 
+def test_the_lookup_summary_counts_absent_keys_as_expected(file_root):
+    build_snapshot(file_root, [(i, _value(i)) for i in range(30)], num_dbs=3)
+    report = validate_snapshot(SnapshotRoot.open(file_root), expected_keys=[1, 2], absent_keys=[500, 501])
+    assert report.check("lookups").detail.startswith("4 of 4 as expected (2 present, 2 absent)")
+
+
 def test_a_missing_expected_key_fails(any_root):
     root, opts = any_root
     build_snapshot(root, [(i, _value(i)) for i in range(30)], num_dbs=3, storage_options=opts)

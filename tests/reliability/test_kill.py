@@ -46,7 +46,7 @@ def test_on_kill_leaves_the_driver_dead_and_the_run_never_live(tmp_path, monkeyp
                    tmp_path / "input" / "part-0.parquet")
     root = f"file://{tmp_path}/snap"
     run_id = layout.new_run_id()
-    op = ShardedWriteOperator(task_id="write", output_uri=root, input_path=str(tmp_path / "input"), key_column="id",
+    op = ShardedWriteOperator(task_id="write", output_uri=root, input_path=f"file://{tmp_path}/input", key_column="id",
                               value_column="v", num_dbs=4, run_id=run_id, aws_conn_id=None,
                               spark_conf={"spark.ui.enabled": "false"})
     outcome: dict[str, BaseException | None] = {}

@@ -156,7 +156,7 @@ def test_two_writers_with_one_run_id(tmp_path, figure, monkeypatch):
     outcome: dict[str, BaseException | dict] = {}
 
     def execute(task_id: str) -> None:
-        op = ShardedWriteOperator(task_id=task_id, output_uri=root, input_path=data[task_id][0], key_column="id",
+        op = ShardedWriteOperator(task_id=task_id, output_uri=root, input_path=f"file://{data[task_id][0]}", key_column="id",
                                   value_column="v", num_dbs=4, run_id=run_id, aws_conn_id=None,
                                   spark_conf={"spark.ui.enabled": "false"})
         ti = FakeTI(dag_id="race", task_id=task_id, run_id="manual__race", try_number=1, map_index=-1)

@@ -613,3 +613,16 @@ def test_lineage_namespaces_never_carry_user_info():
 
     assert location_dataset(f"s3a://AKIAX:{CANARY}@lake/x/") == ("s3://lake", "x")
     assert location_dataset(f"hdfs://u:{CANARY}@nn:8020/data") == ("hdfs://nn:8020", "/data")
+
+
+def test_an_unset_value_format_is_binary_in_a_full_write_and_the_bases_in_a_chain():
+    from airflow_provider_shardyfusion.streaming import batch_config
+
+    assert build_write_config(**BASE).value.format == "binary"
+    delta = build_write_config(**BASE, write_mode="delta")
+    assert delta.value.format is None  # resolved from the base's manifest in the job
+    # A stream's config is a delta's; its first batch is a full write, binary like any full write.
+    assert batch_config(delta, "stream-b000000000000", "full").value.format == "binary"
+    assert batch_config(delta, "stream-b000000000001", "delta").value.format is None
+    with pytest.raises(ConfigError, match="value_format is needed for write_mode 'full'"):
+        WriteConfig.from_dict({**delta.to_dict(), "delta": {"write_mode": "full"}}).validate()

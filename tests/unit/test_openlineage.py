@@ -99,7 +99,8 @@ def test_write_lineage_input_to_snapshot_with_statistics_and_schema(monkeypatch,
     connections(monkeypatch)
     stub_submit(monkeypatch, writer_builds_snapshot)
     root = f"file://{tmp_path}/snap"
-    op = make_op(root, run_id="run-ol-1", input_path=f"{tmp_path}/in/", value_column=None,
+    (tmp_path / "in").mkdir()  # the write's input is checked before submitting; the stub reads none
+    op = make_op(root, run_id="run-ol-1", input_path=f"file://{tmp_path}/in/", value_column=None,
                  value_columns=["name", "score"], value_format="json")
     assert op.get_openlineage_facets_on_complete(None) == OperatorLineage()  # nothing written yet
     summary = op.execute(make_context())

@@ -90,7 +90,7 @@ def test_every_user_argument_is_templated_and_assigned_verbatim():
 def test_signature_matches_spec_8_1_defaults():
     sig = inspect.signature(ShardedWriteOperator.__init__).parameters
     expected = dict(input_path=None, input_format="parquet", input_options=None, input_table=None, input_sql=None,
-                    key_column="id", value_column=None, value_columns=None, value_format="binary", num_dbs=None,
+                    key_column="id", value_column=None, value_columns=None, value_format=None, num_dbs=None,
                     max_keys_per_shard=None, cel_expr=None, cel_columns=None, routing_values=None,
                     infer_routing_values=False, key_encoding=None, run_id=None, batch_size=50_000,
                     verify_routing=True, sample_size=20, cache_input=False, sort_within_partitions=True,

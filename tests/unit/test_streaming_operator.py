@@ -31,7 +31,7 @@ def stream_context():
 
 
 def make_stream_op(root: str, **kw) -> StreamingSnapshotOperator:
-    args = dict(task_id="ingest", output_uri=root, source_path="/data/in", checkpoint_location="/cp",
+    args = dict(task_id="ingest", output_uri=root, source_path="s3://inputs/data/in", checkpoint_location="/cp",
                 key_column="id", value_column="payload", num_dbs=2, delete_column="deleted",
                 spark_conn_id="sf_spark")
     args.update(kw)
@@ -79,7 +79,7 @@ def test_execute_submits_the_streaming_job_and_reports_its_batches(monkeypatch, 
     assert call["stream"].source_options == {"maxFilesPerTrigger": "1"}
     assert call["stream"].trigger == "available_now" and call["stream"].checkpoint_location == "/cp"
     assert call["config"].delta.write_mode == "delta" and call["config"].delta.delete_column == "deleted"
-    assert call["config"].options.publish is True and call["config"].input.path == "/data/in"
+    assert call["config"].options.publish is True and call["config"].input.path == "s3://inputs/data/in"
     assert [(b["batch_id"], b["action"]) for b in result["batches"]] == [(3, "skipped"), (4, "written"),
                                                                          (5, "published")]
     assert set(result["batches"][0]) == {"batch_id", "run_id", "action", "rows"}

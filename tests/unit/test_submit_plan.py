@@ -45,7 +45,7 @@ def test_local_client_mode_runs_the_workers_on_this_interpreter_and_waits():
     p = plan(spark=SparkSettings(env_vars={"MY_FLAG": 1}, executor_memory="2g"))
     assert p.env_vars == {"MY_FLAG": "1", "PYSPARK_PYTHON": "/venv/bin/python", "SPARK_LOCAL_IP": "127.0.0.1"}
     assert (p.defer, p.wait_for_driver, p.cluster_mode, p.archives) == (False, False, False, None)
-    assert p.conf == {} and p.resources["executor_memory"] == "2g"
+    assert p.conf == {"spark.log.level": "WARN"} and p.resources["executor_memory"] == "2g"
     assert p.application_args[0] == CONFIG_ARG
     assert json.loads(base64.urlsafe_b64decode(p.application_args[1])) == {"run_id": "r1"}
     kwargs = p.hook_kwargs()
