@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
     from airflow_provider_shardyfusion.core.manifest import Manifest
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.snapshot import ResolvedManifest, SnapshotRoot
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -55,21 +55,21 @@ class ChainPlan:
     faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
 
 
-def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Manifest]:
-    """The base run's manifest URI and manifest: ``base_run_id``, else the run ``_CURRENT`` names now."""
+def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
+    """The base run's manifest URI and whole snapshot: ``base_run_id``, else the run ``_CURRENT`` names now."""
     from airflow_provider_shardyfusion.core.publish import resolve_manifest
 
     mode = config.delta.write_mode
     if config.delta.base_run_id is not None:
         ref = resolve_manifest(snapshots, run_id=config.delta.base_run_id)
-        return ref.uri, snapshots.read_manifest(ref)
+        return ref.uri, snapshots.read_manifest_chain(ref)
     pointer = snapshots.current()
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
             "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
         )
-    return pointer.manifest_ref, snapshots.load_manifest(pointer)
+    return pointer.manifest_ref, snapshots.load_manifest_chain(pointer)
 
 
 def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C901 - one check per inherited setting, each naming both values

@@ -9,13 +9,15 @@ a run's manifest) and the published history.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import layout
+from . import chain, layout
 from .checksum import bytes_checksum
 from .errors import (
     ManifestValidationError,
@@ -63,11 +65,29 @@ class ManifestRef:
     published_at: datetime
 
 
+# Whole snapshots of chain documents kept per SnapshotRoot, by the checksum of the document's bytes:
+# a reader's refresh along a chain then reads one new manifest, and a history page of many chain
+# runs decodes each document once. Entries share their unchanged shards with each other.
+RESOLVED_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class ResolvedManifest:
+    """A manifest as readers use it, the checksum of its stored bytes, and the manifests of its chain
+    it was rebuilt from (nearest first)."""
+
+    manifest: Manifest
+    checksum: str
+    ancestors: tuple[str, ...] = ()
+
+
 class SnapshotRoot:
     """The snapshots under one output root (``s3://bucket/prefix`` or ``file:///abs/dir``)."""
 
     def __init__(self, store: ObjectStore):
         self.store = store
+        self._resolved: OrderedDict[str, ResolvedManifest] = OrderedDict()
+        self._resolved_lock = threading.Lock()
 
     @classmethod
     def open(cls, output_uri: str, storage_options: StorageOptions | dict[str, Any] | None = None) -> SnapshotRoot:
@@ -191,16 +211,79 @@ class SnapshotRoot:
         return of_run[-1] if of_run else None
 
     def read_manifest(self, ref: ManifestRef | str) -> Manifest:
+        """The run's whole snapshot (a chain document joined to its base chain)."""
+        return self.read_manifest_chain(ref).manifest
+
+    def read_manifest_chain(self, ref: ManifestRef | str) -> ResolvedManifest:
+        """``read_manifest`` and the URIs of the base manifests it was rebuilt from, nearest first."""
         ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
-        manifest = self._manifest_from_bytes(ref.uri, self.store.get(ref.key).data)
-        if manifest.run_id != ref.run_id:
-            raise ManifestValidationError(f"{ref.uri}: manifest is of run {manifest.run_id!r}, its path says {ref.run_id!r}")
-        return manifest
+        data = self.store.get(ref.key).data
+        return self._resolve(self._document(ref, data), bytes_checksum(data))
 
     def load_manifest(self, pointer: CurrentPointer) -> Manifest:
         """The manifest ``pointer`` names, refused unless it is exactly the one the pointer was written for."""
+        return self.load_manifest_chain(pointer).manifest
+
+    def load_manifest_chain(self, pointer: CurrentPointer) -> ResolvedManifest:
+        """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
         ref = self.manifest_ref(pointer.manifest_ref)
-        return manifest_for_pointer(pointer, self.store.get(ref.key).data, self.root)
+        data = self.store.get(ref.key).data
+        return self._resolve(manifest_for_pointer(pointer, data, self.root), bytes_checksum(data))
+
+    def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
+        """The manifest document stored at ``ref``: of the run its path names, its shards in its own folders."""
+        doc = self._manifest_from_bytes(ref.uri, data)
+        if doc.run_id != ref.run_id:
+            raise ManifestValidationError(f"{ref.uri}: manifest is of run {doc.run_id!r}, its path says {ref.run_id!r}")
+        check_shard_urls(doc, self.root, ref.uri)
+        return doc
+
+    def _resolve(self, doc: Manifest, checksum: str) -> ResolvedManifest:
+        """Join a chain document to its bases, reading only the manifests not resolved before."""
+        if not doc.is_chain_document:
+            return ResolvedManifest(doc, checksum)
+        pending: list[tuple[Manifest, str]] = []
+        found: ResolvedManifest | None = None
+        while True:
+            cached = self._cached(checksum)
+            if cached is not None:
+                found = cached
+                break
+            if not doc.is_chain_document:
+                found = ResolvedManifest(doc, checksum)
+                break
+            pending.append((doc, checksum))
+            doc, checksum = self._base_document(doc), doc.base_manifest_checksum or ""
+        assert found is not None  # the loop ends on a cached or a self-contained manifest
+        for doc, checksum in reversed(pending):
+            found = ResolvedManifest(chain.resolve(doc, found.manifest), checksum,
+                                     (doc.base_manifest_ref or "", *found.ancestors))
+            self._remember(checksum, found)
+        return found
+
+    def _base_document(self, doc: Manifest) -> Manifest:
+        try:
+            ref = self.manifest_ref(doc.base_manifest_ref or "")
+            data = self.store.get(ref.key).data
+        except ObjectNotFoundError:
+            raise chain.missing_base(doc, "it does not exist") from None
+        except (ManifestValidationError, StorageError) as exc:
+            raise chain.missing_base(doc, str(exc)) from None
+        chain.check_base_bytes(doc, data)
+        return self._document(ref, data)
+
+    def _cached(self, checksum: str) -> ResolvedManifest | None:
+        with self._resolved_lock:
+            found = self._resolved.get(checksum)
+            if found is not None:
+                self._resolved.move_to_end(checksum)
+            return found
+
+    def _remember(self, checksum: str, resolved: ResolvedManifest) -> None:
+        with self._resolved_lock:
+            self._resolved[checksum] = resolved
+            while len(self._resolved) > RESOLVED_CACHE_SIZE:
+                self._resolved.popitem(last=False)
 
     @staticmethod
     def _manifest_from_bytes(where: str, data: bytes) -> Manifest:
@@ -309,6 +392,13 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
         raise ManifestValidationError(
             f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
         )
+    check_shard_urls(manifest, root, pointer.manifest_ref)
+    return manifest
+
+
+def check_shard_urls(manifest: Manifest, root: str, where: str) -> None:
+    """Every ``db_url`` in its own run's shard folder under ``root`` (not only under the manifest's own
+    ``output_uri``, which a tampered manifest could change too)."""
     for shard in manifest.shards:
         # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
         for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
@@ -321,7 +411,6 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
                     parsed = None
             if parsed is None or parsed.run_id != run_id or parsed.db_id != shard.db_id:
                 raise ManifestValidationError(
-                    f"{pointer.manifest_ref}: db_url {db_url!r} of shard {shard.db_id} is not under this "
+                    f"{where}: db_url {db_url!r} of shard {shard.db_id} is not under this "
                     f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
                 )
-    return manifest

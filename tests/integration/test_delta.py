@@ -6,6 +6,7 @@ changes it asked for; the per-layer counts are checked against the same model.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pyarrow as pa
@@ -74,6 +75,12 @@ class Chain:
         snapshots = SnapshotRoot(open_store(self.root, self.options))
         return snapshots.load_manifest(snapshots.current())
 
+    def stored(self) -> dict:
+        """The live manifest as stored: the JSON object itself, not the snapshot rebuilt from its chain."""
+        store = open_store(self.root, self.options)
+        pointer = SnapshotRoot(store).current()
+        return json.loads(store.get(store.key_of(pointer.manifest_ref)).data)
+
     def check(self, reader: ShardedReader, absent=()) -> None:
         keys = sorted(self.model)
         assert reader.multi_get(keys) == [self.model[k] for k in keys]
@@ -120,9 +127,16 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
     gone: set[int] = set()
     for depth, (upserts, deletes) in enumerate(steps, start=1):
         before = dict(chain.model)
+        base_ref, base_run = SnapshotRoot(open_store(root, options)).current().manifest_ref, chain.manifest().run_id
         record = chain.write("delta", upserts, deletes)
         manifest = chain.manifest()
-        assert manifest.run_id == record["run_id"] and manifest.format_version == 2
+        assert manifest.run_id == record["run_id"] and manifest.format_version == 3
+        # Stored: only the shards this run changed, each with only this run's layer, and the base by reference.
+        stored = chain.stored()
+        assert stored["base_manifest_ref"] == base_ref and stored["base_run_id"] == base_run
+        assert sorted(s["db_id"] for s in stored["shards"]) == sorted(
+            s.db_id for s in manifest.shards if s.layers[-1].run_id == manifest.run_id)
+        assert all([layer["run_id"] for layer in s["layers"]] == [manifest.run_id] for s in stored["shards"])
         assert manifest.chain_depth == depth and manifest.base_run_id == f"step{depth:02d}-" + (
             "full" if depth == 1 else "delta")
         new_layers = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
