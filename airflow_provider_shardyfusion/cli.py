@@ -221,10 +221,11 @@ def _show_key(key: Any) -> Any:
 
 
 def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
+    from .core.arguments import as_duration
     from .core.cleanup import execute_cleanup, make_plan
 
-    plan = make_plan(snapshots, keep_runs=args.keep_runs, grace_period=args.grace_period_seconds,
-                     keep_run_ids=args.keep_run_ids)
+    grace = as_duration("--grace-period-seconds", args.grace_period_seconds)  # errors name the flag
+    plan = make_plan(snapshots, keep_runs=args.keep_runs, grace_period=grace, keep_run_ids=args.keep_run_ids)
     report = execute_cleanup(snapshots, plan, dry_run=args.dry_run)
     try:
         report.raise_if_nothing_deleted()

@@ -56,14 +56,32 @@ class ChainPlan:
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
-    """The base run's manifest URI and whole snapshot: ``base_run_id``, else the run ``_CURRENT`` names now."""
+    """The base run's manifest URI and whole snapshot: ``base_run_id``, else the run ``_CURRENT`` names now.
+
+    Checked before any input is read: a base cleanup deleted is named so, and a run meant to go
+    live (``publish=True``) on a base that is not live is refused, as its publish would be.
+    """
+    from airflow_provider_shardyfusion.core.errors import BaseNotLiveError
+    from airflow_provider_shardyfusion.core.integrity import deletion_problems
     from airflow_provider_shardyfusion.core.publish import resolve_manifest
+    from airflow_provider_shardyfusion.core.snapshot import base_not_live
 
     mode = config.delta.write_mode
-    if config.delta.base_run_id is not None:
-        ref = resolve_manifest(snapshots, run_id=config.delta.base_run_id)
-        return ref.uri, snapshots.read_manifest_chain(ref)
     pointer = snapshots.current()
+    base_run_id = config.delta.base_run_id
+    if base_run_id is not None:
+        record = snapshots.read_run(base_run_id)
+        gone = deletion_problems(record, f"base_run_id {base_run_id!r}") if record is not None else []
+        if gone:
+            raise ConfigError(f"write_mode {mode!r}: {gone[0]}; write on a run that still has its data")
+        live = pointer.run_id if pointer is not None else None
+        if config.options.publish and live != base_run_id:
+            raise BaseNotLiveError(
+                f"{base_not_live(config.run_id, base_run_id, live)}; with publish=True nothing was written. Write "
+                "the change on the live snapshot (leave base_run_id unset), or stage it with publish=False"
+            )
+        ref = resolve_manifest(snapshots, run_id=base_run_id)
+        return ref.uri, snapshots.read_manifest_chain(ref)
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
@@ -105,7 +123,13 @@ def check_against_base(config: WriteConfig, base: Manifest) -> None:  # noqa: C9
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
-    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, check_utf8, encode_values, first_null_row
+    from airflow_provider_shardyfusion.core.arrow_codec import (
+        UTF8_RULE_KEY,
+        check_utf8,
+        delete_flags,
+        encode_values,
+        first_null_row,
+    )
     from airflow_provider_shardyfusion.core.delta import sorted_changes
 
     keys: list[Any] = []
@@ -119,8 +143,8 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
         check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
         encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
         if plan.delete_column is not None:
-            flags = batch.column(plan.delete_column).to_pylist()
-            encoded = [None if flag is True else v for v, flag in zip(encoded, flags, strict=True)]
+            flags = delete_flags(batch, plan.delete_column, key_column=plan.key_column)
+            encoded = [None if flag else v for v, flag in zip(encoded, flags, strict=True)]
         keys.extend(key_col.to_pylist())
         values.extend(encoded)
     return sorted_changes(keys, values, key_encoding=plan.key_encoding, key_column=plan.key_column,

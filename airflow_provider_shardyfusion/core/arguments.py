@@ -20,7 +20,11 @@ from .errors import ConfigError, show_value
 
 _HINT = ("; a templated argument renders as text unless the DAG sets render_template_as_native_obj=True "
          "(or pass a literal value)")
-_DURATION = re.compile(r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)$")
+# Durations are measured back from now (the cleanup's cutoff is now - grace_period): a century keeps
+# anything a snapshot store holds, and far beyond it the clock arithmetic overflows.
+MAX_DURATION = timedelta(days=36500)
+# As str(timedelta) renders (at most 999999999 days): longer digit runs would overflow a float sum.
+_DURATION = re.compile(r"^(?:(?P<days>-?\d{1,9}) days?, )?(?P<h>\d{1,2}):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)$")
 
 
 def _refuse(name: str, value: Any, expected: str) -> ConfigError:
@@ -58,7 +62,7 @@ def as_number(name: str, value: Any, *, minimum: float | None = None) -> float |
             raise _refuse(name, value, "a number") from None
     if isinstance(parsed, bool) or not isinstance(parsed, (int, float)):
         raise _refuse(name, value, "a number")
-    if not math.isfinite(parsed):
+    if isinstance(parsed, float) and not math.isfinite(parsed):  # an int always is (isfinite overflows on a huge one)
         raise ConfigError(f"{name} {value!r} must be a finite number")
     if minimum is not None and parsed < minimum:
         raise ConfigError(f"{name} {parsed!r} must be >= {minimum}")
@@ -66,19 +70,23 @@ def as_number(name: str, value: Any, *, minimum: float | None = None) -> float |
 
 
 def as_duration(name: str, value: Any) -> timedelta:
-    """A ``timedelta`` >= 0, seconds, or the rendering of either (``"3600"``, ``"1:00:00"``, ``"1 day, 2:00:00"``)."""
+    """A ``timedelta`` from 0 to ``MAX_DURATION``, seconds, or the rendering of either (``"3600"``, ``"1:00:00"``,
+    ``"1 day, 2:00:00"``)."""
     if isinstance(value, timedelta):
-        parsed = value
+        seconds: float = value.total_seconds()
     elif isinstance(value, str) and (m := _DURATION.match(value.strip())):
-        parsed = timedelta(days=int(m["days"] or 0), hours=int(m["h"]), minutes=int(m["m"]), seconds=float(m["s"]))
+        seconds = int(m["days"] or 0) * 86400 + int(m["h"]) * 3600 + int(m["m"]) * 60 + float(m["s"])
     else:
         try:
-            parsed = timedelta(seconds=as_number(name, value))
+            seconds = as_number(name, value)
         except ConfigError:
             raise _refuse(name, value, "a timedelta or a number of seconds") from None
-    if parsed < timedelta(0):
+    # Checked on the number: building a timedelta of it (or subtracting one from now) may overflow.
+    if seconds < 0:
         raise ConfigError(f"{name} {value!r} must be a timedelta (or seconds) >= 0")
-    return parsed
+    if seconds > MAX_DURATION.total_seconds():
+        raise ConfigError(f"{name} {show_value(value)} must be at most {MAX_DURATION.days} days (100 years)")
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def _rendered(name: str, value: Any, expected: str) -> Any:

@@ -102,3 +102,14 @@ def first_null_row(array: pa.Array) -> int | None:
         return None
     return int(pc.index(pc.is_null(array), True).as_py())
 
+
+
+def delete_flags(batch: pa.RecordBatch, column: str, *, key_column: str) -> list[bool]:
+    """The ``delete_column`` of a delta batch; a null flag is a bad row (an upsert would store empty bytes)."""
+    flags = batch.column(column)
+    at = first_null_row(flags)
+    if at is not None:
+        key = batch.column(key_column)[at].as_py()
+        raise InputDataError(f"column {column!r}: null delete flag for key {show_value(key)} "
+                             "(rule: delete_column must be true (delete) or false (upsert), never null)")
+    return flags.to_pylist()

@@ -254,6 +254,8 @@ class PlanContext:
     live_until: Mapping[str, datetime]  # when each run that was ever live stopped being live (at the latest)
     # Runs whose layers a kept run's manifest reads (SPEC §13) -> that kept run.
     referenced_by: Mapping[str, str] = field(default_factory=dict)
+    # Kept runs whose reads cannot be told (manifest missing or unreadable) -> why: they keep every candidate.
+    unknown_reads: Mapping[str, str] = field(default_factory=dict)
 
     def old(self, objs: Iterable[ObjectInfo]) -> list[ObjectInfo]:
         # An object without a modification time is treated as young: never delete what we cannot date.
@@ -312,7 +314,12 @@ def rule_recently_live(run: RunData, ctx: PlanContext) -> Decision | None:
 def rule_referenced(run: RunData, ctx: PlanContext) -> Decision | None:
     """A run whose layers a kept run's manifest reads stays, however old: that snapshot needs them."""
     keeper = ctx.referenced_by.get(run.run_id)
-    return _skip("referenced", f"its layers are read by kept run {keeper}") if keeper is not None else None
+    if keeper is None:
+        return None
+    why = ctx.unknown_reads.get(keeper)
+    reason = (f"kept run {keeper} may read its layers ({why}), so every run it may read is kept" if why
+              else f"its layers are read by kept run {keeper}")
+    return _skip("referenced", reason if run.known else f"no run record, but {reason}")
 
 
 def rule_orphan(run: RunData, ctx: PlanContext) -> Decision | None:
@@ -443,6 +450,7 @@ def plan_cleanup(
     winners: Mapping[str, Collection[str]] | None = None,
     root: str = "",
     referenced_by: Mapping[str, str] | None = None,
+    unknown_reads: Mapping[str, str] | None = None,
 ) -> CleanupPlan:
     """Decide what a cleanup deletes. No I/O: each run is judged by ``RULES``, first verdict wins.
 
@@ -450,13 +458,15 @@ def plan_cleanup(
     run record by run id (``None``: the record exists but cannot be read, so the run is left alone);
     ``winners``: for the runs ``runs_needing_winners`` names, the attempt keys their manifest uses
     (``layout.attempt_key`` form); a run missing from it keeps all its attempts; ``referenced_by``:
-    runs whose layers a kept run's manifest reads, and that run (``layer_references``).
+    runs whose layers a kept run's manifest reads, and that run; ``unknown_reads``: kept runs whose
+    reads cannot be told, and why (both from ``layer_references``).
     """
     keep_runs, grace_period, pinned = check_settings(keep_runs, grace_period, tuple(keep_run_ids))
     refuse_without_pointer(runs, pointer, root)
     ctx = PlanContext(now=now, cutoff=now - grace_period, pointer=pointer, pinned=frozenset(pinned),
                       kept=frozenset(_succeeded_by_age(runs)[:keep_runs]), winners=winners or {},
-                      live_until=live_until(runs, pointer), referenced_by=referenced_by or {})
+                      live_until=live_until(runs, pointer), referenced_by=referenced_by or {},
+                      unknown_reads=unknown_reads or {})
     items: list[PlanItem] = []
     skipped: list[Skipped] = []
     decided_by: dict[str, str] = {}
@@ -529,31 +539,58 @@ def read_winners(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], 
     return out
 
 
-def layer_references(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], kept: Iterable[str], *,
-                     within: Collection[str]) -> dict[str, str]:
-    """Runs of ``within`` whose layers the manifest of a ``kept`` succeeded run reads -> that run.
+class _ReadsUnknown(Exception):
+    """What a kept run reads cannot be told: it keeps every run cleanup would delete."""
 
-    An unreadable manifest of a kept run keeps every run of ``within``: what it reads is unknown.
+
+def chain_reads(snapshots: SnapshotRoot, run_id: str, runs: Mapping[str, RunRecord | None],
+                pointer: CurrentPointer | None = None, *, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The other runs whose layers ``run_id``'s snapshot reads (or will read, while it is written).
+
+    From its manifest (the one ``_CURRENT`` names for the live run); without one, from the base its
+    run record names (a chain run records it before writing any layer) and what that base reads.
+    Raises ``_ReadsUnknown`` when neither tells.
+    """
+    record = runs.get(run_id)
+    if record is not None and (record.status == FAILED or record.deleted_at is not None):
+        return set()  # nothing may read it
+    uri = pointer.manifest_ref if pointer is not None and pointer.run_id == run_id else (record.manifest_ref if record else None)
+    try:
+        ref = snapshots.manifest_ref(uri) if uri else snapshots.find_manifest(run_id)
+        if ref is not None:
+            return snapshots.read_manifest(ref).layer_run_ids() - {run_id}
+        why = f"run {run_id} has no manifest"
+    except (StorageError, ManifestValidationError) as exc:
+        why = f"the manifest of run {run_id} cannot be read: {exc}"
+    base = record.stats.get("base_run_id") if record is not None else None
+    if isinstance(base, str) and base != run_id and base not in seen:
+        return {base} | chain_reads(snapshots, base, runs, seen=seen | {run_id})
+    if record is not None and record.status == RUNNING:
+        return set()  # a full write, or a chain not yet on its base: no layer of another run written on yet
+    raise _ReadsUnknown(why if record is not None else f"{why} and its run record cannot be read")
+
+
+def layer_references(snapshots: SnapshotRoot, runs: Mapping[str, RunRecord | None], kept: Iterable[str], *,
+                     within: Collection[str], pointer: CurrentPointer | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Runs of ``within`` whose layers a ``kept`` run reads -> that run; and the kept runs whose reads
+    cannot be told (``chain_reads``) -> why: each of those keeps every run of ``within`` not already kept.
     """
     out: dict[str, str] = {}
+    unknown: dict[str, str] = {}
     if not within:
-        return out
+        return out, unknown
     for run_id in sorted(kept):
-        record = runs.get(run_id)
-        if record is None or record.status != SUCCEEDED or record.deleted_at is not None:
-            continue
         try:
-            ref = (snapshots.manifest_ref(record.manifest_ref) if record.manifest_ref else snapshots.find_manifest(run_id))
-            if ref is None:
-                continue
-            manifest = snapshots.read_manifest(ref)
-        except (StorageError, ManifestValidationError) as exc:
-            log.warning("cleanup: manifest of kept run %s unreadable (%s); runs it may read are kept", run_id, exc)
-            return dict.fromkeys(within, run_id)
-        if manifest.is_chain:
-            for layer_run in manifest.layer_run_ids() & set(within):
+            for layer_run in sorted(chain_reads(snapshots, run_id, runs, pointer) & set(within)):
                 out.setdefault(layer_run, run_id)
-    return out
+        except _ReadsUnknown as exc:
+            log.warning("cleanup: what kept run %s reads is unknown (%s); every run cleanup would delete is kept",
+                        run_id, exc)
+            unknown[run_id] = str(exc)
+    for run_id in sorted(unknown):
+        for layer_run in sorted(within):
+            out.setdefault(layer_run, run_id)
+    return out, unknown
 
 
 def make_plan(snapshots: SnapshotRoot, *, now: datetime | None = None, keep_runs: int = 3,
@@ -572,18 +609,22 @@ def make_plan(snapshots: SnapshotRoot, *, now: datetime | None = None, keep_runs
     winners = read_winners(snapshots, runs, runs_needing_winners(runs, keep_runs))
     now = now or layout.utc_now()
 
-    def plan_with(referenced_by: Mapping[str, str] | None) -> CleanupPlan:
-        return plan_cleanup(listing, runs, manifests, pointer, now, keep_runs=keep_runs, grace_period=grace_period,
-                            keep_run_ids=pinned, winners=winners, root=snapshots.root, referenced_by=referenced_by)
-
-    plan = plan_with(None)
+    plan = plan_cleanup(listing, runs, manifests, pointer, now, keep_runs=keep_runs, grace_period=grace_period,
+                        keep_run_ids=pinned, winners=winners, root=snapshots.root)
     # A chain's layers live in the folders of the runs that wrote them: a run the plan keeps may
-    # read layers of a run it deletes. Plan again with those runs kept (references only point to
-    # older runs, and a kept run's manifest lists every layer it reads, so once is enough).
-    doomed = {i.run_id for i in plan.items if i.category in _CLAIMED}
-    referenced = layer_references(snapshots, runs, [rid for rid in runs if rid not in doomed], within=doomed)
+    # read layers of a run it deletes, whatever that run's record says (or if it has none). Plan
+    # again with those runs kept (references only point to older runs, and a kept run's manifest
+    # lists every layer it reads, so once is enough).
+    doomed = {i.run_id for i in plan.items if i.category != "losing_attempts"}
+    readable = {*runs, *(m.run_id for m in manifests), *pinned, *([pointer.run_id] if pointer else [])}
+    referenced, unknown = layer_references(snapshots, runs, readable - doomed, within=doomed, pointer=pointer)
     if referenced:
-        plan = plan_with(referenced)
+        plan = plan_cleanup(listing, runs, manifests, pointer, now, keep_runs=keep_runs, grace_period=grace_period,
+                            keep_run_ids=pinned, winners=winners, root=snapshots.root, referenced_by=referenced,
+                            unknown_reads=unknown)
+    for skipped in plan.skipped:
+        if skipped.rule == "referenced" and skipped.run_id not in runs:
+            log.warning("cleanup: run %s has no run record, but it is kept: %s", skipped.run_id, skipped.reason)
     for category, t in plan.totals().items():
         if t["runs"]:
             log.info("cleanup plan for %s: %s: %d run(s), %d object(s), %d bytes", snapshots.root, category,

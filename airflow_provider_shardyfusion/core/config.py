@@ -19,7 +19,7 @@ from .arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_numb
 from .errors import ConfigError, show_value, text_number_hint
 from .manifest import WRITE_MODES
 from .retry import RetryPolicy
-from .secrets import refuse_secret_options, refuse_userinfo
+from .secrets import refuse_embedded_uris, refuse_secret_options, refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
 
@@ -89,6 +89,7 @@ class InputSpec:
         if self.path is not None and self.format not in INPUT_FORMATS:
             raise ConfigError(f"input_format {self.format!r} is not supported; choose one of {list(INPUT_FORMATS)}")
         refuse_userinfo(self.path, "input_path")
+        refuse_embedded_uris(self.sql, "input_sql")
         for name, v in (("input_path", self.path), ("input_table", self.table), ("input_sql", self.sql)):
             if v is not None and not isinstance(v, str):
                 raise ConfigError(f"{name} {v!r} must be a string")

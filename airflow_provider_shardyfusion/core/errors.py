@@ -57,6 +57,11 @@ class PublishManifestError(ShardyfusionError):
     """The manifest or the ``_CURRENT`` pointer could not be published."""
 
 
+class BaseNotLiveError(PublishManifestError):
+    """A delta or compaction whose base is not the live run: publishing it would drop the live run's
+    changes, so it goes live only once its base is live again."""
+
+
 class RunSupersededError(PublishManifestError):
     """A run that started later is live already: ``_CURRENT`` never moves back to an older run
     unless a rollback is asked for."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import integrity, layout
 from .checksum import bytes_checksum
-from .errors import ClockSkewError, PublishManifestError, RunRecordError, RunSupersededError, StorageError
+from .errors import BaseNotLiveError, ClockSkewError, PublishManifestError, RunRecordError, RunSupersededError, StorageError
 from .pointer import CurrentPointer
 from .retry import call_with_retry, is_storage_error
 from .run_record import PUBLISH_CLAIM_TTL, RunRecord, RunRecordLifecycle, check_storage_clock
@@ -69,6 +69,10 @@ def publish(
         log.warning("run %s: superseded, so it stays staged (written, recorded succeeded, not live): %s",
                     manifest.run_id, exc)
         return release_publish_claim(snapshots, manifest.run_id) or record
+    except BaseNotLiveError as exc:
+        # The base stopped being live while the run was written: a publish now would be refused too.
+        release_publish_claim(snapshots, manifest.run_id)
+        raise BaseNotLiveError(f"run {manifest.run_id!r} is written and recorded succeeded, but stays staged: {exc}") from exc
     except PublishManifestError as exc:
         release_publish_claim(snapshots, manifest.run_id)
         raise PublishManifestError(

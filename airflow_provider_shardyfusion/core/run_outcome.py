@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from . import layout
 from .errors import (
+    BaseNotLiveError,
     ManifestValidationError,
     PublishManifestError,
     RunFailedError,
@@ -31,6 +32,7 @@ from .errors import (
     error_type_by_name,
 )
 from .run_record import FAILED, SUCCEEDED, RunRecord
+from .snapshot import REWRITE_ON_LIVE, base_not_live
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -173,6 +175,12 @@ class RunOutcome:
         if pointer is None:
             raise ValueError(f"run {run_id!r}: the outcome of a run meant to go live needs its LiveState")
         where += f"names run {pointer.live_run_id!r}" if pointer.live_run_id else "does not exist"
+        base = record.stats.get("base_run_id")
+        if isinstance(base, str) and pointer.state != "live" and pointer.live_run_id != base:
+            # Publish would refuse it (SPEC §13): no advice to publish it, and none to roll back over the live run.
+            return cls("not_live", run_id, record, pointer,
+                       f"{base_not_live(run_id, base, pointer.live_run_id)}. {REWRITE_ON_LIVE}",
+                       BaseNotLiveError.__name__)
         if pointer.state == "superseded":
             return cls("succeeded", run_id, record, pointer, (
                 f"run {run_id!r} is written and recorded succeeded but stays staged: {where}, which started later, "

@@ -1,7 +1,8 @@
 """Where credentials must never be: URIs and Spark settings that reach logs, argv and lineage.
 
 Credentials reach storage only through connections, the environment or the cluster's own role.
-A URI with user info (``scheme://user:password@host/...``) or a Spark setting named like a
+A URI with user info (``scheme://user:password@host/...``) or a signed query string
+(``?X-Amz-Signature=...``), a URI like that inside SQL text, or a Spark setting named like a
 credential is refused here, and the error never repeats the secret.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
+from urllib.parse import unquote_plus
 
 from .errors import ConfigError
 
@@ -26,6 +28,16 @@ _CREDENTIAL_KEY = re.compile(
     r"(?i)secret|password|passwd|token|credential|access[._-]?key|private[._-]?key|account[._-]key"
     r"|(?:^|[._-])sas(?:[._-]|$)|keyfile|encryption[._-]key"
 )
+# Settings that name a class (how credentials are found), not a credential: S3A's providers (per bucket,
+# for the assumed role, the v1 -> v2 mapping), delegation token bindings, Azure's SAS token provider. Jobs
+# choose an instance profile or IRSA with them.
+_CLASS_SETTING = re.compile(r"(?i)(?:credentials|token)\.provider(?:\.type|\.mapping)?$|\.token\.binding$")
+# Query parameters of signed URLs: S3 (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token; SigV2
+# Signature, AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), and any named like a credential.
+_SIGNATURE_PARAM = re.compile(r"(?i)signature|^sig$|^api[._-]?key$")
+_QUERY = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#]*)\?(?P<query>[^#]*)(?P<tail>#.*)?$", re.DOTALL)
+# A URI inside SQL text ends at white space, a quote, a backtick or a closing parenthesis.
+_EMBEDDED_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`)]+")
 
 HOW_TO_PASS_CREDENTIALS = (
     "give credentials through the Airflow connection (aws_conn_id), the environment of the workers, or the "
@@ -33,25 +45,60 @@ HOW_TO_PASS_CREDENTIALS = (
 )
 
 
+def _secret_param(name: str) -> bool:
+    name = unquote_plus(name)
+    return bool(_SIGNATURE_PARAM.search(name) or _CREDENTIAL_KEY.search(name))
+
+
+def _query_params(uri: str) -> list[tuple[str, str]]:
+    """The raw ``(name, value)`` pairs of a URI's query string (none for a text that is no URI)."""
+    m = _QUERY.match(uri)
+    if m is None:
+        return []
+    return [(name, value) for name, _, value in (p.partition("=") for p in m["query"].split("&"))]
+
+
 def redact_uri(uri: str) -> str:
-    """``uri`` with any user info replaced by ``***`` (for messages and lineage)."""
-    return _USERINFO.sub(lambda m: f"{m['scheme']}://***@", uri)
+    """``uri`` with any user info and the values of credential query parameters replaced by ``***``."""
+    uri = _USERINFO.sub(lambda m: f"{m['scheme']}://***@", uri)
+    m = _QUERY.match(uri)
+    if m is None or not any(_secret_param(name) for name, _ in _query_params(uri)):
+        return uri
+    query = "&".join(f"{name}=***" if _secret_param(name) else (f"{name}={value}" if value else name)
+                     for name, value in _query_params(uri))
+    return f"{m['head']}?{query}{m['tail'] or ''}"
 
 
 def refuse_userinfo(value: object, what: str) -> None:
-    """A ``ConfigError`` naming ``what`` if ``value`` is a URI carrying user info (credentials)."""
-    if isinstance(value, str) and _USERINFO.match(value.strip()):
+    """A ``ConfigError`` naming ``what`` if ``value`` is a URI carrying credentials: user info or a signed query."""
+    if not isinstance(value, str):
+        return
+    uri = value.strip()
+    if _USERINFO.match(uri):
         raise ConfigError(
-            f"{what} {redact_uri(value.strip())!r} carries credentials in the URI (user info before '@'); they "
+            f"{what} {redact_uri(uri)!r} carries credentials in the URI (user info before '@'); they "
             f"would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
         )
+    signed = [unquote_plus(name) for name, _ in _query_params(uri) if _secret_param(name)]
+    if signed:
+        raise ConfigError(
+            f"{what} {redact_uri(uri)!r} carries credentials in its query string ({', '.join(signed)}); a signed "
+            f"URL would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
+        )
+
+
+def refuse_embedded_uris(text: object, what: str) -> None:
+    """``refuse_userinfo`` for every URI inside ``text`` (SQL, which travels with the job's config)."""
+    if isinstance(text, str):
+        for uri in _EMBEDDED_URI.findall(text):
+            refuse_userinfo(uri, f"{what}: the URI")
 
 
 def refuse_credential_settings(settings: Mapping[str, object] | None, what: str) -> None:
     """A ``ConfigError`` if any key of ``settings`` is named like a credential (its value is not shown)."""
     if not settings:
         return
-    named = sorted(k for k in settings if isinstance(k, str) and _CREDENTIAL_KEY.search(k))
+    named = sorted(k for k in settings if isinstance(k, str) and _CREDENTIAL_KEY.search(k) and not _CLASS_SETTING.search(k))
     if named:
         raise ConfigError(
             f"{what} {named} look like credentials; these settings travel on the spark-submit command line "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import chain, layout
 from .checksum import bytes_checksum
 from .errors import (
+    BaseNotLiveError,
     ManifestValidationError,
     ObjectNotFoundError,
     PublishManifestError,
@@ -38,6 +39,17 @@ if TYPE_CHECKING:
     from .storage.base import ObjectStore, StorageOptions
 
 log = logging.getLogger(__name__)
+
+
+def base_not_live(run_id: str, base_run_id: str, live_run_id: str | None) -> str:
+    """Why a run written on ``base_run_id`` may not go live while ``_CURRENT`` names ``live_run_id``
+    (SPEC §13): one wording for the writer's start, its publish and ``PublishSnapshotOperator``."""
+    return (f"run {run_id!r} is written on run {base_run_id!r}, but _CURRENT names {live_run_id or 'no run'!r}: "
+            f"publishing it would drop that run's changes, so publish refuses it until run {base_run_id!r} is "
+            "live again")
+
+
+REWRITE_ON_LIVE = "Write the change again on the live snapshot (a new delta run)"
 
 # SPEC §6: the pointer write is retried 3 times, after 1 s, 2 s and 4 s.
 POINTER_RETRY = RetryPolicy(attempts=4, base_delay_s=1.0, max_delay_s=4.0, deadline_s=None, jitter=False)
@@ -139,11 +151,8 @@ class SnapshotRoot:
             if live is not None and live.manifest_ref == manifest.uri:
                 return live
             if require_base and target.base_run_id is not None and (live is None or live.run_id != target.base_run_id):
-                raise PublishManifestError(
-                    f"run {target.run_id!r} was written on run {target.base_run_id!r}, but _CURRENT names "
-                    f"{live.run_id if live else 'no run'!r}: publishing it would drop that run's changes. Write the "
-                    "change again on the live snapshot (a new delta run)"
-                )
+                raise BaseNotLiveError(f"{base_not_live(target.run_id, target.base_run_id, live.run_id if live else None)}. "
+                                       f"{REWRITE_ON_LIVE}")
             if live is not None and live.run_id != target.run_id and not allow_older:
                 self._refuse_backwards(live, target)
             pointer = CurrentPointer(

@@ -111,7 +111,8 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              "``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a base "
              "run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input)."),
     WriteArg("delete_column", "str | None", None,
-             "with ``write_mode='delta'``: a boolean column, true for rows that delete their key."),
+             "with ``write_mode='delta'``: a boolean column, true for rows that delete their key, false for "
+             "upserts; a null fails the run."),
     WriteArg("base_run_id", "str | None", None,
              "the run a delta or compaction is written on; ``None``: the run ``_CURRENT`` names when the job starts."),
     WriteArg("max_chain_depth", "int", 16,

@@ -30,7 +30,7 @@ class DeferredCleanupOperator(WithShardyfusionHook, BaseOperator):
     :param output_uri: the snapshot root (``s3://bucket/prefix`` or ``file:///abs/dir``).
     :param keep_runs: how many of the newest succeeded runs (by start) keep their data; the live
         run and pinned runs are kept in addition.
-    :param grace_period: a ``timedelta`` (or seconds): nothing younger is touched.
+    :param grace_period: a ``timedelta`` (or seconds), at most 100 years: nothing younger is touched.
     :param keep_run_ids: runs readers are pinned to.
     :param dry_run: plan and report only; nothing is written or deleted.
     :param aws_conn_id: AWS connection for ``s3://`` roots.

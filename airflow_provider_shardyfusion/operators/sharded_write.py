@@ -174,8 +174,8 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
     :param write_mode: ``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a
         base run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input).
         (templated)
-    :param delete_column: with ``write_mode='delta'``: a boolean column, true for rows that delete their key.
-        (templated)
+    :param delete_column: with ``write_mode='delta'``: a boolean column, true for rows that delete their key, false
+        for upserts; a null fails the run. (templated)
     :param base_run_id: the run a delta or compaction is written on; ``None``: the run ``_CURRENT`` names when the
         job starts. (templated)
     :param max_chain_depth: a delta whose base already has this many delta runs on its last full layer is written

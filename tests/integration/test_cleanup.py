@@ -437,3 +437,27 @@ def test_a_missing_pointer_is_refused_by_the_dry_run_too(file_root, capsys):
                      *(["--dry-run"] if dry_run else [])]) == 1
         assert "shardyfusion publish" in capsys.readouterr().err
     assert objects(store) == before
+
+
+def test_what_a_kept_run_may_read_is_kept_when_its_manifest_cannot_tell(store):
+    """A delta still being written has no manifest yet, but its record names its base: the base stays.
+    A kept run whose manifest is gone and whose record names no base may read anything: nothing goes."""
+    t = layout.utc_now()
+    day = timedelta(days=1)
+    for n, run_id in enumerate(("s1", "s2", "live")):
+        succeeded_run(store, run_id, t - (3 - n) * day)
+    busy = RunRecordLifecycle(store, "delta-busy", heartbeat_seconds=3600,
+                              lease_seconds=(OFFSET + day).total_seconds()).start()
+    busy.update(stats={"base_run_id": "s1", "write_mode": "delta"})
+    plan = make_plan(SnapshotRoot(store), now=t + OFFSET, keep_runs=1, grace_period=GRACE)
+    assert {i.run_id for i in plan.of("expired_snapshots")} == {"s2"}, plan.to_dict()
+    assert {s.run_id: s.reason for s in plan.skipped}["s1"] == "its layers are read by kept run delta-busy"
+
+    busy.fail(ShardWriteError("stopped"))
+    store.delete_many([store.key_of(SnapshotRoot(store).read_run("s2").manifest_ref)])
+    plan = make_plan(SnapshotRoot(store), now=t + OFFSET, keep_runs=1, grace_period=GRACE, keep_run_ids=["s2"])
+    assert not plan.of("expired_snapshots"), plan.to_dict()
+    assert {s.run_id: s.reason for s in plan.skipped}["s1"].startswith("kept run s2 may read its layers (")
+    before = objects(store)
+    execute_cleanup(SnapshotRoot(store), plan)
+    assert of_run(objects(store), "s1") == of_run(before, "s1") != set()

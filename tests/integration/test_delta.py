@@ -14,8 +14,15 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.errors import ConfigError, PublishManifestError, ReaderError
+from airflow_provider_shardyfusion.core.errors import (
+    BaseNotLiveError,
+    ConfigError,
+    InputDataError,
+    PublishManifestError,
+    ReaderError,
+)
 from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.spark_helpers import run, write_parquet
@@ -205,26 +212,38 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
     d1_model = dict(chain.model)
     chain.write("delta", {3: "d2"}, [4])
     d2_model = dict(chain.model)
-    # A delta on step02 while step03 is live: written, but publishing would drop step03's changes.
-    with pytest.raises(PublishManifestError, match=r"written on run 'step02-delta'.*names 'step03-delta'"):
-        chain.write("delta", {5: "late"}, [], base_run_id="step02-delta")
-    snapshots = SnapshotRoot(open_store(root, options))
-    assert snapshots.current().run_id == "step03-delta"
-    late = snapshots.read_run("step04-delta")
+    # A delta on step02 while step03 is live, meant to go live: refused before any input is read
+    # (the input path does not even exist), naming both runs, and nothing is written.
+    store = open_store(root, options)
+    snapshots = SnapshotRoot(store)
+    before = {o.key for o in store.list(layout.SHARDS_DIR + "/")} | {o.key for o in store.list(layout.MANIFESTS_DIR + "/")}
+    with pytest.raises(BaseNotLiveError, match=r"run 'step04-delta' is written on run 'step02-delta', but _CURRENT "
+                                               r"names 'step03-delta'.*nothing was written") as refused:
+        run(spark, output_uri=root, key_column="id", value_column="payload", storage_options=options,
+            run_id="step04-delta", write_mode="delta", delete_column="deleted", base_run_id="step02-delta",
+            input_path=str(tmp_path / "never-read"))
+    assert "PublishSnapshotOperator" not in str(refused.value)
+    after = {o.key for o in store.list(layout.SHARDS_DIR + "/")} | {o.key for o in store.list(layout.MANIFESTS_DIR + "/")}
+    assert after == before and snapshots.current().run_id == "step03-delta"
+    assert snapshots.read_run("step04-delta").status == "failed"
+    chain.step += 1
+    # Staged (publish=False) it is written, and its publish is refused until its base is live again.
+    chain.write("delta", {5: "late"}, [], base_run_id="step02-delta", publish=False)
+    late = snapshots.read_run("step05-delta")
     assert late.status == "succeeded" and late.published_at is None
     from airflow_provider_shardyfusion.core.publish import publish_run
 
-    with pytest.raises(PublishManifestError, match="drop that run's changes"):
-        publish_run(snapshots, run_id="step04-delta", sleep=lambda s: None)
-    with pytest.raises(PublishManifestError, match="drop that run's changes"):
-        publish_run(snapshots, run_id="step04-delta", allow_older=True, sleep=lambda s: None)
+    with pytest.raises(BaseNotLiveError, match=r"'step05-delta'.*'step02-delta'.*'step03-delta'.*drop that run's changes"):
+        publish_run(snapshots, run_id="step05-delta", sleep=lambda s: None)
+    with pytest.raises(BaseNotLiveError, match="drop that run's changes"):
+        publish_run(snapshots, run_id="step05-delta", allow_older=True, sleep=lambda s: None)
     if options is None:  # the operator says the same (its S3 use needs a connection; the core is tested on both)
         from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
         from tests.operator_helpers import make_context
 
-        operator = PublishSnapshotOperator(task_id="publish_late", output_uri=root, run_id="step04-delta",
+        operator = PublishSnapshotOperator(task_id="publish_late", output_uri=root, run_id="step05-delta",
                                            aws_conn_id=None)
-        with pytest.raises(PublishManifestError, match=r"step04-delta.*step03-delta"):
+        with pytest.raises(PublishManifestError, match=r"step05-delta.*step02-delta.*step03-delta"):
             operator.execute(make_context())
         assert snapshots.current().run_id == "step03-delta"
     # A reader pinned to a chain run keeps reading exactly that run, live or not.
@@ -241,6 +260,13 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
         assert pinned.run_id == "step03-delta"
         assert pinned.multi_get(sorted(d2_model)) == [d2_model[k] for k in sorted(d2_model)]
     pinned.close()
+    # Its base live again (a rollback), the staged delta publishes and reads back exactly.
+    publish_run(snapshots, run_id="step02-delta", allow_older=True, sleep=lambda s: None)
+    publish_run(snapshots, run_id="step05-delta", sleep=lambda s: None)
+    late_model = {**d1_model, 5: b"late"}
+    with ShardedReader(root, storage_options=options) as reader:
+        assert reader.run_id == "step05-delta"
+        assert reader.multi_get(sorted(late_model)) == [late_model[k] for k in sorted(late_model)]
     # And a delta with nothing published refuses to start.
     with pytest.raises(ConfigError, match="needs a published snapshot"):
         run(spark, output_uri=layout.join(root, "empty"), key_column="id", value_column="payload",
@@ -302,6 +328,29 @@ def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_roo
         validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.01)
 
 
+def test_a_null_delete_flag_is_a_bad_row_and_nothing_is_published(spark, tmp_path, file_root):
+    # A null flag used to be taken as an upsert: key 5's stored value became empty bytes.
+    root, options = file_root, None
+    chain = Chain(spark, tmp_path, root, options)
+    chain.write("full", {k: f"v0-{k}" for k in range(100)})
+    store = open_store(root, options)
+    before = store.get(layout.CURRENT_KEY).data
+    table = pa.table({"id": pa.array([1, 2, 5], pa.int64()), "payload": ["d1", None, None],
+                      "deleted": pa.array([False, True, None], pa.bool_())})
+    with pytest.raises(InputDataError) as caught:
+        run(spark, output_uri=root, key_column="id", value_column="payload", write_mode="delta",
+            delete_column="deleted", input_path=write_parquet(tmp_path, table, "null-flag"), run_id="null-flag")
+    message = str(caught.value)
+    assert "column 'deleted'" in message and "key 5" in message and "null" in message, message
+    record = read_run_record(store, "null-flag")
+    assert record is not None and record.status == "failed" and record.error is not None
+    assert (record.error.type, "column 'deleted'" in record.error.message) == ("InputDataError", True)
+    assert store.get(layout.CURRENT_KEY).data == before
+    with ShardedReader(root, storage_options=options) as reader:
+        chain.check(reader)
+        assert reader.get(5) == b"v0-5"
+
+
 def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
     root, options = any_root
     chain = Chain(spark, tmp_path, root, options)
@@ -334,6 +383,9 @@ def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
     assert all(shard_objects(r) == [] for r in before)
     with ShardedReader(root, storage_options=options) as reader:
         chain.check(reader)
+    deleted_at = layout.format_ts(snapshots.read_run("step02-delta").deleted_at)
+    with pytest.raises(ConfigError, match=rf"base_run_id 'step02-delta'.*deleted by cleanup at {deleted_at}"):
+        chain.write("delta", {1: "late"}, [], base_run_id="step02-delta", publish=False)
 
 
 def test_validation_over_a_chain(spark, tmp_path, any_root):

@@ -2,7 +2,9 @@
 
 The canary goes into the AWS connection (where credentials belong), and where they do not: into
 ``input_path``, a ``spark_conf`` value, an ``input_options`` value and ``python_env_archive`` as URI
-user info, into ``spark_conf`` as an S3A secret key and into ``input_options`` as an Azure account key. The connection's run
+user info, into ``input_path`` as the signature of a presigned URL, into a URI inside ``input_sql``,
+into ``spark_conf`` as an S3A secret key and into ``input_options`` as an Azure account key. The
+connection's run chooses its S3A credentials provider in ``spark_conf`` (a class name, allowed) and
 writes a real snapshot to the S3 server on loopback; spark-submit is stubbed (building the real
 command line through the spark provider's hook), because the process-level scan of a real
 spark-submit (``ps`` while it runs) is in ``tests/e2e/test_quickstart_dag.py``. Scanned: the
@@ -40,11 +42,14 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
     seen = stub_submit(monkeypatch, lambda config: build_snapshot(
         config.output_uri, ROWS, num_dbs=4, run_id=config.run_id, storage_options=s3_options))
     context = make_context()
-    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=f"{tmp_path}/in/", run_id="run-canary")
+    provider = {"spark.hadoop.fs.s3a.aws.credentials.provider":
+                "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"}
+    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=f"{tmp_path}/in/", run_id="run-canary", spark_conf=provider)
     summary = op.execute(context)
     assert summary["rows"] == len(ROWS)
     call = seen.last
     assert call["env"]["AWS_SECRET_ACCESS_KEY"] == CANARY  # control: the secret did reach spark-submit
+    assert provider.items() <= call["conf"].items()  # a provider names a class, not a secret: it is passed on
 
     found = scan("spark-submit argv", " ".join(call["cmd"])) + scan("job config", call["config"].to_json())
     found += scan("spark conf", json.dumps(call["conf"])) + scan("XCom", json.dumps(context["ti"].xcoms, default=str))
@@ -60,15 +65,17 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
 
     # Where credentials do not belong, the operator refuses them before anything runs, without echoing them.
     calls = len(seen.calls)
-    refused = {
-        "input_path": dict(input_path=f"s3a://AKIACANARY:{CANARY}@bucket/in/"),
-        "spark_conf": dict(spark_conf={"spark.hadoop.fs.s3a.secret.key": CANARY}),
-        "spark_conf['spark.eventLog.dir']": dict(spark_conf={"spark.eventLog.dir": f"s3a://AKIACANARY:{CANARY}@b/l"}),
-        "input_options['path']": dict(input_options={"path": f"s3a://AKIACANARY:{CANARY}@bucket/in/"}),
-        "input_options keys": dict(input_options={"fs.azure.account.key.acct.dfs.core.windows.net": CANARY}),
-        "python_env_archive": dict(python_env_archive=f"s3://AKIACANARY:{CANARY}@bucket/env.zip#env"),
-    }
-    for argument, override in refused.items():
+    refused = [
+        ("input_path", dict(input_path=f"s3a://AKIACANARY:{CANARY}@bucket/in/")),
+        ("input_path", dict(input_path=f"https://bucket.s3.amazonaws.com/in/part-0.parquet?X-Amz-Signature={CANARY}")),
+        ("input_sql", dict(input_path=None, input_sql=f"SELECT * FROM parquet.`s3a://AKIACANARY:{CANARY}@bucket/in/`")),
+        ("spark_conf", dict(spark_conf={**provider, "spark.hadoop.fs.s3a.secret.key": CANARY})),
+        ("spark_conf['spark.eventLog.dir']", dict(spark_conf={"spark.eventLog.dir": f"s3a://AKIACANARY:{CANARY}@b/l"})),
+        ("input_options['path']", dict(input_options={"path": f"s3a://AKIACANARY:{CANARY}@bucket/in/"})),
+        ("input_options keys", dict(input_options={"fs.azure.account.key.acct.dfs.core.windows.net": CANARY})),
+        ("python_env_archive", dict(python_env_archive=f"s3://AKIACANARY:{CANARY}@bucket/env.zip#env")),
+    ]
+    for argument, override in refused:
         bad = make_op(s3_root, aws_conn_id="sf_aws", run_id=f"run-refused-{len(found)}", **override)
         with pytest.raises(ConfigError) as caught:
             bad.execute(make_context())

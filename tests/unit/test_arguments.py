@@ -49,10 +49,29 @@ def test_durations_and_their_rendering(value, read):
     assert as_duration("grace_period", value) == read
 
 
-@pytest.mark.parametrize("value", ["nan", math.nan, math.inf, "an hour", -5, timedelta(seconds=-1)])
+@pytest.mark.parametrize("value", ["nan", math.nan, math.inf, "an hour", -5, timedelta(seconds=-1), -1e300,
+                                   "1000000000 days, 0:00:00", "1" * 400 + ":00:00"])  # no timedelta renders so
 def test_bad_durations_name_the_argument(value):
     with pytest.raises(ConfigError, match=r"^grace_period "):
         as_duration("grace_period", value)
+
+
+@pytest.mark.parametrize("value", [1e300, "1e300", 10**400, timedelta.max, "999999999 days, 0:00:00",
+                                   1e20, "1" * 400])
+def test_durations_too_long_for_a_clock_are_a_config_error_not_an_overflow(value):
+    # timedelta(seconds=1e300) raises OverflowError, and so does now - timedelta.max.
+    with pytest.raises(ConfigError, match=r"^grace_period .* must be at most 36500 days \(100 years\)"):
+        as_duration("grace_period", value)
+
+
+def test_the_longest_duration_still_plans_a_cleanup(tmp_path):
+    from airflow_provider_shardyfusion.core.arguments import MAX_DURATION
+    from airflow_provider_shardyfusion.core.cleanup import make_plan
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    assert as_duration("grace_period", MAX_DURATION.total_seconds()) == MAX_DURATION
+    plan = make_plan(SnapshotRoot.open(f"file://{tmp_path}/snap"), keep_runs=1, grace_period=MAX_DURATION)
+    assert plan.grace_period == MAX_DURATION and plan.items == ()
 
 
 def test_lists_and_their_rendering():
@@ -86,6 +105,26 @@ def test_the_cli_names_a_nan_grace_period_and_a_broken_endpoint(tmp_path, capsys
 
     root = f"file://{tmp_path}/snap"
     assert main(["cleanup", root, "--grace-period-seconds", "nan"]) == 1
-    assert "grace_period nan must be a timedelta or a number of seconds" in capsys.readouterr().err
+    assert "ConfigError: --grace-period-seconds nan must be a timedelta or a number of seconds" in capsys.readouterr().err
     assert main(["validate", "s3://bucket/x", "--endpoint-url", "http://[::1"]) == 1
     assert "storage_options.endpoint_url 'http://[::1' is not a valid URL" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("seconds", "message"), [
+    ("1e20", "--grace-period-seconds 1e+20 must be at most 36500 days (100 years)"),
+    ("inf", "--grace-period-seconds inf must be a timedelta or a number of seconds"),
+    ("-5", "--grace-period-seconds -5.0 must be a timedelta (or seconds) >= 0"),
+])
+def test_the_cli_names_a_grace_period_out_of_range(tmp_path, capsys, seconds, message):
+    from airflow_provider_shardyfusion.cli import main
+
+    assert main(["cleanup", f"file://{tmp_path}/snap", f"--grace-period-seconds={seconds}"]) == 1
+    assert capsys.readouterr().err == f"shardyfusion: error: ConfigError: {message}\n"
+
+
+def test_the_cleanup_operator_names_a_grace_period_too_long(tmp_path):
+    from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
+
+    op = DeferredCleanupOperator(task_id="c", output_uri=f"file://{tmp_path}/snap", grace_period=1e300)
+    with pytest.raises(ConfigError, match=r"^DeferredCleanupOperator 'c': grace_period 1e\+300 must be at most 36500 "):
+        op.execute({})

@@ -449,6 +449,7 @@ RULE_CASES = [
      context(pointer=replace(LIVE, run_id="s", previous_run_id="r", updated_at=NOW - timedelta(minutes=5))),
      "recently_live", None),
     (rule_referenced, run_data(record("r")), context(referenced_by={"r": "d2"}), "referenced", None),
+    (rule_referenced, run_data(None, known=False), context(referenced_by={"r": "d2"}), "referenced", None),
     (rule_orphan, run_data(None, known=False), context(), "orphan", "orphans"),
     (rule_orphan, run_data(None, known=False, age=timedelta(minutes=5)), context(), "orphan", None),
     (rule_unreadable, run_data(None), context(), "unreadable", None),
@@ -585,3 +586,13 @@ def test_a_missing_pointer_with_only_deleted_published_runs_plans_on():
     root.run(record("was-live", started=5 * DAY, published=True, deleted=True), with_manifest=False)
     root.run(record("staged", started=4 * DAY))
     assert {i.run_id for i in root.plan(keep_runs=0).items} == {"was-live", "staged"}
+
+
+def test_a_referenced_run_is_kept_naming_its_keeper_record_or_not():
+    """The base of a live chain whose record is missing is kept, not an orphan (issue 27 item 3)."""
+    by = {"r": "d2"}
+    assert rule_referenced(run_data(None, known=False), context(referenced_by=by)).reason == \
+        "no run record, but its layers are read by kept run d2"
+    unknown = context(referenced_by=by, unknown_reads={"d2": "run d2 has no manifest"})
+    assert rule_referenced(run_data(record("r")), unknown).reason == \
+        "kept run d2 may read its layers (run d2 has no manifest), so every run it may read is kept"

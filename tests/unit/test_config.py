@@ -541,6 +541,73 @@ def test_spark_conf_keys_named_like_credentials_are_refused_without_their_values
     SparkSettings(conf={"spark.executor.memory": "2g"}).validate()  # ordinary settings pass
 
 
+@pytest.mark.parametrize(("uri", "named"), [
+    (f"https://lake.s3.amazonaws.com/in/part-0.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAX%2F"
+     f"20260101%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature={CANARY}", "X-Amz-Credential, X-Amz-Signature"),
+    (f"s3a://lake/in/?x-amz-security-token={CANARY}", "x-amz-security-token"),
+    (f"https://acct.blob.core.windows.net/c/in.parquet?sv=2022-11-02&sp=r&sig={CANARY}", "sig"),
+    (f"https://storage.googleapis.com/lake/in.parquet?X-Goog-Signature={CANARY}#frag", "X-Goog-Signature"),
+    (f"https://lake.s3.amazonaws.com/in.parquet?AWSAccessKeyId=AKIAX&Signature={CANARY}&Expires=1",
+     "AWSAccessKeyId, Signature"),
+])
+def test_a_signed_query_string_in_input_path_is_refused_without_repeating_it(uri, named):
+    from airflow_provider_shardyfusion.core.config import build_write_config
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    with pytest.raises(ConfigError, match=r"^input_path '.*' carries credentials in its query string "
+                                          rf"\({named}\).*aws_conn_id") as err:
+        build_write_config(input_path=uri, **args)
+    assert CANARY not in str(err.value) and "=***" in str(err.value)
+
+
+@pytest.mark.parametrize("sql", [
+    f"SELECT id, v FROM parquet.`s3a://AKIAX:{CANARY}@lake/in/`",
+    f"select * from read_files('s3a://AKIAX:{CANARY}/with+slash@lake/in/')",
+    f"SELECT * FROM csv.`https://lake.s3.amazonaws.com/in.csv?X-Amz-Signature={CANARY}` WHERE a = 1",
+])
+def test_credentials_in_a_uri_inside_input_sql_are_refused_without_repeating_them(sql):
+    from airflow_provider_shardyfusion.core.config import build_write_config
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    with pytest.raises(ConfigError, match=r"^input_sql: the URI '.*' carries credentials") as err:
+        build_write_config(input_sql=sql, **args)
+    assert CANARY not in str(err.value)
+
+
+def test_ordinary_query_strings_and_sql_are_not_taken_for_credentials():
+    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.secrets import redact_uri
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    for uri in ("s3a://lake/in/?versionId=3&partNumber=1", "https://h/x?keyword=a&page=3", "s3a://lake/a@b?c"):
+        assert build_write_config(input_path=uri, **args).input.path == uri
+        assert redact_uri(uri) == uri
+    sql = ("SELECT id, v FROM parquet.`s3a://lake/in/` WHERE mail = 'team@example.com' "
+           "AND url = 'https://example.com/x?page=2'")
+    assert build_write_config(input_sql=sql, **args).input.sql == sql
+
+
+def test_credential_provider_settings_name_a_class_and_are_allowed():
+    from airflow_provider_shardyfusion.submission.plan import SparkSettings
+
+    providers = {
+        "spark.hadoop.fs.s3a.aws.credentials.provider":
+            "software.amazon.awssdk.auth.credentials.WebIdentityTokenFileCredentialsProvider",
+        "spark.hadoop.fs.s3a.bucket.lake.aws.credentials.provider":
+            "software.amazon.awssdk.auth.credentials.InstanceProfileCredentialsProvider",
+        "spark.hadoop.fs.s3a.assumed.role.credentials.provider":
+            "software.amazon.awssdk.auth.credentials.ContainerCredentialsProvider",
+        "spark.hadoop.fs.s3a.aws.credentials.provider.mapping": "com.amazonaws.auth.X=software.amazon.Y",
+        "spark.hadoop.fs.azure.sas.token.provider.type": "org.example.SasTokenProvider",
+        "spark.hadoop.fs.s3a.delegation.token.binding": "org.apache.hadoop.fs.s3a.auth.delegation.SessionTokenBinding",
+    }
+    assert SparkSettings(conf=providers).validate().conf == providers
+    for secret in ("fs.s3a.secret.key", "fs.s3a.access.key", "fs.s3a.session.token",
+                   "fs.s3a.bucket.lake.secret.key", "fs.s3a.assumed.role.session.token"):
+        with pytest.raises(ConfigError, match=rf"spark_conf keys \['spark.hadoop.{secret}'\] look like credentials"):
+            SparkSettings(conf={**providers, f"spark.hadoop.{secret}": CANARY}).validate()
+
+
 def test_lineage_namespaces_never_carry_user_info():
     from airflow_provider_shardyfusion.openlineage import location_dataset
 

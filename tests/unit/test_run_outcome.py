@@ -12,6 +12,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
+    BaseNotLiveError,
     InputDataError,
     PublishManifestError,
     RunFailedError,
@@ -97,6 +98,23 @@ def test_a_run_meant_to_go_live_settles_against_current(file_root):
     assert superseded.summary()["superseded_by"] == "r2" and superseded.summary()["published"] is False
     live = RunOutcome.from_record(rec, "r1", rec.finished_at, pointer=LiveState("live", "r1"))
     assert live.succeeded and live.summary()["published"] is True
+
+
+
+def test_a_delta_whose_base_is_not_live_is_never_told_to_publish(file_root):
+    """Publish refuses a chain run while its base is not live: the outcome names both runs and
+    suggests no publish (issue 27 item 4), superseded or not."""
+    written = publish_written_run(store_for(file_root), "d1", live=False, writer={"publish": True})
+    rec = dataclasses.replace(written, stats={**written.stats, "base_run_id": "b0"})
+    for state in (LiveState("not_live", "c2"), LiveState("superseded", "c2")):
+        got = RunOutcome.from_record(rec, "d1", rec.finished_at, pointer=state)
+        assert got.kind == "not_live" and got.is_final
+        assert "run 'd1' is written on run 'b0', but _CURRENT names 'c2'" in got.message
+        assert "PublishSnapshotOperator" not in got.message and "publish it" not in got.message.lower()
+        with pytest.raises(BaseNotLiveError):
+            raise got.to_exception()
+    on_base = RunOutcome.from_record(rec, "d1", rec.finished_at, pointer=LiveState("not_live", "b0"))
+    assert on_base.kind == "running" and on_base.settling
 
 
 # ---- events ----------------------------------------------------------------------------------

@@ -121,6 +121,10 @@ def test_a_job_whose_report_cannot_be_read_says_so(monkeypatch, tmp_path):
     ({"source_options": {"path": "s3a://AKIAEXAMPLE:topsecret@b/in/"}}, r"^source_options\['path'\] 's3a://\*\*\*@"),
     ({"checkpoint_location": "s3a://AKIAEXAMPLE:topsecret@b/cp/"}, r"^checkpoint_location 's3a://\*\*\*@b/cp/'"),
     ({"source_path": "s3a://AKIAEXAMPLE:topsecret@b/in/"}, r"^source_path 's3a://\*\*\*@b/in/'"),
+    ({"source_path": "s3a://b/in/?X-Amz-Signature=topsecret"},
+     r"^source_path 's3a://b/in/\?X-Amz-Signature=\*\*\*' carries credentials in its query string"),
+    ({"source_options": {"path": "https://a.blob.core.windows.net/c/in?sv=1&sig=topsecret"}},
+     r"^source_options\['path'\] 'https://a.blob.core.windows.net/c/in\?sv=1&sig=\*\*\*'"),
     ({"source_options": "maxFilesPerTrigger=1"}, r"^source_options 'maxFilesPerTrigger=1' must be a mapping"),
     ({"stop_timeout": float("nan")}, r"^stop_timeout nan must be a finite number"),
 ])
