@@ -404,6 +404,8 @@ def test_validation_over_a_chain(spark, tmp_path, any_root):
     checks = {c.name: c for c in report.checks}
     assert checks["max_delta_ratio"].figure == round(15 / 400, 6) and not checks["max_delta_ratio"].skipped
     assert checks["lookups"].figure["absent"] == 4 and report.rows == len(chain.model) == 398
+    # Sampled look-ups reach the chain's shards too: their first and last live keys, read through the layers.
+    assert checks["lookups"].ok and checks["lookups"].figure["sampled"] == 8
     assert checks["storage"].ok
     with pytest.raises(ManifestValidationError) as failed:
         validate_snapshot(snapshots, run_id="step02-delta", max_delta_ratio=0.01, absent_keys=[0],
