@@ -243,3 +243,84 @@ def build_snapshot(
         publish_current(store, mkey, run_id, published_at)
     return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
                          manifest_ref=store.uri(mkey), published_at=published_at)
+
+
+def build_delta(
+    root: str,
+    upserts: Mapping[Any, Any],
+    deletes: Iterable[Any] = (),
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    base_ref: str | None = None,
+    published_at: datetime | None = None,
+    publish: bool = True,
+) -> BuiltSnapshot:
+    """A delta run on ``base_ref`` (default: the live manifest), laid out as the Spark writer lays it out:
+    one layer per changed shard written by ``core.delta`` against the base shard, the format-3
+    chain document (only the changed shards, the base by reference and checksum), a succeeded run
+    record and (by default) ``_CURRENT``. Binary values; keys route with the base's hash sharding."""
+    from airflow_provider_shardyfusion.core.delta import (
+        Change,
+        LayerResult,
+        chain_shards,
+        chain_stats,
+        select_layer_winners,
+        write_delta_layer,
+    )
+    from airflow_provider_shardyfusion.core.manifest import CHAIN_DOCUMENT_FORMAT_VERSION
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    options = dict(storage_options) if storage_options else None
+    store = open_store(root, options)
+    snapshots = SnapshotRoot(store)
+    base_ref = base_ref or snapshots.current().manifest_ref
+    resolved = snapshots.read_manifest_chain(base_ref)
+    base = resolved.manifest
+    run_id = layout.validate_run_id(run_id or layout.new_run_id())
+    published_at = published_at or layout.utc_now()
+    by_shard: dict[int, list[Change]] = {}
+    changes = [*((k, encode_binary_value(v)) for k, v in upserts.items()), *((k, None) for k in deletes)]
+    for key, value in changes:
+        by_shard.setdefault(route_key(key, base.num_dbs), []).append(
+            Change(encode_key(key, base.key_encoding, column=base.sharding.key_column), value))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="shardyfusion-factory-delta-") as work, \
+            ShardedReader(root, storage_options=options, manifest_ref=base_ref, cache_dir=os.path.join(work, "base"),
+                          max_local_layers=None) as reader:
+        for db_id, shard_changes in sorted(by_shard.items()):
+            shard_changes.sort(key=lambda c: c.key)
+            entry = base.shard(db_id)
+            built = write_delta_layer(os.path.join(work, f"db={db_id:05d}"), shard_changes,
+                                      base_db=reader.open_shard(db_id), base_rows=entry.row_count if entry else 0)
+            akey = layout.attempt_key(run_id, db_id, 0, 7)
+            files = upload_shard(store, built.folder, akey)
+            results.append(LayerResult(db_id=db_id, attempt=0, task_attempt_id=7, db_url=store.uri(akey),
+                                       row_count=built.row_count, files=files, counts=built.counts,
+                                       min_key=built.min_key.hex() if built.min_key else None,
+                                       max_key=built.max_key.hex() if built.max_key else None))
+    winners = select_layer_winners(results, base.num_dbs)
+    shards = chain_shards(base, run_id, winners, compact=False)
+    manifest = Manifest(
+        run_id=run_id, created_at=published_at, output_uri=store.root, num_dbs=base.num_dbs, sharding=base.sharding,
+        key_encoding=base.key_encoding, value_format=base.value_format, value_columns=base.value_columns,
+        storage_engine=dict(base.storage_engine), shards=shards, stats=chain_stats(base, shards, winners),
+        writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
+        base_run_id=base.run_id, chain_depth=base.chain_depth + 1, write_mode="delta",
+        format_version=CHAIN_DOCUMENT_FORMAT_VERSION, base_manifest_ref=base_ref,
+        base_manifest_checksum=resolved.checksum,
+    ).validate()
+    mkey = layout.manifest_key(run_id, published_at)
+    store.put(mkey, manifest.to_bytes())
+    record = RunRecord(
+        run_id=run_id, status=SUCCEEDED, started_at=published_at - timedelta(seconds=1), updated_at=published_at,
+        lease_expires_at=published_at + timedelta(minutes=10), output_uri=store.root, finished_at=published_at,
+        manifest_ref=store.uri(mkey), num_dbs=base.num_dbs, stats=dict(manifest.stats),
+        published_at=published_at if publish else None, writer=dict(manifest.writer),
+    )
+    store.put(layout.run_record_key(run_id), record.to_bytes())
+    if publish:
+        publish_current(store, mkey, run_id, published_at)
+    return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
+                         manifest_ref=store.uri(mkey), published_at=published_at)

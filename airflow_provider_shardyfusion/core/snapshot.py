@@ -240,12 +240,7 @@ class SnapshotRoot:
         return self._resolve(manifest_for_pointer(pointer, data, self.root), bytes_checksum(data))
 
     def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
-        """The manifest document stored at ``ref``: of the run its path names, its shards in its own folders."""
-        doc = self._manifest_from_bytes(ref.uri, data)
-        if doc.run_id != ref.run_id:
-            raise ManifestValidationError(f"{ref.uri}: manifest is of run {doc.run_id!r}, its path says {ref.run_id!r}")
-        check_shard_urls(doc, self.root, ref.uri)
-        return doc
+        return manifest_document(ref.uri, ref.run_id, data, self.root)
 
     def _resolve(self, doc: Manifest, checksum: str) -> ResolvedManifest:
         """Join a chain document to its bases, reading only the manifests not resolved before."""
@@ -272,14 +267,12 @@ class SnapshotRoot:
 
     def _base_document(self, doc: Manifest) -> Manifest:
         try:
-            ref = self.manifest_ref(doc.base_manifest_ref or "")
-            data = self.store.get(ref.key).data
+            data = self.store.get(base_manifest_key(doc, self.root)).data
         except ObjectNotFoundError:
             raise chain.missing_base(doc, "it does not exist") from None
-        except (ManifestValidationError, StorageError) as exc:
+        except StorageError as exc:
             raise chain.missing_base(doc, str(exc)) from None
-        chain.check_base_bytes(doc, data)
-        return self._document(ref, data)
+        return base_document(doc, data, self.root)
 
     def _cached(self, checksum: str) -> ResolvedManifest | None:
         with self._resolved_lock:
@@ -386,6 +379,35 @@ def parse_manifest_bytes(where: str, data: bytes) -> Manifest:
         return Manifest.from_bytes(data)
     except ManifestValidationError as exc:
         raise ManifestValidationError(f"{where}: {exc}") from None
+
+
+def manifest_document(uri: str, run_id: str, data: bytes, root: str) -> Manifest:
+    """The manifest document stored at ``uri``: of the run its path names, its shards in their own folders."""
+    doc = parse_manifest_bytes(uri, data)
+    if doc.run_id != run_id:
+        raise ManifestValidationError(f"{uri}: manifest is of run {doc.run_id!r}, its path says {run_id!r}")
+    check_shard_urls(doc, root, uri)
+    return doc
+
+
+def base_manifest_key(doc: Manifest, root: str) -> str:
+    """The key of a chain document's base manifest, refused unless it is a manifest under ``root``."""
+    try:
+        key = layout.relative_key(root, doc.base_manifest_ref or "")
+    except ManifestValidationError as exc:
+        raise chain.missing_base(doc, str(exc)) from None
+    if layout.parse_manifest_key(key) is None:
+        raise chain.missing_base(doc, f"it is not a manifest under {root}/{layout.MANIFESTS_DIR}/")
+    return key
+
+
+def base_document(doc: Manifest, data: bytes, root: str) -> Manifest:
+    """A chain document's base manifest document from its stored bytes: exactly the bytes it was
+    written on (checksum), of its base run, its shards in their own folders under ``root``."""
+    chain.check_base_bytes(doc, data)
+    parsed = layout.parse_manifest_key(base_manifest_key(doc, root))
+    assert parsed is not None  # base_manifest_key refuses anything else
+    return manifest_document(doc.base_manifest_ref or "", parsed.run_id, data, root)
 
 
 def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Manifest:
