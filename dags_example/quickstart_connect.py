@@ -8,7 +8,7 @@ does the work. The worker needs only this provider (the apache-spark provider br
     AIRFLOW_CONN_SPARK_CONNECT_DEFAULT='{"conn_type": "spark_connect", "host": "sc://connect.internal",
                                          "port": 15002, "password": "<token>", "extra": {"use_ssl": true}}'
 
-The cluster's executors need rocksdict, xxhash, cel-python and pyarrow: in its image, or shipped
+The cluster's executors need rocksdict, xxhash, cel-python, pyarrow and msgspec: in its image, or shipped
 with ``python_env_archive``. Output root: ``$SHARDYFUSION_DEMO_DIR/shardyfusion_quickstart_connect``
 (a ``file://`` root works when the Connect server runs on this machine; use ``s3://`` otherwise).
 Spark settings that a Connect session cannot change at run time (``spark.ui.enabled``, executor

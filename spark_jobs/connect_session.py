@@ -4,6 +4,12 @@ The operator sets the Connect URL and the bundle in the environment (``core.job_
 The bundle goes to the cluster with ``addArtifacts(pyfile=True)``, so the server's Python
 workers import the same ``spark_jobs`` and ``core`` as this client; a packed Python environment
 goes with ``archive=True`` and becomes the executors' interpreter.
+
+pyspark's own client retries an unreachable server for about ten minutes without a word, and its
+exit-time cleanup retries again. Here the retries are bounded (``RETRY_*``, each one logged), HTTP/2
+keep-alive pings notice a server that vanished without closing the connection, and once the
+retries are spent the server counts as gone: later calls (restoring conf, releasing the session)
+fail at once instead of waiting again.
 """
 
 from __future__ import annotations
@@ -13,24 +19,78 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from airflow_provider_shardyfusion.core import job_environment as job_env
 from airflow_provider_shardyfusion.core.errors import ConfigError, RunKilled
+from spark_jobs.errors import describe_rpc_error
 
 log = logging.getLogger(__name__)
 DEFAULT_ARCHIVE_ALIAS = "shardyfusion_env"
+# Waits of 1, 2, 4, 8, 8 s: a server restart or a network blip is ridden out, a dead server is
+# reported within half a minute.
+RETRY_MAX = 5
+RETRY_INITIAL_MS = 1000
+RETRY_MAX_BACKOFF_MS = 8000
+# A ping after 20 s without traffic, answered within 15 s; gRPC sends at most two pings between
+# data frames, which stays within what a Java gRPC server tolerates without answering GOAWAY.
+KEEPALIVE_OPTIONS = [("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 15_000)]
+STOP_WAIT_SECONDS = 10.0
 
 
 def requested() -> bool:
     return bool(os.environ.get(job_env.REMOTE_URL))
 
 
+def retry_policy() -> Any:
+    """pyspark's default policy (which errors are retried) with a bounded, logged budget."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
+
+    class BoundedPolicy(DefaultPolicy):
+        def __init__(self) -> None:
+            super().__init__(max_retries=RETRY_MAX, initial_backoff=RETRY_INITIAL_MS, backoff_multiplier=2.0,
+                             max_backoff=RETRY_MAX_BACKOFF_MS, max_server_retry_delay=RETRY_MAX_BACKOFF_MS)
+            self.gone_since: float | None = None
+
+        def can_retry(self, exception: BaseException) -> bool:
+            return self.gone_since is None and super().can_retry(exception)
+
+        def to_state(self) -> RetryPolicyState:
+            return LoggedState(self)
+
+    class LoggedState(RetryPolicyState):
+        def __init__(self, policy: BoundedPolicy) -> None:
+            super().__init__(policy)
+            self.retries = 0
+            self.started = time.monotonic()
+
+        def next_attempt(self, exception: BaseException | None = None) -> int | None:
+            wait = super().next_attempt(exception)
+            cause = (describe_rpc_error(exception) or repr(exception)) if exception is not None else "no error"
+            if wait is None:
+                self.policy.gone_since = time.monotonic()  # type: ignore[attr-defined]
+                log.error("Spark Connect server gone: no answer after %d retries over %.1fs (%s)", self.retries,
+                          time.monotonic() - self.started, cause)
+            else:
+                self.retries += 1
+                log.warning("Spark Connect server did not answer (%s); retry %d of %d in %.1fs", cause, self.retries,
+                            RETRY_MAX, wait / 1000)
+            return wait
+
+    return BoundedPolicy()
+
+
 def open_session() -> Any:
     """A Connect session with the bundle (and the Python environment) added and spark_conf set."""
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+    from pyspark.sql.connect.session import SparkSession
 
-    spark = SparkSession.builder.remote(os.environ[job_env.REMOTE_URL]).getOrCreate()
+    # What pyspark's own builder sets on its way to a remote session (its function dispatch reads it).
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    builder = DefaultChannelBuilder(os.environ[job_env.REMOTE_URL], channelOptions=KEEPALIVE_OPTIONS)
+    spark = SparkSession.builder.channelBuilder(builder).getOrCreate()
+    spark._client.set_retry_policies([retry_policy()])
     bundle = os.environ.get(job_env.BUNDLE)
     if bundle:
         spark.addArtifacts(bundle, pyfile=True)
@@ -50,6 +110,16 @@ def open_session() -> Any:
             ) from exc
     log.info("Spark Connect session opened (server Spark %s)", spark.version)
     return spark
+
+
+def stop(spark: Any) -> None:
+    """Stop the session, waiting at most ``STOP_WAIT_SECONDS``: the verdict is out already, and a gone
+    server must not hold the job's exit."""
+    stopper = threading.Thread(target=spark.stop, name="stop-connect-session", daemon=True)
+    stopper.start()
+    stopper.join(STOP_WAIT_SECONDS)
+    if stopper.is_alive():
+        log.warning("the Spark Connect session did not stop within %ss; exiting without it", STOP_WAIT_SECONDS)
 
 
 def stop_on_terminate(spark: Any) -> None:

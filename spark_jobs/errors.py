@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NoReturn
 from airflow_provider_shardyfusion.core.errors import (
     ShardWriteError,
     ShardyfusionError,
+    SparkConnectError,
     SparkSubmitError,
     error_type_by_name,
 )
@@ -32,6 +33,35 @@ _FAILED_TASK = re.compile(r"Task (\d+) in stage (\d+)\.\d+ failed (\d+) times")
 _TASK_TRACE = re.compile(r"most recent failure:(.*?)(?:Driver stacktrace:|$)", re.S)
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: the task finds the job's verdict as one line of its output, and the cause of
+    a multi-line error (a gRPC status, its details) must not be cut off after the first."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def describe_rpc_error(exc: BaseException) -> str | None:
+    """``gRPC STATUS: details`` of a gRPC error, or ``None`` for anything else (no grpc import: a
+    classic job may not have it)."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if not type(exc).__module__.startswith("grpc") or not callable(code) or not callable(details):
+        return None
+    status = code()
+    return f"gRPC {getattr(status, 'name', status)}: {details()}"
+
+
+def connect_server_gone(exc: BaseException) -> str | None:
+    """The gRPC status when ``exc`` (or an error it was raised from) says the Connect server is unreachable."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = describe_rpc_error(current)
+        if status is not None and status.startswith("gRPC UNAVAILABLE"):
+            return status
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | None = None) -> BaseException:
     """The provider error behind a Spark failure, or ``exc`` unchanged.
 
@@ -46,6 +76,12 @@ def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | No
         return error_type_by_name(match.group(1))(_SQLSTATE_SUFFIX.sub("", match.group(2)))
     if WORKER_CRASHED in text:
         return _worker_died(text, shards_of_task)
+    gone = connect_server_gone(exc)
+    if gone is not None:
+        return SparkConnectError(
+            f"the Spark Connect server stopped answering and did not come back within the client's retries "
+            f"({gone}); nothing was published. Run the write again once the server is back"
+        )
     if _jvm_gone(exc):
         return SparkSubmitError(
             f"the Spark JVM this Python driver talks to (spark-submit's process) is gone: it was killed or crashed "

@@ -51,15 +51,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from spark_jobs import connect_session
     from spark_jobs.driver import run_write
+    from spark_jobs.errors import one_line, translate
     from spark_jobs.orphan_guard import exit_when_orphaned
 
     exit_when_orphaned()
+    remote = connect_session.requested()
     try:
-        spark = connect_session.open_session() if connect_session.requested() else _classic_session(config.run_id)
+        spark = connect_session.open_session() if remote else _classic_session(config.run_id)
     except Exception as exc:  # e.g. the Connect server cannot be reached: no run record exists yet
-        print(f"shardyfusion job failed: {type(exc).__name__}: could not open the Spark session: {exc}", file=sys.stderr)
+        failed = translate(exc)
+        print(f"shardyfusion job failed: {type(failed).__name__}: could not open the Spark session: "
+              f"{one_line(str(failed))}", file=sys.stderr)
         return 2
-    if connect_session.requested():
+    if remote:
         connect_session.stop_on_terminate(spark)
     try:
         record = run_write(spark, config)
@@ -67,10 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job {done} run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
         return 0
     except Exception as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"shardyfusion job failed: {type(exc).__name__}: {one_line(str(exc))}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        if remote:
+            connect_session.stop(spark)
+        else:
+            spark.stop()
 
 
 def _classic_session(run_id: str):
@@ -86,4 +93,10 @@ def _classic_session(run_id: str):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The verdict is printed: exit now. A Connect client's exit-time cleanup (RPCs to a server that
+    # may be gone, gRPC's threads) could otherwise keep this process alive for minutes after it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

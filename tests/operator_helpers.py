@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -37,6 +38,22 @@ def make_op(root: str, **kw) -> ShardedWriteOperator:
                 num_dbs=4, spark_conn_id="sf_spark")
     args.update(kw)
     return ShardedWriteOperator(**args)
+
+
+def execute_in_thread(op: ShardedWriteOperator) -> tuple[threading.Thread, dict]:
+    """Start ``op.execute`` in a thread (for tests that stop or break the write meanwhile); the dict
+    gets ``result`` or ``error`` when it ends."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = op.execute(make_context())
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    task = threading.Thread(target=run, daemon=True)
+    task.start()
+    return task, outcome
 
 
 def connections(monkeypatch, spark=LOCAL_SPARK, aws: dict | None = None):

@@ -22,6 +22,15 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 @contextmanager
 def connect_server(log_dir: Path, *, env: dict[str, str] | None = None, timeout: float = 120) -> Iterator[int]:
     """Start the server (``local[2,2]``: two cores, one retry per task); yield its port; stop it."""
+    with connect_server_process(log_dir, env=env, timeout=timeout) as (port, _):
+        yield port
+
+
+@contextmanager
+def connect_server_process(log_dir: Path, *, env: dict[str, str] | None = None,
+                           timeout: float = 120) -> Iterator[tuple[int, subprocess.Popen]]:
+    """As ``connect_server``, yielding the port and the server's process (the leader of its own
+    process group, with its Python workers), for tests that kill it."""
     port = free_port()
     spark_submit = Path(sys.executable).parent / "spark-submit"
     log = log_dir / "spark-connect-server.log"
@@ -39,7 +48,7 @@ def connect_server(log_dir: Path, *, env: dict[str, str] | None = None, timeout:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Spark Connect server did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield port
+        yield port, proc
     finally:
         stop_process(proc, timeout=30)
 

@@ -153,6 +153,11 @@ class SparkSubmitError(ShardyfusionError):
     """spark-submit failed, or ended without the writer finishing its run record."""
 
 
+class SparkConnectError(SparkSubmitError):
+    """The Spark Connect path's counterpart of ``SparkSubmitError``: the Connect server could not be
+    reached or stopped answering, or the job's Connect client process failed (no spark-submit ran)."""
+
+
 class StorageError(ShardyfusionError):
     """An object store operation failed."""
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import layout
-from .errors import ConfigError, RunRecordError
+from .errors import ConfigError, ManifestValidationError, RunRecordError
 from .pointer import CurrentPointer
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
@@ -239,6 +239,19 @@ def manifest_of_run(snapshots: SnapshotRoot, run_id: str) -> Manifest:
     if ref is None:
         raise ConfigError(f"run {run_id!r} has no manifest under {snapshots.root} (failed, running, or deleted)")
     return snapshots.read_manifest(ref)
+
+
+def run_claim_holds(snapshots: SnapshotRoot, run_id: str, manifest_ref: str) -> bool:
+    """Whether the root's own record of ``run_id`` names ``manifest_ref``, a manifest under the root:
+    what an asset event says of a root, checked against the root. A ``StorageError`` (the answer is
+    unknown, not no) propagates."""
+    try:
+        layout.validate_run_id(run_id)
+        snapshots.manifest_ref(manifest_ref)
+        record = snapshots.read_run(run_id)
+    except (ConfigError, ManifestValidationError, RunRecordError):
+        return False
+    return record is not None and record.manifest_ref == manifest_ref
 
 
 def _int(value: Any) -> int | None:

@@ -47,11 +47,16 @@ class ShardFile:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardFile:
-        what = f"{_WHAT} shard file"
-        shard_file = ser.from_plain(cls, obj, what, _ERR)
-        if any(part in ("", ".", "..") for part in shard_file.name.split("/")):
-            raise _ERR(f"{what}: name {shard_file.name!r} must be a relative path without '.' or '..'")
-        return shard_file
+        return _FILE_CODEC.from_dict(obj)
+
+    def validate(self) -> ShardFile:
+        _check_file_name(self.name)
+        return self
+
+
+def _check_file_name(name: str) -> None:
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise _ERR(f"{_WHAT} shard file: name {name!r} must be a relative path without '.' or '..'")
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class ShardLayer:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardLayer:
-        return ser.from_plain(cls, obj, f"{_WHAT} shard layer", _ERR)
+        return _LAYER_CODEC.from_dict(obj)
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class ShardEntry:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardEntry:
-        return ser.from_plain(cls, obj, f"{_WHAT} shard", _ERR)
+        return _ENTRY_CODEC.from_dict(obj)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class ShardingInfo:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> ShardingInfo:
-        return ser.from_plain(cls, obj, f"{_WHAT} sharding", _ERR)
+        return _SHARDING_CODEC.from_dict(obj)
 
     def routing_columns(self) -> tuple[str, ...]:
         """The columns routing reads: the CEL columns, or the key column alone."""
@@ -188,8 +193,15 @@ class Manifest:
         root = self._checked(self._validate_fields)
         self._validate_sharding()
         self._validate_shards(root)
+        self._validate_file_names()
         self._validate_chain()
         return self
+
+    def _validate_file_names(self) -> None:
+        # Shards mostly share their few file names: check each distinct name once.
+        names = {f.name for s in self.shards for files in (s.files, *(x.files for x in s.layers)) for f in files}
+        for name in names:
+            _check_file_name(name)
 
     def _validate_chain(self) -> None:
         chained = self.base_run_id is not None or self.chain_depth or any(s.layers for s in self.shards)
@@ -362,18 +374,14 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Manifest:
-        return ser.parse_object(cls._from_dict, obj, _WHAT, _ERR)
+        return _CODEC.from_dict(obj)
 
-    @classmethod
-    def _from_dict(cls, obj: dict[str, Any]) -> Manifest:
-        if isinstance(obj, dict):
-            # Written before chains existed: a full snapshot.
-            obj = {"chain_depth": 0, "write_mode": "full", **obj}
-        manifest = ser.from_plain(cls, obj, _WHAT, _ERR)
-        if manifest.run_started_at is None and isinstance(manifest.stats.get("run_started_at"), str):
+    def _decoded(self) -> Manifest:
+        manifest = self
+        if self.run_started_at is None and isinstance(self.stats.get("run_started_at"), str):
             # Manifests written before the field existed kept it in stats only.
-            started = ser.ts_field(manifest.stats, "run_started_at", _WHAT, _ERR)
-            manifest = replace(manifest, run_started_at=started)
+            started = ser.ts_field(self.stats["run_started_at"], "run_started_at", _WHAT, _ERR)
+            manifest = replace(self, run_started_at=started)
         return manifest.validate()
 
     def to_bytes(self) -> bytes:
@@ -382,4 +390,13 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        return cls.from_dict(ser.loads_object(data, _WHAT, _ERR, MANIFEST_FORMAT_VERSION))
+        return _CODEC.from_bytes(data)
+
+
+# Written before chains existed, a manifest has no chain fields: their defaults make it a full snapshot.
+_CODEC = ser.Codec(Manifest, _WHAT, _ERR, supported=MANIFEST_FORMAT_VERSION, finish=Manifest._decoded,
+                   absent_ok=("chain_depth", "write_mode"))
+_FILE_CODEC = ser.Codec(ShardFile, f"{_WHAT} shard file", _ERR, finish=ShardFile.validate)
+_LAYER_CODEC = ser.Codec(ShardLayer, f"{_WHAT} shard layer", _ERR)
+_ENTRY_CODEC = ser.Codec(ShardEntry, f"{_WHAT} shard", _ERR)
+_SHARDING_CODEC = ser.Codec(ShardingInfo, f"{_WHAT} sharding", _ERR)

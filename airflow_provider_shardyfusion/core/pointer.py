@@ -69,26 +69,28 @@ class CurrentPointer:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
-        return ser.parse_object(cls._from_dict, obj, _WHAT, ManifestValidationError)
+        return _CODEC.from_dict(obj)
 
-    @classmethod
-    def _from_dict(cls, obj: dict[str, Any]) -> CurrentPointer:
-        pointer = ser.from_plain(cls, obj, _WHAT, ManifestValidationError)
+    def _decoded(self) -> CurrentPointer:
         for name in ("run_id", "previous_run_id"):
-            value = getattr(pointer, name)
+            value = getattr(self, name)
             if value is not None:
                 try:
                     layout.validate_run_id(value, what=name)
                 except ConfigError as exc:
                     raise ManifestValidationError(f"{_WHAT}: {exc}") from None
-        return pointer
+        return self
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> CurrentPointer:
-        return cls.from_dict(ser.loads_object(data, _WHAT, ManifestValidationError, CURRENT_FORMAT_VERSION))
+        return _CODEC.from_bytes(data)
+
+
+_CODEC = ser.Codec(CurrentPointer, _WHAT, ManifestValidationError, supported=CURRENT_FORMAT_VERSION,
+                   finish=CurrentPointer._decoded)
 
 
 def parse_pointer(data: bytes, root: str) -> CurrentPointer:

@@ -85,8 +85,7 @@ class RunError:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunError:
-        return cls(type=str(obj.get("type") or "Error"), message=str(obj.get("message") or ""),
-                   traceback_tail=obj.get("traceback_tail"))
+        return _ERROR_CODEC.from_dict(obj)
 
 
 @dataclass(frozen=True)
@@ -144,14 +143,18 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> RunRecord:
-        return ser.parse_object(lambda o: ser.from_plain(cls, o, _WHAT, _ERR).validate(), obj, _WHAT, _ERR)
+        return _CODEC.from_dict(obj)
 
     def to_bytes(self) -> bytes:
         return ser.dumps(self.to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> RunRecord:
-        return cls.from_dict(ser.loads_object(data, _WHAT, _ERR, RUN_RECORD_FORMAT_VERSION))
+        return _CODEC.from_bytes(data)
+
+
+_CODEC = ser.Codec(RunRecord, _WHAT, _ERR, supported=RUN_RECORD_FORMAT_VERSION, finish=lambda record: record.validate())
+_ERROR_CODEC = ser.Codec(RunError, f"{_WHAT} error", _ERR)
 
 
 def read_run_record(store: ObjectStore, run_id: str) -> RunRecord | None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from . import layout
-from .errors import ConfigError, RunRecordError, SparkSubmitError
+from .errors import ConfigError, RunRecordError, SparkConnectError, SparkSubmitError
 from .run_outcome import RunOutcome
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
@@ -30,6 +30,12 @@ TASK_INSTANCE_KEYS = ("dag_id", "task_id", "run_id", "map_index")
 DEFAULT_DEFERRAL_TIMEOUT = timedelta(hours=24)
 _JOB_FAILED_RE = re.compile(r"shardyfusion job failed: (?P<type>[A-Za-z_][A-Za-z0-9_]*): (?P<message>.*)")
 _EXIT_CODE_RE = re.compile(r"Error code is: (-?\d+)")
+SPARK_SUBMIT = "spark-submit"
+
+
+def connect_launcher(conn_id: str) -> str:
+    """How errors name the job's process with a Spark Connect connection (no spark-submit runs there)."""
+    return f"the Spark Connect job (connection {conn_id!r})"
 
 
 # ---- identity ----------------------------------------------------------------------------------
@@ -146,15 +152,16 @@ def short_submit_error(exc: BaseException) -> str:
 
 
 def abandon_reason(record: RunRecord | None, me: Mapping[str, Any], *, cluster_mode: bool,
-                   submit_error: BaseException | None) -> str | None:
+                   submit_error: BaseException | None, launcher: str = SPARK_SUBMIT) -> str | None:
     """Why this try's own run, still ``running`` after a client-mode spark-submit ended, is abandoned.
 
     spark-submit took the client-mode driver with it: nobody will finish the run. ``None`` when
     the run is not exactly this try's (never mark another writer's run), or a cluster runs it.
+    ``launcher``: the job's process as errors name it (``connect_launcher`` for Spark Connect).
     """
     if record is None or record.status != RUNNING or cluster_mode or not same_try(writer_identity(record), me):
         return None
-    return f"spark-submit ended ({submit_error or 'exit code 0'}) while the run was still running"
+    return f"{launcher} ended ({submit_error or 'exit code 0'}) while the run was still running"
 
 
 def submission_outcome(
@@ -165,12 +172,14 @@ def submission_outcome(
     me: Mapping[str, Any],
     submit_error: BaseException | None = None,
     tail: str = "",
+    launcher: str = SPARK_SUBMIT,
 ) -> RunOutcome | None:
     """Run record (+ spark-submit's exit and output tail) → the run's failure, or ``None`` when it
     succeeded (what that means waits on ``_CURRENT``: ``core.run_outcome.wait_for_run``).
 
     ``record`` was absent before this try submitted, so its status is this try's outcome unless
-    its ``writer.airflow`` names another writer (one that raced us for the run id).
+    its ``writer.airflow`` names another writer (one that raced us for the run id). ``launcher``: as
+    in ``abandon_reason``; with Spark Connect the failure is a ``SparkConnectError``.
     """
     job_line = job_failure_line(tail)
     if record is not None and owned_by_another(record, me):
@@ -189,9 +198,10 @@ def submission_outcome(
     where = layout.join(output_uri, layout.run_record_key(run_id))
     state = "no run record" if record is None else f"the run record still says {record.status!r}"
     cause = f"failed: {short_submit_error(submit_error)}" if submit_error is not None else "ended with exit code 0"
-    message = f"run {run_id}: spark-submit {cause}; {state} at {where}" + (
-        f"\nLast spark-submit output:\n{tail}" if tail else "")
-    return RunOutcome.failure(run_id, SparkSubmitError.__name__, message, record=record)
+    message = f"run {run_id}: {launcher} {cause}; {state} at {where}" + (
+        f"\nLast output of {launcher}:\n{tail}" if tail else "")
+    error = SparkSubmitError if launcher == SPARK_SUBMIT else SparkConnectError
+    return RunOutcome.failure(run_id, error.__name__, message, record=record)
 
 
 # ---- waiting ------------------------------------------------------------------------------------------

@@ -4,19 +4,24 @@
 ``ShardyfusionConnectJobHook`` runs the bundled job with that URL in its environment, streams its
 output (redacted) into the task log, keeps the tail for errors, and stops it on ``on_kill``. The
 worker needs no Java and no spark-submit: only the ``pyspark-client`` the spark provider installs.
+
+Before the job starts, ``check_connect_server`` asks the server its Spark version with a short
+deadline: the pyspark client itself retries an unreachable server for about ten minutes in silence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING
 
 from airflow.sdk.bases.hook import BaseHook
 
-from airflow_provider_shardyfusion.core.errors import SparkSubmitError
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkConnectError
 from airflow_provider_shardyfusion.core.secrets import redact_values
 
 if TYPE_CHECKING:
@@ -25,6 +30,9 @@ if TYPE_CHECKING:
 CONNECT_CONN_TYPE = "spark_connect"
 OUTPUT_TAIL_LINES = 40
 KILL_GRACE_SECONDS = 30.0
+PREFLIGHT_TIMEOUT_SECONDS = 10.0
+# A server that completes an HTTP/2 handshake in plain text within this time speaks no TLS.
+PLAINTEXT_PROBE_SECONDS = 3.0
 
 
 def is_connect_connection(conn_id: str) -> bool:
@@ -33,10 +41,69 @@ def is_connect_connection(conn_id: str) -> bool:
 
 
 def connect_url(conn_id: str) -> str:
-    """The Connect URL of ``conn_id`` as the apache-spark provider builds it (token included)."""
+    """The Connect URL of ``conn_id`` as the apache-spark provider builds it (token included), after
+    ``check_connect_settings`` refused what that builder would silently misread."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
+    from airflow_provider_shardyfusion.submission.connect import check_connect_settings
+
+    conn = BaseHook.get_connection(conn_id)
+    check_connect_settings(conn_id, host=conn.host, port=conn.port, has_token=bool(conn.password),
+                           extra=conn.extra_dejson)
     return SparkConnectHook(conn_id=conn_id).get_connection_url()
+
+
+def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIMEOUT_SECONDS) -> str:
+    """The server's Spark version, asked over the channel the job will use, within ``timeout``.
+
+    ``SparkConnectError`` naming the connection, ``host:port`` and the gRPC status and details when
+    it does not answer; ``ConfigError`` when the connection asks for TLS (a token or ``use_ssl``) and
+    the server speaks plain text.
+    """
+    import grpc
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+    from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
+
+    builder = DefaultChannelBuilder(url)
+    # A fresh session id, released after: the check leaves no session behind on the server.
+    user = base_pb2.UserContext(user_id=builder.userId or os.environ.get("USER") or "shardyfusion")
+    session = str(uuid.uuid4())
+    with builder.toChannel() as channel:
+        stub = base_pb2_grpc.SparkConnectServiceStub(channel)
+        try:
+            answer = stub.AnalyzePlan(
+                base_pb2.AnalyzePlanRequest(session_id=session, user_context=user,
+                                            spark_version=base_pb2.AnalyzePlanRequest.SparkVersion()),
+                timeout=timeout, metadata=builder.metadata())
+        except grpc.RpcError as exc:
+            status = f"gRPC {exc.code().name}: {exc.details()}"
+            if builder.secure and _speaks_plain_text(builder.endpoint):
+                raise ConfigError(
+                    f"the Spark Connect connection {conn_id!r} asks for TLS (it has a token or use_ssl true), but "
+                    f"the server at {builder.endpoint} speaks plain text ({status}); serve Connect over TLS, or "
+                    "remove the token and use_ssl"
+                ) from None
+            raise SparkConnectError(
+                f"the Spark Connect server of connection {conn_id!r} at {builder.endpoint} did not answer within "
+                f"{timeout:g}s ({status}); nothing was written. Check that the server runs and that the "
+                "connection's host, port and TLS settings are the server's"
+            ) from None
+        # The server drops idle sessions on its own; the answer above is what counted.
+        with contextlib.suppress(grpc.RpcError):
+            stub.ReleaseSession(base_pb2.ReleaseSessionRequest(session_id=session, user_context=user),
+                                timeout=timeout, metadata=builder.metadata())
+    return answer.spark_version.version
+
+
+def _speaks_plain_text(endpoint: str) -> bool:
+    import grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=PLAINTEXT_PROBE_SECONDS)
+        except grpc.FutureTimeoutError:
+            return False
+    return True
 
 
 class ShardyfusionConnectJobHook(BaseHook):
@@ -59,7 +126,7 @@ class ShardyfusionConnectJobHook(BaseHook):
         return "\n".join(self.output_tail)
 
     def submit(self, application: str = "") -> None:
-        """Run the child to its end; ``SparkSubmitError`` with its exit code if it failed."""
+        """Run the child to its end; ``SparkConnectError`` with its exit code if it failed."""
         self._proc = proc = subprocess.Popen(
             list(self.plan.argv), env={**os.environ, **self.plan.env}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
@@ -71,9 +138,9 @@ class ShardyfusionConnectJobHook(BaseHook):
             self.log.info("%s", line)
         code = proc.wait()
         if code != 0:
-            raise SparkSubmitError(
-                f"the Spark Connect job (connection {self.plan.conn_id!r}) exited with code {code}"
-            )
+            # The operator names the job and the connection around this (``plan.launcher``).
+            signal_name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+            raise SparkConnectError(f"exited with code {code}{signal_name}")
 
     def is_running(self) -> bool:
         """Whether the child this hook started is still running."""

@@ -370,12 +370,13 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
             self._defer_on(config, timeout, own_run=True)
         tail = self._submit_hook.tail_text() if hasattr(self._submit_hook, "tail_text") else ""
         failure = submission_outcome(record, run_id=config.run_id, output_uri=config.output_uri, me=me,
-                                     submit_error=submit_error, tail=tail)
+                                     submit_error=submit_error, tail=tail, launcher=plan.launcher)
         if record is not None and not owned_by_another(record, me):
             self._persist_link(context, record)
         if failure is None:
             return self._conclude(context, self._wait(config.output_uri, config.run_id, timeout))
-        reason = abandon_reason(record, me, cluster_mode=plan.cluster_mode, submit_error=submit_error)
+        reason = abandon_reason(record, me, cluster_mode=plan.cluster_mode, submit_error=submit_error,
+                                launcher=plan.launcher)
         if reason is not None:
             self._mark_abandoned(config, reason)
         return self._conclude(context, failure)
@@ -403,11 +404,16 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
 
         from airflow.sdk.log import mask_secret
 
-        from airflow_provider_shardyfusion.hooks.spark_connect import ShardyfusionConnectJobHook, connect_url
+        from airflow_provider_shardyfusion.hooks.spark_connect import (
+            ShardyfusionConnectJobHook,
+            check_connect_server,
+            connect_url,
+        )
         from airflow_provider_shardyfusion.submission.connect import build_connect_plan
 
+        remote_url = connect_url(self.spark_conn_id)
         plan = build_connect_plan(
-            conn_id=self.spark_conn_id, remote_url=connect_url(self.spark_conn_id), spark=spark,
+            conn_id=self.spark_conn_id, remote_url=remote_url, spark=spark,
             python=sys.executable, application=self._application(bundle), bundle_zip=bundle.zip_path,
             config_json=self._job_config_json(config), credential_env=credential_env,
             deferrable=bool(self.deferrable),
@@ -417,6 +423,10 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
             mask_secret(secret)
         for note in plan.notes:
             self.log.warning("Run %s: %s", config.run_id, note)
+        # Before anything is written: an unreachable server is one error now, not minutes of silence.
+        version = check_connect_server(self.spark_conn_id, remote_url)
+        self.log.info("Run %s: the Spark Connect server of connection %r answers (Spark %s)", config.run_id,
+                      self.spark_conn_id, version)
         job = ShardyfusionConnectJobHook(plan)
         self._start(context, config, job)
         self.log.info("Run %s: running the sharded write of %s as a Spark Connect client (connection %r, bundle %s)",

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
 
 from airflow_provider_shardyfusion.core import job_environment as job_env
 from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.write_attempts import connect_launcher
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, SparkSettings, encode_config
 
 # Cluster resources belong to the Connect server (it owns its executors); a client cannot size them.
@@ -34,6 +37,11 @@ class ConnectPlan:
     defer: bool = False
     cluster_mode: bool = False
     wait_for_driver: bool = False
+
+    @property
+    def launcher(self) -> str:
+        """The job's process as errors name it (no spark-submit runs with Connect)."""
+        return connect_launcher(self.conn_id)
 
 
 def build_connect_plan(
@@ -92,6 +100,46 @@ def build_connect_plan(
         conn_id=conn_id, argv=(python, application, CONFIG_ARG, encode_config(config_json)),
         notes=tuple(notes), env=env, redact=tuple(secrets),
     )
+
+
+def check_connect_settings(conn_id: str, *, host: str | None, port: Any, has_token: bool,
+                           extra: Mapping[str, Any]) -> None:
+    """``ConfigError`` for a ``spark_connect`` connection the Connect client would silently misread.
+
+    The apache-spark provider's URL builder drops a foreign scheme (``https://`` becomes plain-text
+    ``sc://``), doubles a port given in the host and the port field, and passes any ``use_ssl`` text
+    on, which pyspark reads as "no TLS" unless it is exactly ``true``: each ends in a client retrying a
+    server that never answers the way it expects, for minutes, instead of in an error.
+    """
+    where = f"the Spark Connect connection {conn_id!r}"
+    if not host or not host.strip():
+        raise ConfigError(f"{where} has no host: set it to the Connect server's host name (sc://host is accepted)")
+    scheme, sep, rest = host.partition("://")
+    if sep and scheme != "sc":
+        raise ConfigError(
+            f"{where} has the host {host!r}: a Spark Connect host is a bare host name or sc://host, not "
+            f"{scheme}://; for TLS set \"use_ssl\": true in the connection's extra"
+        )
+    parts = urlsplit(f"sc://{rest if sep else host}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"{where} has the host {host!r}: a Spark Connect host takes no path, query or fragment")
+    try:
+        host_port = parts.port
+    except ValueError:
+        raise ConfigError(f"{where} has the host {host!r}, whose port is not a number") from None
+    if host_port is not None and port:
+        raise ConfigError(f"{where} gives a port twice: {host_port} in the host {host!r} and {port} in the port field; "
+                          "keep one")
+    if port and not (isinstance(port, int) and 0 < port < 65536):
+        raise ConfigError(f"{where} has the port {port!r}: a number from 1 to 65535")
+    use_ssl = extra.get("use_ssl")
+    if use_ssl is not None and not isinstance(use_ssl, bool) and str(use_ssl).strip().lower() not in ("true", "false"):
+        raise ConfigError(f"{where} has \"use_ssl\": {use_ssl!r} in its extra: it must be true or false")
+    if has_token and use_ssl is not None and str(use_ssl).strip().lower() == "false" and parts.hostname != "localhost":
+        raise ConfigError(
+            f"{where} has a token and \"use_ssl\": false: the Connect client sends a token only over TLS, so it "
+            "would use TLS anyway; serve Connect over TLS and set use_ssl true, or remove the token"
+        )
 
 
 def _url_secrets(url: str) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_provider_shardyfusion.core.arguments import as_int, as_mapping
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
+from airflow_provider_shardyfusion.core.write_attempts import SPARK_SUBMIT
 
 DEFAULT_ENV_ALIAS = "shardyfusion_env"
 CONFIG_ARG = "--config-b64"
@@ -124,6 +125,11 @@ class SubmitPlan:
     # Credentials: never printed (repr) and never arguments; only the spark-submit process has them.
     process_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     redact: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def launcher(self) -> str:
+        """The job's process as errors name it."""
+        return SPARK_SUBMIT
 
     def hook_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``ShardyfusionSparkSubmitHook``."""

@@ -8,37 +8,95 @@ the API server read a place nobody published to. Read-only: nothing here writes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import threading
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
 from airflow_provider_shardyfusion.core.history import RootHistory, diff_runs, root_history
 from airflow_provider_shardyfusion.ui import render
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
+
+    from starlette.responses import Response
 
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+T = TypeVar("T")
 
 # The key look-up opens one shard per run: the newest runs by default, more on request.
 KEY_LOOKUP_RUNS = 20
 MAX_KEY_LOOKUP_RUNS = 500
+# Shard bytes one key look-up may download; shards already in the cache cost nothing, so asking
+# again goes further. The last shard read may pass the budget by its own size.
+KEY_LOOKUP_BYTE_BUDGET = 256 * 1024 * 1024
 _VALUE_PREVIEW_CHARS = 200
+# How long a page waits for the storage of a root: an unreachable store (no answer, refused
+# connections) costs the page this much, not the storage client's own minutes of retries.
+ROOT_DEADLINE_S = 5.0
+
+
+class Unanswered(Exception):
+    """A root's storage did not answer within the page's deadline."""
+
+
+def within(deadline_s: float, calls: dict[str, Callable[[], T]]) -> dict[str, T | Exception]:
+    """Each call's result or exception, all run at once; ``Unanswered`` for those still running at
+    the deadline. Those are left to finish on their own (a thread blocked on a socket cannot be
+    stopped) and their results are dropped."""
+    results: dict[str, T | Exception] = {}
+    lock = threading.Lock()
+    done = threading.Semaphore(0)
+
+    def run(name: str, call: Callable[[], T]) -> None:
+        try:
+            outcome: T | Exception = call()
+        except Exception as exc:
+            outcome = exc
+        with lock:
+            results[name] = outcome
+        done.release()
+
+    for name, call in calls.items():
+        threading.Thread(target=run, args=(name, call), name=f"shardyfusion-history {name}", daemon=True).start()
+    end = time.monotonic() + deadline_s
+    for _ in calls:
+        if not done.acquire(timeout=max(0.0, end - time.monotonic())):
+            break
+    with lock:
+        return {name: results.get(name, Unanswered(f"no answer within {deadline_s:g} s")) for name in calls}
 
 
 class HistorySource:
     """Where the pages' data comes from: the listed roots, how to open a root and a pinned reader."""
 
     def __init__(self, roots: Callable[[], list[str]], open_root: Callable[[str], SnapshotRoot],
-                 open_reader: Callable[[str, str], Any], spark_ui_template: str | None = None):
+                 open_reader: Callable[[str, str], Any], spark_ui_template: str | None = None, *,
+                 deadline_s: float = ROOT_DEADLINE_S, key_byte_budget: int = KEY_LOOKUP_BYTE_BUDGET):
         self.roots, self.open_root, self.open_reader = roots, open_root, open_reader
         # e.g. "https://spark-history.internal/history/{app_id}/": the link for runs whose writer
         # recorded no UI address (Spark Connect clients, drivers with the UI off, finished apps).
         self.spark_ui_template = spark_ui_template
+        self.deadline_s, self.key_byte_budget = deadline_s, key_byte_budget
+
+    def bounded(self, uri: str, call: Callable[[], T]) -> T:
+        """``call()`` (reads of root ``uri``) within the deadline: 504 naming the root if its storage
+        does not answer, 502 with the reason if it fails."""
+        outcome = within(self.deadline_s, {uri: call})[uri]
+        if isinstance(outcome, Unanswered):
+            raise HTTPException(status_code=504, detail=f"{uri}: storage unreachable ({outcome})")
+        if isinstance(outcome, ShardyfusionError):
+            raise HTTPException(status_code=502, detail=f"{uri}: {outcome}")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def known(self, uri: str) -> str:
         listed = {r.rstrip("/"): r for r in self.roots()}
@@ -46,20 +104,26 @@ class HistorySource:
             raise HTTPException(status_code=404, detail=f"{uri!r} is not a known snapshot root")
         return listed[uri.rstrip("/")]
 
-    def history(self, uri: str, snapshots: SnapshotRoot | None = None) -> RootHistory:
+    def history(self, uri: str) -> RootHistory:
         """The root's history: one listing of its runs, each record read once, ``_CURRENT`` once."""
-        try:
-            return root_history(snapshots if snapshots is not None else self.open_root(uri))
-        except ShardyfusionError as exc:
-            raise HTTPException(status_code=502, detail=f"{uri}: {exc}") from None
+        return self.bounded(uri, lambda: root_history(self.open_root(uri)))
 
     def roots_data(self) -> dict[str, Any]:
+        """Every root's summary, read all at once within one deadline; a root that failed or did not
+        answer says so in its row, and the others still show."""
+        roots = self.roots()
+        summaries = within(self.deadline_s, {uri: functools.partial(self._root_summary, uri) for uri in roots})
         out: list[dict[str, Any]] = []
-        for uri in self.roots():
-            try:
-                out.append(self._root_summary(uri))
-            except ShardyfusionError as exc:
-                out.append({"root": uri, "error": str(exc)})
+        for uri in roots:
+            summary = summaries[uri]
+            if isinstance(summary, Unanswered):
+                out.append({"root": uri, "error": f"storage unreachable ({summary})"})
+            elif isinstance(summary, ShardyfusionError):
+                out.append({"root": uri, "error": str(summary)})
+            elif isinstance(summary, Exception):
+                raise summary
+            else:
+                out.append(summary)
         return {"roots": out}
 
     def _root_summary(self, uri: str) -> dict[str, Any]:
@@ -84,14 +148,22 @@ class HistorySource:
         return summary
 
     def run_data(self, uri: str, run_id: str) -> dict[str, Any]:
+        return self.bounded(uri, lambda: self._run_data(uri, run_id))
+
+    def _run_data(self, uri: str, run_id: str) -> dict[str, Any]:
         snapshots = self.open_root(uri)
-        entry = next((r for r in self.history(uri, snapshots).runs if r.run_id == run_id), None)
+        entry = next((r for r in root_history(snapshots).runs if r.run_id == run_id), None)
         if entry is None:
             raise HTTPException(status_code=404, detail=f"no run {run_id!r} under {uri}")
         data: dict[str, Any] = {"root": uri, "run": entry.to_dict(), "shards": [], "links": {}}
         if entry.manifest_ref is None or entry.state in ("deleted", "unreadable"):
             return data
-        manifest = snapshots.read_manifest(entry.manifest_ref)  # the one its record names: no listing
+        try:
+            manifest = snapshots.read_manifest(entry.manifest_ref)  # the one its record names: no listing
+        except ObjectNotFoundError as exc:
+            raise HTTPException(status_code=404, detail=f"run {run_id!r} of {uri}: its manifest is missing: {exc}") from None
+        except ManifestValidationError as exc:  # outside the root, corrupt, or of another run
+            raise HTTPException(status_code=502, detail=f"run {run_id!r} of {uri}: its manifest is refused: {exc}") from None
         shards: list[dict[str, Any]] = [{"db_id": s.db_id, "rows": s.row_count, "bytes": s.byte_size, "files": len(s.files),
                    "layers": [{"run_id": x.run_id, "kind": x.kind, "bytes": x.byte_size, "inserted": x.inserted,
                                "updated": x.updated, "deleted": x.deleted, "deleted_absent": x.deleted_absent}
@@ -113,19 +185,42 @@ class HistorySource:
         return data
 
     def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:
-        try:
-            return diff_runs(self.open_root(uri), a, b).to_dict()
-        except ShardyfusionError as exc:
-            raise HTTPException(status_code=404, detail=str(exc)) from None
+        def diff() -> dict[str, Any]:
+            try:
+                return diff_runs(self.open_root(uri), a, b).to_dict()
+            except ShardyfusionError as exc:
+                raise HTTPException(status_code=404, detail=str(exc)) from None
+
+        return self.bounded(uri, diff)
 
     def key_data(self, uri: str, key: str, limit: int = KEY_LOOKUP_RUNS) -> dict[str, Any]:
-        """``key`` in the newest ``limit`` retained runs (not deleted, failed or running)."""
+        """``key`` in the newest ``limit`` retained runs (not deleted, failed or running), until the
+        shards downloaded for it reach ``key_byte_budget``."""
         # Each run's manifest is the one its record names: no listing of manifests per run.
         runs = [r for r in self.history(uri).runs if r.manifest_ref and r.state not in ("deleted", "running", "failed")]
-        found = [{"run_id": r.run_id, "state": r.state, **_look_up(self.open_reader, uri, str(r.manifest_ref), key)}
-                 for r in runs[:limit]]
+        found: list[dict[str, Any]] = []
+        downloaded, stopped = 0, None
+        for r in runs[:limit]:
+            if downloaded >= self.key_byte_budget:
+                stopped = (f"stopped after {len(found)} runs: this look-up downloaded {render.fmt_bytes(downloaded)} "
+                           f"of shards, the budget of one request is {render.fmt_bytes(self.key_byte_budget)}; "
+                           "ask again to go on (downloaded shards are cached) or lower &limit")
+                break
+            looked = within(self.deadline_s, {r.run_id: functools.partial(_look_up, self.open_reader, uri,
+                                                                          str(r.manifest_ref), key)})
+            result = looked[r.run_id]
+            if isinstance(result, Exception):
+                if not isinstance(result, Unanswered):
+                    raise result
+                found.append({"run_id": r.run_id, "state": r.state, "found": None,
+                              "error": f"storage unreachable ({result})"})
+                stopped = f"stopped after {len(found)} runs: the storage of {uri} did not answer"
+                break
+            hit, cost = result
+            downloaded += cost
+            found.append({"run_id": r.run_id, "state": r.state, **hit})
         return {"root": uri, "key": key, "runs": found, "retained_runs": len(runs), "limit": limit,
-                "max_limit": MAX_KEY_LOOKUP_RUNS}
+                "max_limit": MAX_KEY_LOOKUP_RUNS, "bytes_downloaded": downloaded, "stopped": stopped}
 
 
 def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None) -> FastAPI:
@@ -136,6 +231,14 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
 
     def respond(data: dict[str, Any], fmt: str, html: Callable[[dict[str, Any]], str]) -> Any:
         return JSONResponse(data) if fmt == "json" else HTMLResponse(html(data))
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # Every answer, errors included: a value that slipped past escaping still cannot run.
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = render.CONTENT_SECURITY_POLICY
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
     @app.get("/")
     def roots_view(format: str = Query("html")) -> Any:
@@ -161,7 +264,10 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
     return app
 
 
-def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: str, text: str) -> dict[str, Any]:
+def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: str,
+             text: str) -> tuple[dict[str, Any], int]:
+    """What run ``manifest_ref`` holds for ``text``, and the shard bytes its reader downloaded."""
+    downloaded = 0
     try:
         with open_reader(root, manifest_ref) as reader:
             key: Any = text
@@ -169,13 +275,16 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
                 key = int(text)
             elif reader.manifest.key_encoding == "raw":
                 key = text.encode()
-            value = reader.get(key)
+            try:
+                value = reader.get(key)
+            finally:
+                downloaded = reader.cache_stats["bytes_downloaded"]
     except (ShardyfusionError, ValueError, TypeError) as exc:
-        return {"found": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"found": None, "error": f"{type(exc).__name__}: {exc}"}, downloaded
     if value is None:
-        return {"found": False, "value": None}
+        return {"found": False, "value": None}, downloaded
     shown = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
-    return {"found": True, "value": shown[:_VALUE_PREVIEW_CHARS]}
+    return {"found": True, "value": shown[:_VALUE_PREVIEW_CHARS]}, downloaded
 
 
 def _ts_text(value: Any) -> str | None:

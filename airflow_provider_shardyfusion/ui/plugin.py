@@ -1,27 +1,47 @@
 """The Airflow plugin that serves the snapshot history under ``/shardyfusion`` in the API server.
 
-Declared in ``get_provider_info()["plugins"]``. Roots are the output URIs of the provider's asset
-events (events whose extra carries a ``manifest_ref``) plus ``[shardyfusion] history_roots``
-(comma-separated); storage credentials come from the connection ``[shardyfusion]
+Declared in ``get_provider_info()["plugins"]``. Roots are ``[shardyfusion] history_roots``
+(comma-separated) plus the output roots of asset events this provider's operators emitted (see
+``event_roots``); storage credentials come from the connection ``[shardyfusion]
 history_aws_conn_id``; ``[shardyfusion] history_spark_ui_url`` (e.g.
-``https://spark-history.internal/history/{app_id}/``) links each run to its Spark application.
+``https://spark-history.internal/history/{app_id}/``) links each run to its Spark application;
+key look-ups keep downloaded shards in ``[shardyfusion] history_cache_dir``.
 Every route requires Airflow's own authentication and asset read access.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+import os
+import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.api_fastapi.core_api.security import requires_access_asset
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk.configuration import conf
 
-from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import StorageError
+from airflow_provider_shardyfusion.core.history import run_claim_holds
+from airflow_provider_shardyfusion.core.retry import RetryPolicy
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.storage.s3 import S3Store, make_s3_client
+from airflow_provider_shardyfusion.ui.app import ROOT_DEADLINE_S, HistorySource, Unanswered, create_app, within
+
+if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
 
 log = logging.getLogger(__name__)
+
+# How long the roots list waits to check new events against their roots: with the page's own
+# deadline for reading the roots, an unreachable store keeps the roots page well under 10 s.
+CLAIM_CHECK_DEADLINE_S = 2.0
+# The task types whose asset events describe a snapshot (``assets.emit_snapshot_event``).
+SNAPSHOT_OPERATORS = ("ShardedWriteOperator", "PublishSnapshotOperator", "StreamingSnapshotOperator")
 
 
 def configured_roots() -> list[str]:
@@ -29,15 +49,54 @@ def configured_roots() -> list[str]:
     return [r.strip() for r in text.split(",") if r.strip()]
 
 
-def event_roots() -> list[str]:
-    """Roots the provider's operators emitted asset events for (their extra names a manifest)."""
+def event_claims() -> dict[str, tuple[str, str]]:
+    """Per asset URI, the newest ``(run_id, manifest_ref)`` an event emitted by a task of this
+    provider's operators says of it. Events posted through the REST API have no source task and
+    never count: anyone allowed to post one could otherwise point the API server, with the
+    history connection's credentials, at any place."""
     from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+    from sqlalchemy import and_, select
 
+    source_task = and_(TaskInstance.dag_id == AssetEvent.source_dag_id, TaskInstance.run_id == AssetEvent.source_run_id,
+                       TaskInstance.task_id == AssetEvent.source_task_id,
+                       TaskInstance.map_index == AssetEvent.source_map_index)
+    query = (select(AssetModel.uri, AssetEvent.extra).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+             .join(TaskInstance, source_task).where(TaskInstance.operator.in_(SNAPSHOT_OPERATORS))
+             .order_by(AssetEvent.timestamp))
+    claims: dict[str, tuple[str, str]] = {}
     with create_session() as session:
-        rows = session.execute(select(AssetModel.uri, AssetEvent.extra).join(AssetEvent, AssetEvent.asset_id == AssetModel.id))
-        return sorted({uri for uri, extra in rows if isinstance(extra, dict) and extra.get("manifest_ref")})
+        for uri, extra in session.execute(query):
+            if isinstance(extra, dict) and isinstance(extra.get("run_id"), str) and isinstance(extra.get("manifest_ref"), str):
+                claims[uri] = (extra["run_id"], extra["manifest_ref"])
+    return claims
+
+
+# (root, run_id, manifest_ref) -> whether the root's record of the run names that manifest: a
+# record's manifest never changes, so an answer holds for the life of the process.
+_checked_claims: dict[tuple[str, str, str], bool] = {}
+
+
+def event_roots() -> list[str]:
+    """Roots of ``event_claims`` whose own run record confirms the event. A root whose storage
+    does not answer stays listed (a task of ours emitted its event) and is checked again later."""
+    claims = event_claims()
+    unchecked = {uri: claim for uri, claim in claims.items() if (uri, *claim) not in _checked_claims}
+    outcomes = within(CLAIM_CHECK_DEADLINE_S, {uri: functools.partial(_claim_holds, uri, *c) for uri, c in unchecked.items()})
+    for uri, outcome in outcomes.items():
+        if isinstance(outcome, bool):
+            _checked_claims[(uri, *claims[uri])] = outcome
+            if not outcome:
+                log.warning("shardyfusion history: %s is not listed: its record of run %s does not name %s",
+                            uri, *claims[uri])
+        elif not isinstance(outcome, StorageError | Unanswered):
+            raise outcome
+    return sorted(uri for uri, claim in claims.items() if _checked_claims.get((uri, *claim), True))
+
+
+def _claim_holds(uri: str, run_id: str, manifest_ref: str) -> bool:
+    return run_claim_holds(open_root(uri), run_id, manifest_ref)
 
 
 def all_roots() -> list[str]:
@@ -68,9 +127,34 @@ def _hook() -> Any:
         return cached[2]
 
 
+# S3 calls of the history give up about when the page does (ROOT_DEADLINE_S): 2 s to connect, 3 s
+# for each read of the answer, one attempt and no retry past the deadline; otherwise a store that
+# does not answer keeps a thread of the API server for botocore's minutes of timeouts and retries.
+HISTORY_S3_TIMEOUTS_S = (2.0, 3.0)
+HISTORY_S3_RETRY = RetryPolicy(attempts=2, base_delay_s=0.2, max_delay_s=0.5, deadline_s=ROOT_DEADLINE_S)
+
+def open_root(uri: str) -> SnapshotRoot:
+    """The root read with the history connection's credentials; on S3 with short timeouts."""
+    if not layout.normalize_root(uri).startswith("s3://"):
+        return _hook().get_snapshots(uri)
+    options = dataclasses.replace(_hook().storage_options(uri), max_attempts=1)
+    client = make_s3_client(options, timeouts_s=HISTORY_S3_TIMEOUTS_S)
+    return SnapshotRoot(S3Store(uri, options, client=client, retry=HISTORY_S3_RETRY))
+
+
+def cache_dir() -> str:
+    """Where key look-ups keep downloaded shards: one place for every request, so a shard is
+    downloaded once, not once per request."""
+    return conf.get("shardyfusion", "history_cache_dir", fallback=None) or os.path.join(
+        tempfile.gettempdir(), "shardyfusion-history-cache")
+
+
+def open_reader(uri: str, manifest_ref: str) -> ShardedReader:
+    return _hook().get_reader(uri, manifest_ref=manifest_ref, cache_dir=cache_dir())
+
+
 app = create_app(
-    HistorySource(roots=all_roots, open_root=lambda uri: _hook().get_snapshots(uri),
-                  open_reader=lambda uri, manifest_ref: _hook().get_reader(uri, manifest_ref=manifest_ref),
+    HistorySource(roots=all_roots, open_root=open_root, open_reader=open_reader,
                   spark_ui_template=conf.get("shardyfusion", "history_spark_ui_url", fallback=None) or None),
     auth=requires_access_asset(method="GET"),
 )

@@ -7,7 +7,10 @@ model holds one.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -24,6 +27,23 @@ th{background:#f0f4f8}.state{padding:.1rem .4rem;border-radius:.3rem;font-size:.
 .superseded,.rolled_back,.deleted{background:#e2e8f0}nav a{margin-right:1rem}.muted{color:#829ab1}
 svg{background:#fafcfe;border:1px solid #d9e2ec}
 """
+
+
+# The one inline style block is allowed by its hash; no script of any kind, nothing from elsewhere.
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+CONTENT_SECURITY_POLICY = (f"default-src 'none'; style-src 'sha256-{_STYLE_HASH}'; form-action 'self'; "
+                           "base-uri 'none'; frame-ancestors 'self'")
+
+# An absolute http(s) address, or a path of this server ("/x", never "//host" or "/\host", which
+# browsers read as another host). Nothing before the scheme: browsers drop leading blanks and
+# control characters, so " javascript:" would run.
+_SAFE_HREF = re.compile(r"(?:https?://[^\s/\\?#@][^\s]*|/(?![/\\])[^\s]*)", re.IGNORECASE)
+
+
+def safe_href(url: Any) -> str | None:
+    """``url`` if a page may link it (see ``_SAFE_HREF``), else None: the page shows it as text."""
+    text = str(url)
+    return text if _SAFE_HREF.fullmatch(text) and not any(ord(c) < 32 or ord(c) == 127 for c in text) else None
 
 
 def esc(value: Any) -> str:
@@ -68,7 +88,7 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | 
             f'viewBox="0 0 {width} {height}">{"".join(bars)}</svg></figure>')
 
 
-def _fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: int | None) -> str:
     if n is None:
         return ""
     size = float(n)
@@ -81,7 +101,7 @@ def _fmt_bytes(n: int | None) -> str:
 
 def roots_page(data: dict[str, Any]) -> str:
     rows = [[link("/root", r["root"], uri=r["root"]), esc(r.get("live_run_id") or "—"), esc(r.get("live_since") or ""),
-             esc(_fmt_age(r.get("age_s"))), esc(r.get("rows")), esc(_fmt_bytes(r.get("bytes"))), esc(r.get("chain_depth")),
+             esc(_fmt_age(r.get("age_s"))), esc(r.get("rows")), esc(fmt_bytes(r.get("bytes"))), esc(r.get("chain_depth")),
              esc(_validation_summary(r.get("last_validation"))), esc(r.get("runs", "")), esc(r.get("error") or "")]
             for r in data["roots"]]
     note = "" if data["roots"] else "<p class='muted'>No snapshot roots yet: none emitted an asset event, and " \
@@ -109,7 +129,7 @@ def timeline_page(data: dict[str, Any]) -> str:
     runs = data["runs"]
     rows = [[link("/run", r["run_id"], uri=data["root"], run_id=r["run_id"]), state(r["state"]),
              esc(r.get("started_at") or ""), esc(r.get("published_at") or ""), esc(r.get("rows")),
-             esc(_fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
+             esc(fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
              esc(r.get("error") or "")] for r in runs]
     oldest_first = list(reversed([r for r in runs if r.get("rows") is not None]))
     charts = (bar_chart("rows per run (oldest → newest)", [r["run_id"] for r in oldest_first],
@@ -135,7 +155,7 @@ def run_page(data: dict[str, Any]) -> str:
     entry, shards = data["run"], data.get("shards") or []
     facts = table(["", ""], [[esc(k), esc(v)] for k, v in (
         ("state", entry["state"]), ("started", entry.get("started_at")), ("finished", entry.get("finished_at")),
-        ("published", entry.get("published_at")), ("rows", entry.get("rows")), ("bytes", _fmt_bytes(entry.get("bytes"))),
+        ("published", entry.get("published_at")), ("rows", entry.get("rows")), ("bytes", fmt_bytes(entry.get("bytes"))),
         ("shards", data.get("num_dbs")), ("skew (largest / mean rows)", data.get("skew")),
         ("write mode", data.get("write_mode")), ("written on run", data.get("base_run_id")),
         ("chain depth", data.get("chain_depth") if data.get("write_mode") not in (None, "full") else None),
@@ -144,7 +164,7 @@ def run_page(data: dict[str, Any]) -> str:
                                     if entry.get("airflow")) or None),
         ("Spark application", data.get("spark_app_id")),
     ) if v not in (None, "")])
-    links = "".join(f"<li><a href='{esc(url)}'>{esc(name)}</a></li>" for name, url in data.get("links", {}).items())
+    links = "".join(f"<li>{external_link(name, url)}</li>" for name, url in data.get("links", {}).items())
     charts = ""
     if shards:
         labels = [f"shard {s['db_id']}" for s in shards]
@@ -156,11 +176,19 @@ def run_page(data: dict[str, Any]) -> str:
         checks = "<h2>Validation</h2>" + table(["check", "ok", "figure", "limit"], [
             [esc(c["name"]), esc("skipped" if c.get("skipped") else c["ok"]), esc(c.get("figure")), esc(c.get("limit"))]
             for c in validation.get("checks", [])])
-    shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(_fmt_bytes(s["bytes"])), esc(s["files"]), _layers_text(s)]
+    shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(fmt_bytes(s["bytes"])), esc(s["files"]), _layers_text(s)]
                   for s in shards]
     return page(f"Run {entry['run_id']}", facts + (f"<ul>{links}</ul>" if links else "") + charts + checks
                 + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files", "layers (oldest first)"], shard_rows)
                    if shards else ""))
+
+
+def external_link(name: str, url: Any) -> str:
+    """A link a manifest or the configuration gave: an anchor only for ``safe_href`` addresses."""
+    href = safe_href(url)
+    if href is None:
+        return f"{esc(name)}: <code>{esc(url)}</code> (not linked: only http and https addresses are)"
+    return f"<a href='{esc(href)}' rel='noopener noreferrer'>{esc(name)}</a>"
 
 
 def _layers_text(shard: dict[str, Any]) -> str:
@@ -168,16 +196,16 @@ def _layers_text(shard: dict[str, Any]) -> str:
     parts = []
     for x in shard.get("layers") or ():
         did = "full" if x["kind"] == "full" else f"+{x['inserted']} ~{x['updated']} -{x['deleted']}"
-        parts.append(f"{esc(x['run_id'])} ({esc(did)}, {esc(_fmt_bytes(x['bytes']))})")
+        parts.append(f"{esc(x['run_id'])} ({esc(did)}, {esc(fmt_bytes(x['bytes']))})")
     return "<br>".join(parts)
 
 
 def diff_page(data: dict[str, Any]) -> str:
     rows = [[esc(s["db_id"]), esc(s["rows_a"]), esc(s["rows_b"]), esc(_delta(s["rows_a"], s["rows_b"])),
-             esc(_fmt_bytes(s["bytes_a"])), esc(_fmt_bytes(s["bytes_b"])), esc("same" if s["same_files"] else "changed")]
+             esc(fmt_bytes(s["bytes_a"])), esc(fmt_bytes(s["bytes_b"])), esc("same" if s["same_files"] else "changed")]
             for s in data["shards"]]
     summary = (f"<p>rows {esc(data['rows_a'])} → {esc(data['rows_b'])} ({esc(_delta(data['rows_a'], data['rows_b']))}),"
-               f" bytes {esc(_fmt_bytes(data['bytes_a']))} → {esc(_fmt_bytes(data['bytes_b']))};"
+               f" bytes {esc(fmt_bytes(data['bytes_a']))} → {esc(fmt_bytes(data['bytes_b']))};"
                f" {'same routing' if data['same_routing'] else 'different routing: shards are not comparable one to one'}"
                "</p>")
     changes = data.get("changes")
@@ -200,5 +228,7 @@ def key_page(data: dict[str, Any]) -> str:
     shown, retained = len(data["runs"]), data.get("retained_runs", len(data["runs"]))
     note = (f"<p>The newest {shown} of {retained} retained runs (add <code>&amp;limit=N</code> for more, up to "
             f"{esc(data.get('max_limit'))}).</p>" if shown < retained else f"<p>All {retained} retained runs.</p>")
+    if data.get("stopped"):
+        note += f"<p class='problem'>{esc(data['stopped'])}</p>"
     return page(f"Key {data['key']!s} in {data['root']}",
                 note + table(["run", "state", "found", "value", "problem"], rows))

@@ -60,3 +60,22 @@ def test_every_state_a_run_can_end_in_and_a_diff(any_root, capsys):
     code = main(["diff", root, runs["v2"], runs["gone"], *flags(opts)])
     _, err = capsys.readouterr()
     assert code == 1 and f"run {runs['gone']!r} has no manifest" in err
+
+
+def test_an_event_claim_holds_only_if_the_roots_own_record_names_its_manifest(any_root, tmp_path):
+    """What the history plugin checks of an asset event of ours before it lists the root (issue 27 item 1)."""
+    from airflow_provider_shardyfusion.core.history import run_claim_holds
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.storage import open_store
+    from tests.snapshot_factory import build_snapshot
+
+    root, opts = any_root
+    a = build_snapshot(root, [(1, b"a")], num_dbs=1, storage_options=opts, run_id="20260101T000000Z-claima00")
+    b = build_snapshot(root, [(1, b"b")], num_dbs=1, storage_options=opts, run_id="20260102T000000Z-claimb00")
+    snapshots = SnapshotRoot(open_store(root, opts))
+    assert run_claim_holds(snapshots, a.run_id, a.manifest_ref) is True
+    assert run_claim_holds(snapshots, a.run_id, b.manifest_ref) is False  # another run's manifest
+    assert run_claim_holds(snapshots, "20260103T000000Z-norecord", a.manifest_ref) is False
+    assert run_claim_holds(snapshots, "../../etc", a.manifest_ref) is False
+    elsewhere = a.manifest_ref.replace(root, f"file://{tmp_path}/elsewhere")
+    assert run_claim_holds(snapshots, a.run_id, elsewhere) is False

@@ -188,3 +188,65 @@ def test_the_plugin_app_refuses_a_request_without_airflow_authentication():
     for path in ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/diff?uri=file:///x&a=r&b=s",
                  "/key?uri=file:///x&key=1"):
         assert client.get(path).status_code == 401, path
+
+
+def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outside_the_root(file_root, tmp_path):
+    """Issue 27 item 11: the run page of a run whose record names a manifest that is gone, unreadable
+    JSON, or outside the root answers 404 / 502 with the reason, as the diff and key pages do."""
+    from airflow_provider_shardyfusion.core import layout
+    from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
+    from tests.snapshot_factory import build_snapshot
+
+    store = open_store(file_root)
+    missing = build_snapshot(file_root, [(1, b"a")], num_dbs=1, run_id="20260101T000000Z-missing0")
+    corrupt = build_snapshot(file_root, [(1, b"a")], num_dbs=1, run_id="20260102T000000Z-corrupt0")
+    store.delete_many([missing.manifest_key])
+    store.put(corrupt.manifest_key, b'{"format_version": 1, "run_id": ')
+    outside_manifest = f"file://{tmp_path}/elsewhere/{layout.manifest_key('20260103T000000Z-outside0', layout.utc_now())}"
+    write_run_record(store, "20260103T000000Z-outside0", SUCCEEDED, manifest_ref=outside_manifest)
+    client = client_for([file_root], None, tmp_path)
+    expected = {missing.run_id: (404, "its manifest is missing"), corrupt.run_id: (502, "its manifest is refused"),
+                "20260103T000000Z-outside0": (502, "lies outside the output root")}
+    for run_id, (status, reason) in expected.items():
+        for fmt in ("html", "json"):
+            response = client.get("/run", params={"uri": file_root, "run_id": run_id, "format": fmt})
+            assert response.status_code == status, (run_id, response.status_code, response.text)
+            detail = response.json()["detail"]
+            assert reason in detail and run_id in detail, detail
+
+
+def test_key_look_up_downloads_within_a_byte_budget_and_reuses_its_cache(file_root, tmp_path):
+    """Issue 27 item 13: a look-up over many runs stops once the shards it downloaded reach the
+    request's byte budget and says so; the shards stay cached, so asking again goes on."""
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.ui import render
+    from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+    from airflow_provider_shardyfusion.ui.render import esc
+    from tests.snapshot_factory import build_snapshot
+
+    runs = [build_snapshot(file_root, [(k, f"r{i}-{k}".encode() * 50) for k in range(200)], num_dbs=1,
+                           run_id=f"2026010{i + 1}T000000Z-keyrun{i:02d}") for i in range(6)]
+    size = [r.manifest.shards[0].byte_size for r in runs]
+    readers: list[ShardedReader] = []
+
+    def open_reader(uri, ref):
+        readers.append(ShardedReader(uri, manifest_ref=ref, cache_dir=str(tmp_path / "cache")))
+        return readers[-1]
+
+    source = HistorySource(roots=lambda: [file_root], open_root=lambda uri: SnapshotRoot(open_store(uri)),
+                           open_reader=open_reader, key_byte_budget=size[5] + size[4] + size[3] // 2)
+    client = TestClient(create_app(source))
+
+    def downloaded() -> int:
+        return sum(r.cache_stats["bytes_downloaded"] for r in readers)
+
+    first = client.get("/key", params={"uri": file_root, "key": "7", "limit": 6, "format": "json"}).json()
+    assert [r["value"][:8] for r in first["runs"]] == ["r5-7r5-7", "r4-7r4-7", "r3-7r3-7"]  # newest first
+    assert first["bytes_downloaded"] == downloaded() == sum(size[3:])  # the third passed the budget: no fourth
+    assert "stopped after 3 runs" in first["stopped"] and "budget of one request" in first["stopped"]
+    assert esc(first["stopped"]) in render.key_page(first)  # the HTML twin says it (asking again would go on)
+    before = downloaded()
+    again = client.get("/key", params={"uri": file_root, "key": "7", "limit": 6, "format": "json"}).json()
+    assert [r["value"][:8] for r in again["runs"]] == [f"r{i}-7r{i}-7" for i in (5, 4, 3, 2, 1, 0)]
+    assert again["stopped"] is None and again["bytes_downloaded"] == downloaded() - before == sum(size[:3])

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import sharded_write as sw
-from tests.operator_helpers import connections, make_context, make_op
+from tests.operator_helpers import connections, execute_in_thread, make_context, make_op
 from tests.polling import wait_for
 from tests.spark_connect_server import connect_server
 from tests.spark_helpers import assert_exact, assert_reader_agrees, int_table, read_snapshot, write_parquet
@@ -143,16 +142,7 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
     connections(monkeypatch, spark=connect_conn)
     root = f"file://{tmp_path}/kill"
     op = make_op(root, aws_conn_id=None, input_path=write_parquet(tmp_path, table), num_dbs=4, run_id="run-killed")
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["result"] = op.execute(make_context())
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    task = threading.Thread(target=run)
-    task.start()
+    task, outcome = execute_in_thread(op)
     wait_for(marker.exists, 120, "a shard write to be held on the Connect server")
     started = time.monotonic()
     op.on_kill()
@@ -166,7 +156,7 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
 
 
 THIN_CLIENT_PACKAGES = ("pyspark-client=={version}", "pyarrow", "pandas>=2.2", "numpy", "xxhash", "cel-python",
-                        "rocksdict", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
+                        "rocksdict", "msgspec", "boto3", "grpcio", "grpcio-status", "googleapis-common-protos", "zstandard")
 
 
 @pytest.fixture(scope="module")

@@ -122,15 +122,14 @@ def test_pointer_from_dict_bad_format_version():
 
 
 def test_pointer_unexpected_failure_is_still_a_pointer_error(monkeypatch):
-    from airflow_provider_shardyfusion.core import serialization
-
     def boom(*args, **kwargs):
         raise AttributeError("unexpected shape")
 
-    monkeypatch.setattr(serialization, "ts_field", boom)
+    data = pointer().to_bytes()
+    monkeypatch.setattr(layout, "validate_run_id", boom)  # a check after decoding fails unexpectedly
     malformed = r"_CURRENT pointer of run '.*' is malformed: AttributeError: unexpected shape"
     with pytest.raises(ManifestValidationError, match=malformed):
-        CurrentPointer.from_bytes(pointer().to_bytes())
+        CurrentPointer.from_bytes(data)
 
 
 @pytest.mark.parametrize("data", [b"not json", b"[1]", b"", b"\xff\xfe"])
@@ -314,10 +313,10 @@ def test_manifest_from_dict_missing_format_version():
 
 
 def test_manifest_unexpected_failure_is_still_a_manifest_error(monkeypatch):
-    def boom(obj):
+    def boom(self):
         raise TypeError("unexpected shape")
 
-    monkeypatch.setattr(ShardEntry, "from_dict", boom)
+    monkeypatch.setattr(Manifest, "validate", boom)
     with pytest.raises(ManifestValidationError, match=rf"manifest of run '{RUN}' is malformed: TypeError: unexpected shape"):
         Manifest.from_bytes(manifest().to_bytes())
 
@@ -464,10 +463,10 @@ def test_run_record_from_dict_missing_format_version():
 
 
 def test_run_record_unexpected_failure_is_still_a_run_record_error(monkeypatch):
-    def boom(obj):
+    def boom(self):
         raise ValueError("unexpected shape")
 
-    monkeypatch.setattr(RunError, "from_dict", boom)
+    monkeypatch.setattr(RunRecord, "validate", boom)
     data = record(status="failed", error=RunError("X", "y")).to_dict()
     with pytest.raises(RunRecordError, match=rf"run record of run '{RUN}' is malformed: ValueError: unexpected shape"):
         RunRecord.from_dict(data)

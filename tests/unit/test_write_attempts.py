@@ -13,6 +13,7 @@ from airflow_provider_shardyfusion.core.errors import (
     InputDataError,
     RunRecordError,
     ShardyfusionError,
+    SparkConnectError,
     SparkSubmitError,
 )
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
@@ -21,6 +22,7 @@ from airflow_provider_shardyfusion.core.write_attempts import (
     abandon_reason,
     candidate_run_ids,
     choose_run,
+    connect_launcher,
     resolve_deferral_timeout,
     retry_run_id,
     short_submit_error,
@@ -146,6 +148,20 @@ def test_a_record_of_another_writer_is_never_our_outcome_nor_marked():
             raise got.to_exception()
     # An earlier try of this task is another writer too: its record is not this try's outcome.
     assert abandon(record("r1", RUNNING, by=me(1)), try_number=2) is None
+
+
+def test_a_connect_job_that_ended_is_named_as_such_not_as_spark_submit():
+    # Stopped sooner (SIGTERM, code -15) or lost: no spark-submit ran, and the job's output reaches the error.
+    rec, launcher = record("r1", RUNNING, by=me(1)), connect_launcher("sf_spark")
+    stopped = RuntimeError("exited with code -15")
+    got = outcome(rec, submit_error=stopped, tail="retry 2 of 5\nConnection refused", launcher=launcher)
+    with pytest.raises(SparkConnectError) as info:
+        raise got.to_exception()
+    text = str(info.value)
+    assert "the Spark Connect job (connection 'sf_spark') failed: exited with code -15" in text
+    assert text.endswith("retry 2 of 5\nConnection refused") and "spark-submit" not in text
+    reason = abandon_reason(rec, me(1), cluster_mode=False, submit_error=stopped, launcher=launcher)
+    assert reason == "the Spark Connect job (connection 'sf_spark') ended (exited with code -15) while the run was still running"
 
 
 def test_a_record_without_identity_is_reported_but_never_marked():

@@ -35,13 +35,17 @@ _TRANSIENT_CODES = {
 DEFAULT_RETRY = RetryPolicy()
 
 
-def client_config(options: StorageOptions, *, max_attempts: int | None = None) -> Any:
-    """The botocore ``Config`` for ``options`` (retry budget, addressing style), sync and async alike."""
+def client_config(options: StorageOptions, *, max_attempts: int | None = None,
+                  timeouts_s: tuple[float, float] | None = None) -> Any:
+    """The botocore ``Config`` for ``options`` (retry budget, addressing style), sync and async alike;
+    ``timeouts_s``: (connect, read) instead of botocore's 60 s each."""
     from botocore.config import Config
 
     cfg: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": max_attempts or options.max_attempts}}
     if options.addressing_style:
         cfg["s3"] = {"addressing_style": options.addressing_style}
+    if timeouts_s is not None:
+        cfg["connect_timeout"], cfg["read_timeout"] = timeouts_s
     return Config(**cfg)
 
 
@@ -54,12 +58,13 @@ def credential_kwargs(options: StorageOptions) -> dict[str, Any]:
     }
 
 
-def make_s3_client(options: StorageOptions, *, session: Any = None) -> Any:
+def make_s3_client(options: StorageOptions, *, session: Any = None,
+                   timeouts_s: tuple[float, float] | None = None) -> Any:
     """A boto3 S3 client for ``options``; ``session`` (a boto3 session) supplies credentials instead."""
     import boto3  # deferred: never imported at DAG-parse time
 
     session = session or boto3.session.Session(region_name=options.region_name, **credential_kwargs(options))
-    return session.client("s3", endpoint_url=options.endpoint_url, config=client_config(options))
+    return session.client("s3", endpoint_url=options.endpoint_url, config=client_config(options, timeouts_s=timeouts_s))
 
 
 def split_root(root: str) -> tuple[str, str]:
