@@ -77,9 +77,10 @@ class ManifestRef:
     published_at: datetime
 
 
-# Whole snapshots of chain documents kept per SnapshotRoot, by the checksum of the document's bytes:
-# a reader's refresh along a chain then reads one new manifest, and a history page of many chain
-# runs decodes each document once. Entries share their unchanged shards with each other.
+# Decoded manifests (chain documents joined to their bases) kept per SnapshotRoot by the checksum of
+# their bytes: a reader's refresh along a chain then reads and decodes one new manifest, and a
+# history page of many chain runs decodes each document once. Entries share unchanged shards.
+# A cached manifest is served only for the run the path or pointer names (checked again here).
 RESOLVED_CACHE_SIZE = 64
 
 
@@ -227,7 +228,11 @@ class SnapshotRoot:
         """``read_manifest`` and the URIs of the base manifests it was rebuilt from, nearest first."""
         ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
         data = self.store.get(ref.key).data
-        return self._resolve(self._document(ref, data), bytes_checksum(data))
+        checksum = bytes_checksum(data)
+        cached = self._cached(checksum)
+        if cached is not None and cached.manifest.run_id == ref.run_id:
+            return cached
+        return self._resolve(self._document(ref, data), checksum)
 
     def load_manifest(self, pointer: CurrentPointer) -> Manifest:
         """The manifest ``pointer`` names, refused unless it is exactly the one the pointer was written for."""
@@ -237,7 +242,12 @@ class SnapshotRoot:
         """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
         ref = self.manifest_ref(pointer.manifest_ref)
         data = self.store.get(ref.key).data
-        return self._resolve(manifest_for_pointer(pointer, data, self.root), bytes_checksum(data))
+        pointer.check_manifest_bytes(data)
+        checksum = bytes_checksum(data)
+        cached = self._cached(checksum)
+        if cached is not None and cached.manifest.run_id == pointer.run_id:
+            return cached
+        return self._resolve(manifest_for_pointer(pointer, data, self.root), checksum)
 
     def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
         return manifest_document(ref.uri, ref.run_id, data, self.root)
@@ -245,19 +255,22 @@ class SnapshotRoot:
     def _resolve(self, doc: Manifest, checksum: str) -> ResolvedManifest:
         """Join a chain document to its bases, reading only the manifests not resolved before."""
         if not doc.is_chain_document:
-            return ResolvedManifest(doc, checksum)
+            whole = ResolvedManifest(doc, checksum)
+            self._remember(checksum, whole)
+            return whole
         pending: list[tuple[Manifest, str]] = []
-        found: ResolvedManifest | None = None
         while True:
-            cached = self._cached(checksum)
-            if cached is not None:
-                found = cached
-                break
-            if not doc.is_chain_document:
-                found = ResolvedManifest(doc, checksum)
-                break
             pending.append((doc, checksum))
-            doc, checksum = self._base_document(doc), doc.base_manifest_checksum or ""
+            base_checksum = doc.base_manifest_checksum or ""
+            found = self._cached(base_checksum)
+            if found is not None and found.manifest.run_id == doc.base_run_id:
+                break
+            base = self._base_document(doc)
+            if not base.is_chain_document:
+                found = ResolvedManifest(base, base_checksum)
+                self._remember(base_checksum, found)
+                break
+            doc, checksum = base, base_checksum
         assert found is not None  # the loop ends on a cached or a self-contained manifest
         for doc, checksum in reversed(pending):
             found = ResolvedManifest(chain.resolve(doc, found.manifest), checksum,
