@@ -20,6 +20,11 @@ no-op or a completion. One query writes a stream at a time (as one query uses a 
 it out of ever going live. Each run's manifest and run record carry ``writer.stream_id`` and
 ``writer.batch_id``.
 
+Ownership (``core.stream_owner``): the stream belongs to the checkpoint that numbers its batches
+and to one writer's lease; another checkpoint is refused unless ``stream_reset=True``. A batch is
+refused while ``_CURRENT`` names another run than the stream's last batch (``check_live_run``)
+unless it is ``accept_live_run``.
+
 The configuration's ``input`` is not read (each batch's DataFrame is the input); it may describe
 the stream's source. ``delete_column`` needs ``write_mode="delta"`` in the config; the write mode of
 each batch is chosen by the writer. In the first (full) batch rows flagged deleted are dropped.
@@ -36,15 +41,29 @@ refuses the option for a job that builds the query (call it before ``start()``).
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .core import layout
 from .core.config import DeltaSpec, WriteConfig
-from .core.errors import ConfigError, PublishManifestError, RunAbandoned, RunRecordError, StorageError
+from .core.errors import (
+    ConfigError,
+    ObjectNotFoundError,
+    PublishManifestError,
+    RunAbandoned,
+    RunRecordError,
+    StorageError,
+    StreamOwnershipError,
+)
 from .core.run_record import mark_failed
 from .core.snapshot import SnapshotRoot
+from .core.storage import open_store
 from .core.stream_batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
+from .core.stream_owner import DEFAULT_LEASE, StreamOwner, claim
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -53,6 +72,9 @@ log = logging.getLogger("shardyfusion.streaming")
 
 ASYNC_PROGRESS_OPTION = "asyncProgressTrackingEnabled"
 ASYNC_PROGRESS_CONF = "spark.sql.streaming.asyncProgressTrackingEnabled"
+# Spark sets it on the thread that runs a micro-batch: the query id, kept in the checkpoint's
+# ``metadata`` file (``{"id": ...}``), so the same across restarts and new for a new checkpoint.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 def _async_refusal(where: str) -> ConfigError:
@@ -103,14 +125,65 @@ class BatchWriter:
     config: WriteConfig
     stream_id: str
     faults: dict[str, Any] | None = None
+    checkpoint_location: str | None = None
+    stream_reset: bool = False
+    accept_live_run: str | None = None
+    lease: timedelta = DEFAULT_LEASE
     outcomes: list[BatchOutcome] = field(default_factory=list)
+    writer_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    _held: bool = field(default=False, repr=False)
 
     def __call__(self, batch_df, batch_id: int) -> None:
-        batch_id = int(batch_id)
         spark = batch_df.sparkSession
         check_session(spark)
         snapshots = SnapshotRoot.open(self.config.output_uri, self.config.storage_options)
-        decision = decide(snapshots, self.stream_id, batch_id)
+        checkpoint_id = checkpoint_identity(spark, self.checkpoint_location, self.config)
+        owner = self._claim(snapshots, checkpoint_id)
+        self._batch(spark, batch_df, owner.batch_offset + int(batch_id), snapshots)
+        self._claim(snapshots, checkpoint_id)  # renews the lease; a writer fenced meanwhile stops here
+
+    def _claim(self, snapshots: SnapshotRoot, checkpoint_id: str) -> StreamOwner:
+        """Claim (or renew) the stream for this writer with a conditional put on its owner object."""
+        key = layout.stream_owner_key(self.stream_id)
+        for _ in range(3):
+            try:
+                obj = snapshots.store.get(key)
+                current, etag = StreamOwner.from_bytes(obj.data), obj.etag
+            except ObjectNotFoundError:
+                current, etag = None, None
+            fresh = current is None or current.checkpoint_id != checkpoint_id
+            decided = claim(current, stream_id=self.stream_id, checkpoint_id=checkpoint_id, writer_id=self.writer_id,
+                            held=self._held, now=layout.utc_now(), lease=self.lease, stream_reset=self.stream_reset,
+                            next_free_batch=next_free_batch(snapshots, self.stream_id) if fresh else 0)
+            if snapshots.store.put_if_match(key, decided.owner.to_bytes(), etag) is not None:
+                if decided.warning:
+                    log.warning("%s", decided.warning)
+                self._held = True
+                return decided.owner
+        raise StreamOwnershipError(f"stream {self.stream_id!r}: its owner object {snapshots.store.uri(key)} kept "
+                                   "changing while this writer claimed it (another writer on the stream?)")
+
+    def release(self) -> None:
+        """End this writer's lease once its query ended (a ``stream_reset`` may then take over at once).
+
+        The owner object stays (the checkpoint still owns the stream); a writer that no longer holds
+        the stream leaves it alone.
+        """
+        if not self._held:
+            return
+        store = SnapshotRoot.open(self.config.output_uri, self.config.storage_options).store
+        key = layout.stream_owner_key(self.stream_id)
+        try:
+            obj = store.get(key)
+        except ObjectNotFoundError:
+            return
+        owner = StreamOwner.from_bytes(obj.data)
+        if owner.writer_id == self.writer_id and store.put_if_match(
+                key, replace(owner, lease_expires_at=layout.utc_now()).to_bytes(), obj.etag) is not None:
+            self._held = False
+
+    def _batch(self, spark, batch_df, batch_id: int, snapshots: SnapshotRoot) -> None:
+        decision = decide(snapshots, self.stream_id, batch_id, accept_live_run=self.accept_live_run)
         if decision.warning:
             log.warning("%s", decision.warning)
         log.info("stream %s batch %d: %s", self.stream_id, batch_id, decision.reason)
@@ -192,13 +265,28 @@ def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
     return replace(config, run_id=run_id, delta=delta).validate()
 
 
-def foreach_batch_writer(config: WriteConfig, *, stream_id: str, faults: dict[str, Any] | None = None) -> BatchWriter:
+def foreach_batch_writer(config: WriteConfig, *, stream_id: str, checkpoint_location: str | None = None,
+                         stream_reset: bool = False, accept_live_run: str | None = None,
+                         lease_seconds: float = DEFAULT_LEASE.total_seconds(),
+                         faults: dict[str, Any] | None = None) -> BatchWriter:
     """The function for ``DataStreamWriter.foreachBatch``: one published snapshot per micro-batch.
 
     ``stream_id`` must stay the same across restarts of the query (same checkpoint); it starts
-    every run id. ``faults`` is for tests (``spark_jobs.faults``).
+    every run id. The stream belongs to one checkpoint (the query id Spark keeps in it, read from
+    the micro-batch's thread, or from ``checkpoint_location``'s ``metadata`` where that is not
+    visible, as over Spark Connect): another checkpoint is refused unless ``stream_reset=True``,
+    which continues the stream from the new checkpoint after the newest batch on the root. A batch
+    is refused while ``_CURRENT`` names another run than the stream's last published batch, unless
+    it names ``accept_live_run``. ``lease_seconds``: how long the writer's claim on the stream holds
+    without a batch (renewed at each batch). ``faults`` is for tests (``spark_jobs.faults``).
     """
     validate_stream_id(stream_id)
+    if not isinstance(stream_reset, bool):
+        raise ConfigError(f"stream_reset {stream_reset!r} must be True or False")
+    if accept_live_run is not None:
+        layout.validate_run_id(accept_live_run, what="accept_live_run")
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) or not 0 < lease_seconds < 1e9:
+        raise ConfigError(f"lease_seconds {lease_seconds!r} must be a positive number of seconds")
     if not isinstance(config, WriteConfig):
         raise ConfigError(f"config must be a WriteConfig (build_write_config(...)), got {type(config).__name__}")
     config.validate()
@@ -210,14 +298,51 @@ def foreach_batch_writer(config: WriteConfig, *, stream_id: str, faults: dict[st
     if config.delta.base_run_id is not None:
         raise ConfigError(f"base_run_id {config.delta.base_run_id!r}: every micro-batch is written on the live "
                           "snapshot; leave base_run_id unset")
-    return BatchWriter(config=config, stream_id=stream_id, faults=faults)
+    return BatchWriter(config=config, stream_id=stream_id, faults=faults, checkpoint_location=checkpoint_location,
+                       stream_reset=stream_reset, accept_live_run=accept_live_run,
+                       lease=timedelta(seconds=lease_seconds))
 
 
-def decide(snapshots: SnapshotRoot, stream_id: str, batch_id: int) -> Decision:
+def checkpoint_identity(spark, checkpoint_location: str | None, config: WriteConfig) -> str:
+    """The identity of the checkpoint numbering the batches: the running query's id.
+
+    Read from the micro-batch's thread (classic PySpark), else from ``<checkpoint_location>/metadata``
+    (a ``file://``, local or S3 checkpoint, reached with the config's storage options).
+    """
+    try:
+        query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    except Exception:  # Spark Connect: no SparkContext
+        query_id = None
+    if query_id:
+        return str(query_id)
+    if not checkpoint_location:
+        raise ConfigError("the writer cannot see which checkpoint numbers the batches (called outside a streaming "
+                          "query's micro-batch, or over Spark Connect): pass checkpoint_location= to "
+                          "foreach_batch_writer")
+    store = open_store(checkpoint_location, config.storage_options)
+    try:
+        query_id = json.loads(store.get("metadata").data).get("id")
+    except (ObjectNotFoundError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"checkpoint {checkpoint_location!r} has no readable metadata file (its query id): {exc}") \
+            from None
+    if not isinstance(query_id, str) or not query_id:
+        raise ConfigError(f"checkpoint {checkpoint_location!r}: its metadata file names no query id")
+    return query_id
+
+
+def next_free_batch(snapshots: SnapshotRoot, stream_id: str) -> int:
+    """One above the newest batch id of any run of the stream on the root (0: none)."""
+    batches = [parsed[0] for run_id in snapshots.list_run_ids()
+               if (parsed := parse_batch_run_id(stream_id, run_id)) is not None]
+    return max(batches, default=-1) + 1
+
+
+def decide(snapshots: SnapshotRoot, stream_id: str, batch_id: int, *, accept_live_run: str | None = None) -> Decision:
     """Read what the root holds about the stream's runs and decide about ``batch_id``."""
     pointer = snapshots.current()
     live = pointer.run_id if pointer is not None else None
-    return decide_batch(stream_id, batch_id, stream_runs(snapshots, stream_id, batch_id, live), live_run_id=live)
+    return decide_batch(stream_id, batch_id, stream_runs(snapshots, stream_id, batch_id, live), live_run_id=live,
+                        accept_live_run=accept_live_run)
 
 
 def stream_runs(snapshots: SnapshotRoot, stream_id: str, batch_id: int, live: str | None) -> list[StreamRun]:

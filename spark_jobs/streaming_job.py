@@ -109,15 +109,22 @@ class RemoteBatches:
         sys.path.insert(0, path)
         from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
         from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
-        from airflow_provider_shardyfusion.streaming import foreach_batch_writer
 
         config, stream = decode_job_config(self.job_json)
         store = SnapshotRoot.open(config.output_uri, config.storage_options).store
         # This process has no logging set up; its stderr goes to the server's log.
         print(f"micro-batch writer of stream {stream.stream_id} started on the Connect server from {path}",
               file=sys.stderr, flush=True)
-        return Reporter(foreach_batch_writer(config, stream_id=stream.stream_id), store,
+        return Reporter(stream_writer(config, stream), store,
                         report_key(stream.stream_id, stream.report_id), stream.stream_id)
+
+
+def stream_writer(config, stream):
+    """The micro-batch writer of the job's stream settings."""
+    from airflow_provider_shardyfusion.streaming import foreach_batch_writer
+
+    return foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
+                                stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
 
 
 def remote_batches(job_json: str) -> RemoteBatches:
@@ -178,6 +185,13 @@ def _wait_until_idle(query, timeout_s: float = 600.0) -> None:
         time.sleep(0.2)
 
 
+def _release(writer) -> None:
+    try:
+        writer.release()
+    except Exception as exc:  # the lease runs out by itself
+        log.warning("could not release the stream's lease: %s", exc)
+
+
 def build_reader(spark, stream):
     reader = spark.readStream.format(stream.source_format).options(**stream.source_options)
     if stream.source_schema:
@@ -213,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
         config, stream = decode_job_config(job_json)
-        from airflow_provider_shardyfusion.streaming import check_stream_options, foreach_batch_writer
+        from airflow_provider_shardyfusion.streaming import check_stream_options
 
         check_stream_options(stream.source_options)
-        writer = foreach_batch_writer(config, stream_id=stream.stream_id)
+        writer = stream_writer(config, stream)
     except (ShardyfusionError, ValueError) as exc:
         print(f"shardyfusion streaming job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -256,6 +270,8 @@ def run(config, stream, writer, job_json: str) -> int:
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     finally:
+        if not remote:  # over Connect the writer lives on the server; its lease runs out
+            _release(writer)
         result = reporter.write(finished=True, error=error, batches=reporter.stored_batches() if remote else None)
         print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", file=sys.stderr)
         spark.stop()

@@ -67,6 +67,11 @@ class RunSupersededError(PublishManifestError):
     unless a rollback is asked for."""
 
 
+class StreamOwnershipError(ConfigError):
+    """A streaming writer may not write its stream: another checkpoint or a live writer owns it, or
+    ``_CURRENT`` names a run that is not the stream's last batch (a rollback, another writer)."""
+
+
 class ManifestValidationError(ShardyfusionError, ValueError):
     """A manifest or ``_CURRENT`` pointer is malformed or unsafe to follow.
 

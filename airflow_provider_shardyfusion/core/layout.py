@@ -21,6 +21,9 @@ RUNS_DIR = "runs"
 SHARDS_DIR = "shards"
 MANIFEST_NAME = "manifest.json"
 RUN_RECORD_NAME = "run.json"
+# Streams' own objects (owner, job reports); never run records, so cleanup and history pass them by.
+STREAMS_DIR = f"{RUNS_DIR}/_streams"
+STREAM_OWNER_NAME = "_owner.json"
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -138,6 +141,12 @@ def manifest_key(run_id: str, published_at: datetime) -> str:
 def run_record_key(run_id: str) -> str:
     validate_run_id(run_id)
     return f"{RUNS_DIR}/run_id={run_id}/{RUN_RECORD_NAME}"
+
+
+def stream_owner_key(stream_id: str) -> str:
+    """Who writes the stream: its checkpoint's identity and the writer's lease (``core.stream_owner``)."""
+    validate_run_id(stream_id, what="stream_id")
+    return f"{STREAMS_DIR}/{stream_id}/{STREAM_OWNER_NAME}"
 
 
 def shards_prefix(run_id: str) -> str:

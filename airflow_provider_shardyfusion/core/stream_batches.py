@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from . import layout
-from .errors import ConfigError
+from .errors import ConfigError, StreamOwnershipError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -93,12 +93,15 @@ class Decision:
     notes: tuple[str, ...] = field(default=())
 
 
-def decide_batch(stream_id: str, batch_id: int, runs: Iterable[StreamRun], *, live_run_id: str | None) -> Decision:
+def decide_batch(stream_id: str, batch_id: int, runs: Iterable[StreamRun], *, live_run_id: str | None,
+                 accept_live_run: str | None = None) -> Decision:
     """The decision for micro-batch ``batch_id`` of ``stream_id``.
 
     ``runs``: the stream's runs known to the caller (at least every attempt of this batch, the runs
     of later batches, and the newest published run of an earlier batch); ``live_run_id``: the run
-    ``_CURRENT`` names (None: no snapshot yet). Runs of other streams are ignored.
+    ``_CURRENT`` names (None: no snapshot yet). Runs of other streams are ignored. A batch to write
+    or publish while ``_CURRENT`` names another run than the stream's last published one raises
+    ``StreamOwnershipError``, unless that run is ``accept_live_run``.
     """
     ours = [r for r in runs if parse_batch_run_id(stream_id, r.run_id) is not None]
     published = [r for r in ours if r.published or r.run_id == live_run_id]
@@ -112,6 +115,9 @@ def decide_batch(stream_id: str, batch_id: int, runs: Iterable[StreamRun], *, li
         newest = max((r for r in published if r.batch_id == last), key=lambda r: r.retry)
         return Decision("skip", newest.run_id, f"batch {batch_id} is below the last published batch {last} "
                         f"(run {newest.run_id!r}): superseded", last_published_batch=last)
+    if published:
+        check_live_run(stream_id, batch_id, max(published, key=lambda r: (r.batch_id, r.retry)), live_run_id,
+                       accept_live_run)
     next_run = batch_run_id(stream_id, batch_id, max((r.retry for r in attempts), default=-1) + 1)
     mode: Literal["full", "delta"] = "full" if live_run_id is None else "delta"
     warning = None
@@ -140,3 +146,24 @@ def _why_rewritten(run: StreamRun, live_run_id: str | None) -> str:
         return "succeeded but was never published and its data was deleted"
     return (f"succeeded on base {run.base_run_id!r} but was never published, and _CURRENT now names "
             f"{live_run_id!r}")
+
+
+def check_live_run(stream_id: str, batch_id: int, newest: StreamRun, live_run_id: str | None,
+                   accept_live_run: str | None) -> None:
+    """Refuse to build on a ``_CURRENT`` that is not the stream's newest published batch.
+
+    Every batch is a delta on the live snapshot: after a rollback, or a full write of another writer
+    going live, the next batch would quietly continue from a snapshot without the stream's latest
+    batches (or with foreign data).
+    """
+    if live_run_id == newest.run_id or (accept_live_run is not None and live_run_id == accept_live_run):
+        return
+    live = "no run (no _CURRENT)" if live_run_id is None else f"run {live_run_id!r}"
+    raise StreamOwnershipError(
+        f"stream {stream_id!r}: _CURRENT names {live}, but the stream's last batch {newest.batch_id} was published "
+        f"as run {newest.run_id!r} (a rollback, or another writer published on this root). Batch {batch_id} would "
+        "be written on a snapshot that is not the stream's; nothing was written. Publish the stream's run again to "
+        f"continue (shardyfusion publish --run-id {newest.run_id}, with --allow-older if the live run started "
+        "later), or pass accept_live_run="
+        f"{live_run_id!r} to continue the stream on the live run deliberately"
+    )

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import WriteConfig
 from .errors import ConfigError, StorageError
-from .layout import RUNS_DIR
+from .layout import STREAM_OWNER_NAME, STREAMS_DIR, validate_run_id
 from .retry import RetryPolicy, call_with_retry
 from .secrets import refuse_secret_options, refuse_userinfo
 from .stream_batches import MAX_STREAM_ID_CHARS, validate_stream_id
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 TRIGGERS = ("available_now", "processing_time")
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "avro", "text")
-STREAMS_DIR = f"{RUNS_DIR}/_streams"
 _REPORT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -57,6 +56,8 @@ class StreamSettings:
     source_options: dict[str, str] = field(default_factory=dict)
     trigger: str = "available_now"
     processing_time: str | None = None
+    stream_reset: bool = False
+    accept_live_run: str | None = None
 
     def validate(self) -> StreamSettings:
         validate_stream_id(self.stream_id)
@@ -64,6 +65,9 @@ class StreamSettings:
             raise ConfigError("checkpoint_location is required: the query's offsets and commits live there")
         if not _REPORT_ID_RE.fullmatch(str(self.report_id)):
             raise ConfigError(f"report_id {self.report_id!r} must be 1-128 characters of [A-Za-z0-9._-]")
+        if f"{self.report_id}.json" == STREAM_OWNER_NAME:
+            raise ConfigError(f"report_id {self.report_id!r} is the name of the stream's owner object")
+        self._validate_ownership()
         if self.trigger not in TRIGGERS:
             raise ConfigError(f"trigger {self.trigger!r} must be one of {list(TRIGGERS)}")
         if self.trigger == "processing_time" and not self.processing_time:
@@ -80,6 +84,12 @@ class StreamSettings:
         refuse_secret_options(self.source_options, "source_options")
         return self
 
+    def _validate_ownership(self) -> None:
+        if not isinstance(self.stream_reset, bool):
+            raise ConfigError(f"stream_reset {self.stream_reset!r} must be True or False")
+        if self.accept_live_run is not None:
+            validate_run_id(self.accept_live_run, what="accept_live_run")
+
     @property
     def is_file_source(self) -> bool:
         return self.source_path is not None
@@ -88,7 +98,8 @@ class StreamSettings:
         return {"stream_id": self.stream_id, "checkpoint_location": self.checkpoint_location,
                 "report_id": self.report_id, "source_path": self.source_path, "source_format": self.source_format,
                 "source_schema": self.source_schema, "source_options": dict(self.source_options),
-                "trigger": self.trigger, "processing_time": self.processing_time}
+                "trigger": self.trigger, "processing_time": self.processing_time, "stream_reset": self.stream_reset,
+                "accept_live_run": self.accept_live_run}
 
     @classmethod
     def from_dict(cls, d: Any) -> StreamSettings:
@@ -99,7 +110,8 @@ class StreamSettings:
                        report_id=d["report_id"], source_path=d.get("source_path"),
                        source_format=d.get("source_format") or "parquet", source_schema=d.get("source_schema"),
                        source_options={str(k): str(v) for k, v in (d.get("source_options") or {}).items()},
-                       trigger=d.get("trigger") or "available_now", processing_time=d.get("processing_time"))
+                       trigger=d.get("trigger") or "available_now", processing_time=d.get("processing_time"),
+                       stream_reset=d.get("stream_reset", False), accept_live_run=d.get("accept_live_run"))
         except KeyError as exc:
             raise ConfigError(f"stream settings are missing {exc.args[0]!r}") from None
 

@@ -32,12 +32,22 @@ if TYPE_CHECKING:
 __all__ = ["StreamingSnapshotOperator"]
 
 _STREAM_FIELDS = ("source_path", "source_format", "source_schema", "source_options", "checkpoint_location",
-                  "stream_id", "trigger", "processing_time")
+                  "stream_id", "trigger", "processing_time", "accept_live_run")
 # The write arguments a stream does not take: the source replaces the input, and the job chooses the
 # run id, publishing and write mode per batch; the task always runs the query itself.
-_NOT_STREAM_ARGS = frozenset({"input_path", "input_format", "input_options", "input_table", "input_sql", "run_id",
-                              "cache_input", "publish", "write_mode", "base_run_id", "deferrable", "poll_interval",
-                              "deferral_timeout"})
+_WHY_NOT_STREAM_ARG = {
+    **dict.fromkeys(("input_path", "input_format", "input_options", "input_table", "input_sql", "cache_input"),
+                    "the stream's source is the input: use source_path, source_format, source_schema and "
+                    "source_options"),
+    "run_id": "each micro-batch's run id is <stream_id>-b<batch_id:012d>: set stream_id",
+    "publish": "every micro-batch is published (the next one is a delta on it)",
+    "write_mode": "the writer chooses each micro-batch's write mode: full on an empty root, then delta "
+                  "(max_chain_depth compacts)",
+    "base_run_id": "every micro-batch is written on the live snapshot",
+    **dict.fromkeys(("deferrable", "poll_interval", "deferral_timeout"),
+                    "the task runs the query itself: deferring is not supported"),
+}
+_NOT_STREAM_ARGS = frozenset(_WHY_NOT_STREAM_ARG)
 # Declared once in core.write_args; tests/unit/test_write_args.py checks the signature and docs below.
 _WRITE_FIELDS = tuple(a.name for a in write_args.OPERATOR_ARGS if a.name not in _NOT_STREAM_ARGS)
 LIVE_ACTIONS = ("written", "published")
@@ -58,7 +68,9 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
     scheduled task, one increment. ``trigger="processing_time"`` with ``processing_time`` (e.g.
     ``"1 minute"``) runs until the task is stopped; ``on_kill`` asks the job to stop the query after
     the micro-batch in progress, waits at most ``stop_timeout`` seconds, then kills spark-submit.
-    The query must be the only one writing ``stream_id`` (as one query owns a checkpoint).
+    The stream belongs to the query's checkpoint: another checkpoint on the same ``stream_id`` is
+    refused unless ``stream_reset=True``; a batch is refused while ``_CURRENT`` names another run than
+    the stream's last batch (a rollback, another writer) unless it is ``accept_live_run``.
 
     Returns (XCom) ``{"stream_id", "output_uri", "trigger", "batches": [{"batch_id", "run_id",
     "action", "rows"}, ...], "published", "live_run_id"}``: ``action`` is ``written`` (the batch
@@ -87,6 +99,12 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
     :param trigger: ``available_now`` (process what is new, then stop) or ``processing_time`` (run until stopped).
         (templated)
     :param processing_time: the interval of ``trigger='processing_time'``, e.g. ``"30 seconds"``. (templated)
+    :param stream_reset: let this query's checkpoint take the stream over from the checkpoint that owns it (a new or
+        reset checkpoint): its batches continue after the newest batch on the root. Without it such a query is refused
+        before it writes anything (its batch ids would restart at 0 and be skipped as replays).
+    :param accept_live_run: continue the stream on this run although ``_CURRENT`` names it instead of the stream's last
+        published batch (after a deliberate rollback, or another writer's run); without it such a batch is refused.
+        (templated)
     :param key_column: the lookup key column (integer, string or binary). (templated)
     :param value_column: the value column (binary or string) with ``value_format='binary'``. (templated)
     :param value_columns: the columns stored as one JSON object per key with ``value_format='json'``. (templated)
@@ -146,6 +164,8 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         stream_id: str | None = None,
         trigger: str = "available_now",
         processing_time: str | None = None,
+        stream_reset: bool = False,
+        accept_live_run: str | None = None,
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
@@ -180,6 +200,11 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         stop_timeout: float = 60.0,
         **kwargs: Any,
     ) -> None:
+        refused = sorted(set(kwargs) & _NOT_STREAM_ARGS)
+        if refused:
+            # Passed on as-is they would clash with what is set below (a bare TypeError) or be ignored.
+            raise ConfigError("StreamingSnapshotOperator does not take " + "; ".join(
+                f"{name!r} ({_WHY_NOT_STREAM_ARG[name]})" for name in refused))
         given = {k: v for k, v in locals().items() if k in _WRITE_FIELDS}
         # publish=None gives the snapshot's AssetAlias as the outlet: every published batch adds its own
         # event through it. Every micro-batch is published (set below, after the outlets are chosen).
@@ -194,6 +219,8 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         self.stream_id = stream_id
         self.trigger = trigger
         self.processing_time = processing_time
+        self.stream_reset = stream_reset
+        self.accept_live_run = accept_live_run
         self.stop_timeout = stop_timeout
         self._stream: StreamSettings | None = None
 
@@ -226,7 +253,8 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
             stream_id=stream_id, checkpoint_location=self.checkpoint_location, report_id=report_id,
             source_path=self.source_path, source_format=self.source_format, source_schema=self.source_schema,
             source_options={k: str(v) for k, v in source_options.items()},
-            trigger=self.trigger, processing_time=self.processing_time,
+            trigger=self.trigger, processing_time=self.processing_time, stream_reset=self.stream_reset,
+            accept_live_run=self.accept_live_run,
         ).validate()
 
     def _application(self, bundle: Bundle) -> str:
@@ -255,7 +283,8 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         config = self.build_config(context)
         config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
         check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
-        foreach_batch_writer(config, stream_id=stream.stream_id)
+        foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
+                             stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
         self._me = self.airflow_context(context)
         self.log.info("Stream %s: %s query over %s into %s (checkpoint %s)", stream.stream_id, stream.trigger,
                       stream.source_path or stream.source_format, config.output_uri, stream.checkpoint_location)

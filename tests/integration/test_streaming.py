@@ -163,7 +163,7 @@ def test_a_stream_publishes_each_batch_exactly_once(spark, tmp_path):
 
     # A restart with the same checkpoint and nothing new writes nothing.
     before = sorted(stream.stream_records())
-    fresh = foreach_batch_writer(stream.config, stream_id=STREAM)
+    fresh = foreach_batch_writer(stream.config, stream_id=STREAM, checkpoint_location=stream.checkpoint)
     assert stream.run_query(fresh) is None
     assert fresh.outcomes == [] and sorted(stream.stream_records()) == before
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.errors import ConfigError, StreamOwnershipError
 from airflow_provider_shardyfusion.core.stream_batches import (
     StreamRun,
     batch_run_id,
@@ -106,13 +106,33 @@ def test_a_succeeded_unpublished_attempt_is_published_while_its_base_is_live():
 def test_an_unpublished_attempt_on_a_stale_base_is_rewritten():
     live = "someone-else"
     runs = [run(1), run(2, published=False, base=batch_run_id(S, 1))]
-    d = decide_batch(S, 2, runs, live_run_id=live)
+    d = decide_batch(S, 2, runs, live_run_id=live, accept_live_run=live)
     assert (d.action, d.run_id, d.write_mode) == ("write", batch_run_id(S, 2, 1), "delta")
     assert "never published" in d.reason
     # Deleted by cleanup: nothing left to publish.
     d = decide_batch(S, 2, [run(1), run(2, published=False, base=batch_run_id(S, 1), deleted=True)],
                      live_run_id=batch_run_id(S, 1))
     assert (d.action, d.run_id) == ("write", batch_run_id(S, 2, 1))
+
+
+@pytest.mark.parametrize(("live", "why"), [
+    (batch_run_id(S, 3), "a rollback to an earlier batch of the stream"),
+    ("20260101T000000Z-abcd1234", "another writer's full write went live"),
+    (None, "_CURRENT deleted"),
+])
+def test_a_batch_is_refused_while_current_is_not_the_streams_last_batch(live, why):
+    runs = [run(3, base=None), run(5, base=batch_run_id(S, 4)), run(4, base=batch_run_id(S, 3))]
+    with pytest.raises(StreamOwnershipError) as caught:
+        decide_batch(S, 6, runs, live_run_id=live)
+    message = str(caught.value)
+    assert f"last batch 5 was published as run {batch_run_id(S, 5)!r}" in message, why
+    assert (f"_CURRENT names run {live!r}" if live else "_CURRENT names no run") in message
+    assert f"accept_live_run={live!r}" in message and "nothing was written" in message
+    # Named explicitly, the stream continues on it: a delta on that run (full on an empty root).
+    d = decide_batch(S, 6, runs, live_run_id=live, accept_live_run=live) if live else None
+    assert d is None or (d.action, d.run_id, d.write_mode) == ("write", batch_run_id(S, 6), "delta")
+    # A replay is still a replay: nothing to write, nothing refused.
+    assert decide_batch(S, 5, runs, live_run_id=live).action == "skip"
 
 
 def test_a_gap_is_warned_and_written():

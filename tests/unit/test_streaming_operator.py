@@ -136,6 +136,20 @@ def test_bad_stream_arguments_fail_before_spark(monkeypatch, tmp_path, kw, match
     assert not seen
 
 
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"write_mode": "full"}, r"does not take 'write_mode' \(the writer chooses each micro-batch's write mode"),
+    ({"publish": False}, r"'publish' \(every micro-batch is published"),
+    ({"input_path": "/x", "run_id": "r1"}, r"'input_path' \(the stream's source is the input.*; 'run_id' \("),
+    ({"deferrable": True}, r"'deferrable' \(the task runs the query itself"),
+    ({"base_run_id": "r0"}, r"'base_run_id' \(every micro-batch is written on the live snapshot"),
+])
+def test_write_arguments_a_stream_does_not_take_are_one_config_error_at_parse_time(tmp_path, kw, match):
+    # Before: write_mode/publish/input_path/deferrable raised a bare TypeError ("got multiple values"),
+    # run_id and base_run_id were accepted and silently ignored.
+    with pytest.raises(ConfigError, match=match):
+        make_stream_op(f"file://{tmp_path}/snap", **kw)
+
+
 def test_stream_id_default_is_sanitized():
     assert sanitize_stream_id("my dag.group.task/x") == "my_dag.group.task_x"
     assert len(sanitize_stream_id("a" * 300)) == 96
