@@ -13,7 +13,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 from airflow_provider_shardyfusion.core.config import WriteConfig
-from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators import spark_job
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 
 LOCAL_SPARK = {"conn_type": "spark", "host": "local[2]"}
@@ -76,7 +76,7 @@ class Submitted:
 def stub_submit(monkeypatch, behaviour):
     """Replace spark-submit: build the real command line (as the spark provider would), then ``behaviour``."""
     seen = Submitted()
-    real_factory = sw._submit_hook_class
+    real_factory = spark_job._submit_hook_class
 
     def factory():
         real = real_factory()
@@ -93,5 +93,5 @@ def stub_submit(monkeypatch, behaviour):
 
         return StubbedHook
 
-    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+    monkeypatch.setattr(spark_job, "_submit_hook_class", factory)
     return seen

@@ -107,8 +107,8 @@ def _speaks_plain_text(endpoint: str) -> bool:
 
 
 class ShardyfusionConnectJobHook(BaseHook):
-    """Run the job of a ``ConnectPlan`` as a child process; the interface of the spark-submit hook
-    the operator uses (``submit``, ``on_kill``, ``tail_text``).
+    """Run the job of a ``ConnectPlan`` as a child process; a ``submission.launcher.SparkJobLauncher``
+    (as the spark-submit hook is).
 
     :param plan: argv and environment of the child (``submission.connect.build_connect_plan``).
     """
@@ -126,7 +126,8 @@ class ShardyfusionConnectJobHook(BaseHook):
         return "\n".join(self.output_tail)
 
     def submit(self, application: str = "") -> None:
-        """Run the child to its end; ``SparkConnectError`` with its exit code if it failed."""
+        """Run the child to its end; ``SparkConnectError`` with its exit code if it failed.
+        ``application`` is already in the plan's argv."""
         self._proc = proc = subprocess.Popen(
             list(self.plan.argv), env={**os.environ, **self.plan.env}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,

@@ -17,8 +17,8 @@ integration tests, so a provider change that breaks one fails the suite):
   redacted tail. The provider's own tail (``_last_submit_log_lines``) is private as well and
   only reaches us inside an exception text.
 - ``_start_driver_status_tracking()`` and ``_driver_status`` (standalone cluster mode only,
-  ``wait_for_driver``): waiting for a driver the standalone master runs; the provider's own
-  ``SparkSubmitOperator`` uses the same two.
+  ``submit`` with ``wait_for_driver``): waiting for a driver the standalone master runs; the
+  provider's own ``SparkSubmitOperator`` uses the same two.
 - ``_submit_sp`` (read, ``is_running``): the spark-submit process, so that
   ``StreamingSnapshotOperator.on_kill`` lets a gracefully stopped job exit before killing it.
 - The exit code of a failed spark-submit is only in the text of the provider's exception
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+from airflow_provider_shardyfusion.core.errors import SparkSubmitError
 from airflow_provider_shardyfusion.core.secrets import redact_values
 from airflow_provider_shardyfusion.submission.plan import SparkTarget
 
@@ -51,19 +52,23 @@ def resolve_spark_connection(conn_id: str) -> SparkTarget:
 
 
 class ShardyfusionSparkSubmitHook(SparkSubmitHook):
-    """``SparkSubmitHook`` that keeps the last lines of spark-submit output and a process-only env.
+    """``SparkSubmitHook`` that keeps the last lines of spark-submit output and a process-only env;
+    a ``submission.launcher.SparkJobLauncher``.
 
     :param process_env: variables set on the local spark-submit process only. Unlike ``env_vars``
         they never turn into ``--conf spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*``
         arguments, so credentials cannot reach argv (or the Spark UI's environment page).
     :param redact: strings replaced by ``***`` in the kept output tail (the credentials' values).
+    :param wait_for_driver: standalone cluster mode: ``submit`` also waits for the driver the master
+        runs, and fails unless it finished.
     All other arguments are the apache-spark provider's ``SparkSubmitHook`` arguments.
     """
 
     def __init__(self, *args: Any, process_env: Mapping[str, str] | None = None,
-                 redact: Sequence[str] = (), **kwargs: Any):
+                 redact: Sequence[str] = (), wait_for_driver: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.process_env = dict(process_env or {})
+        self.wait_for_driver = wait_for_driver
         self._redact = [s for s in redact if s]
         self.output_tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
 
@@ -92,7 +97,12 @@ class ShardyfusionSparkSubmitHook(SparkSubmitHook):
         process = getattr(self, "_submit_sp", None)
         return process is not None and process.poll() is None
 
-    def wait_for_driver(self) -> str | None:
-        """Standalone cluster mode: block until the master reports the driver final; its state."""
-        self._start_driver_status_tracking()
-        return self._driver_status
+    def submit(self, application: str = "", **kwargs: Any) -> str | None:
+        """The provider's ``submit``; with ``wait_for_driver``, then block until the standalone master
+        reports the driver final, and ``SparkSubmitError`` unless it finished."""
+        result = super().submit(application, **kwargs)
+        if self.wait_for_driver:
+            self._start_driver_status_tracking()
+            if self._driver_status != "FINISHED":
+                raise SparkSubmitError(f"the Spark driver ended as {self._driver_status}")
+        return result

@@ -6,8 +6,9 @@ The operator is a thin shell over pure parts:
 - ``core.config.build_write_config``: validation, so a bad argument fails before Spark starts;
 - ``core.write_attempts``: which run a try writes or re-attaches to, and what a submission left;
 - ``core.run_outcome``: what the run record means, and the waiting (shared with the sensors);
-- ``submission``: the PySpark bundle and the spark-submit plan (deploy-mode policy);
-- ``hooks.spark_submit``: the apache-spark provider's hook that runs the plan;
+- ``operators.spark_job``: what running a Spark job takes (Spark settings, credentials, bundle,
+  the launcher chosen from the connection, ``on_kill``, the Spark link), shared with
+  ``StreamingSnapshotOperator``;
 - ``assets``: which asset event the task emits.
 
 It trusts only the run record the writer keeps under the output root: success → a small summary
@@ -18,15 +19,12 @@ message. Importing this module is light (no pyspark, rocksdict or boto3): it is 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import BaseOperator, BaseOperatorLink
 from airflow.sdk.configuration import conf
 
-from airflow_provider_shardyfusion.assets import emit_snapshot_event, with_snapshot_outlet
+from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core import layout, write_args
 from airflow_provider_shardyfusion.core.arguments import as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
@@ -43,21 +41,18 @@ from airflow_provider_shardyfusion.core.write_attempts import (
     submission_outcome,
     writer_identity,
 )
-from airflow_provider_shardyfusion.hooks.hook_property import WithShardyfusionHook
+from airflow_provider_shardyfusion.operators.spark_job import SparkApplicationLink, SparkJobOperator
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Sequence
     from datetime import datetime
 
     from airflow.sdk import Context
-    from airflow.sdk.types import TaskInstanceKey
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
     from airflow_provider_shardyfusion.core.run_record import RunRecord
-    from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
     from airflow_provider_shardyfusion.submission.bundle import Bundle
-    from airflow_provider_shardyfusion.submission.connect import ConnectPlan
-    from airflow_provider_shardyfusion.submission.plan import SparkSettings, SubmitPlan
+    from airflow_provider_shardyfusion.submission.launcher import SparkJobLauncher
 
 __all__ = ["ShardedWriteOperator", "SparkApplicationLink", "SparkSubmitError"]
 
@@ -68,41 +63,7 @@ _RUN_RECORD_MISSING_TIMEOUT_S = 3600.0
 _SETTLE_TIMEOUT = timedelta(minutes=2)
 
 
-class SparkApplicationLink(BaseOperatorLink):
-    """Spark UI / history server page of the application that wrote the snapshot (when known)."""
-
-    name = "Spark application"
-    key: ClassVar[str] = "spark_app_id"
-
-    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        try:
-            value = XCom.get_value(key=self.key, ti_key=ti_key)
-        except Exception:  # a missing link must never fail the task or the UI
-            return ""
-        return (value or {}).get("url") or "" if isinstance(value, dict) else ""
-
-    @classmethod
-    def persist(cls, context: Context, operator: BaseOperator, app_id: str | None, url: str | None) -> None:
-        if not operator.do_xcom_push or not app_id:
-            return
-        context["ti"].xcom_push(key=cls.key, value={"spark_app_id": app_id, "url": url})
-
-
-def _submit_hook_class() -> type[ShardyfusionSparkSubmitHook]:
-    """Imported on use so that parsing a DAG does not import the spark provider's hook."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    from airflow_provider_shardyfusion import compat
-    from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
-
-    # The provider's class, not ours: our subclass defines the overridden members itself.
-    compat.check_spark_provider(SparkSubmitHook, compat._installed_version("apache-airflow-providers-apache-spark"))
-    return ShardyfusionSparkSubmitHook
-
-
-class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
+class ShardedWriteOperator(SparkJobOperator):
     """Write a table as ``num_dbs`` RocksDB shards with Spark and publish it atomically.
 
     The input is read by Spark from ``input_path`` (``input_format``, ``input_options``), an
@@ -202,7 +163,6 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
     template_fields: Sequence[str] = write_args.TEMPLATE_FIELDS
     template_fields_renderers: ClassVar[dict[str, str]] = dict(write_args.TEMPLATE_RENDERERS)
     ui_color = "#f4a460"
-    operator_extra_links = (SparkApplicationLink(),)
 
     # Defaults: core.write_args (one declaration); tests/unit/test_write_args.py checks this signature.
     def __init__(
@@ -255,10 +215,12 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         deferral_timeout: timedelta | float | None = _D.deferral_timeout,
         **kwargs: Any,
     ) -> None:
-        super().__init__(outlets=with_snapshot_outlet(list(kwargs.pop("outlets", None) or []), output_uri, publish),
-                         **kwargs)
+        super().__init__(
+            output_uri=output_uri, publishes=publish, spark_conn_id=spark_conn_id, spark_conf=spark_conf,
+            spark_env_vars=spark_env_vars, python_env_archive=python_env_archive, aws_conn_id=aws_conn_id,
+            driver_memory=driver_memory, executor_memory=executor_memory, executor_cores=executor_cores,
+            num_executors=num_executors, total_executor_cores=total_executor_cores, **kwargs)
         # Verbatim on purpose: templates render after __init__, so validation lives in execute().
-        self.output_uri = output_uri
         self.input_path = input_path
         self.input_format = input_format
         self.input_options = input_options
@@ -290,23 +252,11 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         self.delete_column = delete_column
         self.base_run_id = base_run_id
         self.max_chain_depth = max_chain_depth
-        self.spark_conn_id = spark_conn_id
-        self.spark_conf = spark_conf
-        self.spark_env_vars = spark_env_vars
-        self.python_env_archive = python_env_archive
-        self.aws_conn_id = aws_conn_id
-        self.driver_memory = driver_memory
-        self.executor_memory = executor_memory
-        self.executor_cores = executor_cores
-        self.num_executors = num_executors
-        self.total_executor_cores = total_executor_cores
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.deferral_timeout = deferral_timeout
-        # Set during execute() so on_kill() can stop what this try started (and only that).
-        self._submit_hook: Any = None
+        # Set during execute() so on_kill() marks only the run this try started.
         self._active_run_id: str | None = None
-        self._active_output_uri: str | None = None
         self._me: dict[str, Any] | None = None
         # The summary of this try's snapshot, for get_openlineage_facets_on_complete.
         self._lineage_summary: dict[str, Any] | None = None
@@ -316,34 +266,8 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
 
     # -- configuration ---------------------------------------------------------------------------
 
-    @staticmethod
-    def airflow_context(context: Context) -> dict[str, Any]:
-        """The identity of this try, recorded in the run record as ``writer.airflow``."""
-        ti = context["ti"]
-        return {
-            "dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id,
-            "try_number": ti.try_number, "map_index": ti.map_index,
-        }
-
-    def build_config(self, context: Context, storage_options: Any = None) -> WriteConfig:
-        """Validated ``WriteConfig``; raises ``ConfigError`` naming the argument at fault."""
-        from airflow_provider_shardyfusion.core.config import build_write_config
-
-        return build_write_config(
-            **{name: getattr(self, name) for name in write_args.OPERATOR_CONFIG_ARGS},
-            storage_options=storage_options, airflow_context=self.airflow_context(context),
-        )
-
-    def spark_settings(self) -> SparkSettings:
-        """The Spark arguments, validated (``ConfigError`` naming the argument at fault)."""
-        from airflow_provider_shardyfusion.submission.plan import SparkSettings
-
-        return SparkSettings(
-            conf=self.spark_conf, env_vars=self.spark_env_vars, python_env_archive=self.python_env_archive,
-            driver_memory=self.driver_memory, executor_memory=self.executor_memory,
-            executor_cores=self.executor_cores, num_executors=self.num_executors,
-            total_executor_cores=self.total_executor_cores,
-        ).validate()
+    def _config_arguments(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in write_args.OPERATOR_CONFIG_ARGS}
 
     def _waiting_timeout(self) -> timedelta:
         if as_number("poll_interval", self.poll_interval) <= 0:  # nan and inf are refused there
@@ -355,8 +279,7 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         spark = self.spark_settings()
         timeout = self._waiting_timeout()
-        config = self.build_config(context)  # validates every argument before touching a connection
-        config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
+        config = self._write_config(context)
         self._me = me = self.airflow_context(context)
         choice = self._choose_run(config, me)
         if choice.action == "attach":
@@ -364,13 +287,12 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         if choice.run_id != config.run_id:
             self.log.info("Run %s: %s", choice.run_id, choice.reason)
             config = config.with_run_id(choice.run_id).validate()
-        plan, submit_error = self._submit(context, config, spark)
+        plan, submit_error = self._launch(context, config, spark)
         record = self._read_record(config)
         if submit_error is None and plan.defer and (record is None or not record.is_terminal):
             self._defer_on(config, timeout, own_run=True)
-        tail = self._submit_hook.tail_text() if hasattr(self._submit_hook, "tail_text") else ""
         failure = submission_outcome(record, run_id=config.run_id, output_uri=config.output_uri, me=me,
-                                     submit_error=submit_error, tail=tail, launcher=plan.launcher)
+                                     submit_error=submit_error, tail=self._launcher_tail(), launcher=plan.launcher)
         if record is not None and not owned_by_another(record, me):
             self._persist_link(context, record)
         if failure is None:
@@ -381,106 +303,19 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
             self._mark_abandoned(config, reason)
         return self._conclude(context, failure)
 
-    def _submit(self, context: Context, config: WriteConfig,
-                spark: SparkSettings) -> tuple[SubmitPlan | ConnectPlan, Exception | None]:
-        """Run the job for ``config`` (spark-submit, or a Spark Connect client); returns the plan and
-        what the submission raised."""
-        from airflow.sdk.log import mask_secret
-
-        from airflow_provider_shardyfusion.hooks.spark_connect import is_connect_connection
-        from airflow_provider_shardyfusion.submission.bundle import build_bundle
-
-        credential_env = self.hook.credential_env(config.output_uri)
-        for value in credential_env.values():
-            mask_secret(value)
-        bundle = build_bundle()
-        if is_connect_connection(self.spark_conn_id):
-            return self._run_connect(context, config, spark, bundle, credential_env)
-        return self._spark_submit(context, config, spark, bundle, credential_env)
-
-    def _run_connect(self, context: Context, config: WriteConfig, spark: SparkSettings, bundle: Bundle,
-                     credential_env: Mapping[str, str]) -> tuple[ConnectPlan, Exception | None]:
-        import sys
-
-        from airflow.sdk.log import mask_secret
-
-        from airflow_provider_shardyfusion.hooks.spark_connect import (
-            ShardyfusionConnectJobHook,
-            check_connect_server,
-            connect_url,
-        )
-        from airflow_provider_shardyfusion.submission.connect import build_connect_plan
-
-        remote_url = connect_url(self.spark_conn_id)
-        plan = build_connect_plan(
-            conn_id=self.spark_conn_id, remote_url=remote_url, spark=spark,
-            python=sys.executable, application=self._application(bundle), bundle_zip=bundle.zip_path,
-            config_json=self._job_config_json(config), credential_env=credential_env,
-            deferrable=bool(self.deferrable),
-            deferrable_by_default=conf.getboolean("operators", "default_deferrable", fallback=False),
-        )
-        for secret in plan.redact:
-            mask_secret(secret)
-        for note in plan.notes:
-            self.log.warning("Run %s: %s", config.run_id, note)
-        # Before anything is written: an unreachable server is one error now, not minutes of silence.
-        version = check_connect_server(self.spark_conn_id, remote_url)
-        self.log.info("Run %s: the Spark Connect server of connection %r answers (Spark %s)", config.run_id,
-                      self.spark_conn_id, version)
-        job = ShardyfusionConnectJobHook(plan)
-        self._start(context, config, job)
-        self.log.info("Run %s: running the sharded write of %s as a Spark Connect client (connection %r, bundle %s)",
-                      config.run_id, config.output_uri, self.spark_conn_id, bundle.zip_path)
-        self.log.info("Run %s: write config %s", config.run_id, config.to_json())
-        try:
-            job.submit()
-        except Exception as exc:
-            return plan, exc
-        return plan, None
-
     def _application(self, bundle: Bundle) -> str:
-        """The bundle's entry script this operator runs (``StreamingSnapshotOperator`` runs another)."""
         return bundle.entry_script
 
     def _job_config_json(self, config: WriteConfig) -> str:
-        """The JSON the job gets (base64 on its command line): here the write config itself."""
+        """Here the write config itself."""
         return config.to_json()
 
-    def _start(self, context: Context, config: WriteConfig, job: Any) -> None:
-        """Remember the running job (for ``on_kill``) and tell XCom which run this try writes."""
-        self._submit_hook, self._active_run_id, self._active_output_uri = job, config.run_id, config.output_uri
+    def _start(self, context: Context, config: WriteConfig, launcher: SparkJobLauncher) -> None:
+        """Also remember the run (``on_kill`` marks it) and tell XCom which run this try writes."""
+        super()._start(context, config, launcher)
+        self._active_run_id = config.run_id
         if self.do_xcom_push:
             context["ti"].xcom_push(key="run_id", value=config.run_id)
-
-    def _spark_submit(self, context: Context, config: WriteConfig, spark: SparkSettings, bundle: Bundle,
-                      credential_env: Mapping[str, str]) -> tuple[SubmitPlan, Exception | None]:
-        from airflow_provider_shardyfusion.hooks.spark_submit import resolve_spark_connection
-        from airflow_provider_shardyfusion.submission.plan import Host, build_submit_plan
-
-        target = resolve_spark_connection(self.spark_conn_id)
-        plan = build_submit_plan(
-            target=target, spark=spark, host=Host.current(target.spark_binary), application=self._application(bundle),
-            py_files=bundle.zip_path, config_json=self._job_config_json(config),
-            name=f"shardyfusion-{self.task_id}-{config.run_id}",
-            credential_env=credential_env, deferrable=bool(self.deferrable),
-        )
-        for note in plan.notes:
-            self.log.warning("Run %s (connection %r, %s): %s", config.run_id, self.aws_conn_id, config.output_uri, note)
-        submit_hook = _submit_hook_class()(**plan.hook_kwargs())
-        self._start(context, config, submit_hook)
-        self.log.info("Run %s: submitting the sharded write of %s to %s (bundle %s)",
-                      config.run_id, config.output_uri, target.master, bundle.zip_path)
-        # The job gets this as base64 on its command line; the plain JSON (no secrets) is for humans.
-        self.log.info("Run %s: write config %s", config.run_id, config.to_json())
-        try:
-            submit_hook.submit(application=plan.application)
-            if plan.wait_for_driver:
-                state = submit_hook.wait_for_driver()
-                if state != "FINISHED":
-                    raise SparkSubmitError(f"Spark driver of run {config.run_id} ended as {state}")
-        except Exception as exc:
-            return plan, exc
-        return plan, None
 
     def _choose_run(self, config: WriteConfig, me: Mapping[str, Any]) -> RunChoice:
         if self.run_id is None:  # generated: fresh per try, nothing to re-attach to
@@ -588,22 +423,8 @@ class ShardedWriteOperator(WithShardyfusionHook, BaseOperator):
         return ol.write_lineage(summary, input_path=self.input_path, input_table=self.input_table,
                                 input_sql=self.input_sql, spark_conf=self.spark_conf, schema=schema)
 
-    def _persist_link(self, context: Context, record: RunRecord) -> None:
-        app_id = record.writer.get("spark_app_id")
-        url = record.writer.get("spark_ui_url")
-        conf = self.spark_conf if isinstance(self.spark_conf, Mapping) else {}
-        history = conf.get("spark.yarn.historyServer.address")
-        if app_id and history:
-            base = history if "://" in str(history) else f"http://{history}"
-            url = f"{str(base).rstrip('/')}/history/{app_id}/"
-        try:
-            SparkApplicationLink.persist(context, self, app_id, url)
-        except Exception as exc:
-            self.log.warning("Could not store the Spark application link: %s", exc)
-
     def on_kill(self) -> None:
-        if self._submit_hook is not None:
-            self._submit_hook.on_kill()
+        super().on_kill()
         if not (self._active_run_id and self._active_output_uri):
             return  # nothing submitted by this try (or only re-attached): not ours to mark
         from airflow_provider_shardyfusion.core.errors import RunKilled

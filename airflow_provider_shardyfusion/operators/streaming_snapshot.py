@@ -1,8 +1,8 @@
 """``StreamingSnapshotOperator``: a Structured Streaming query, one published snapshot per micro-batch (SPEC §14).
 
-It submits ``spark_jobs/streaming_job.py`` through the write operator's own submission path
-(bundle, spark-submit plan, ``ShardyfusionSparkSubmitHook``): only the application and the JSON
-it gets differ (``core.stream_job``). The job reports the batches it handled in
+A sibling of ``ShardedWriteOperator`` on ``operators.spark_job.SparkJobOperator``: it runs
+``spark_jobs/streaming_job.py`` the same way (bundle, credentials, the launcher of the connection's
+type); only the application and the JSON it gets differ (``core.stream_job``). The job reports the batches it handled in
 ``runs/_streams/<stream_id>/<report_id>.json`` under the root; the operator reads that report for
 its XCom and emits one asset event per published batch. Importing this module is light (no
 pyspark, rocksdict or boto3): it is parsed with every DAG.
@@ -10,7 +10,6 @@ pyspark, rocksdict or boto3): it is parsed with every DAG.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
@@ -18,7 +17,7 @@ from airflow_provider_shardyfusion.core import write_args
 from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
-from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+from airflow_provider_shardyfusion.operators.spark_job import SPARK_JOB_ARGS, SparkJobOperator
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -50,10 +49,14 @@ _WHY_NOT_STREAM_ARG = {
 _NOT_STREAM_ARGS = frozenset(_WHY_NOT_STREAM_ARG)
 # Declared once in core.write_args; tests/unit/test_write_args.py checks the signature and docs below.
 _WRITE_FIELDS = tuple(a.name for a in write_args.OPERATOR_ARGS if a.name not in _NOT_STREAM_ARGS)
+# The write config every batch starts from: each batch is a delta, published (the job sets the run
+# id and the base per batch); the input fields only describe the source (``_source_input``).
+_BATCH_CONFIG = {"input_options": None, "input_sql": None, "run_id": None, "cache_input": _D.cache_input,
+                 "publish": True, "write_mode": "delta", "base_run_id": None}
 LIVE_ACTIONS = ("written", "published")
 
 
-class StreamingSnapshotOperator(ShardedWriteOperator):
+class StreamingSnapshotOperator(SparkJobOperator):
     """Ingest a stream into a snapshot: every micro-batch a published delta (the first one full).
 
     Runs a Spark Structured Streaming query over a file source (``source_path``, ``source_format``,
@@ -206,11 +209,12 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
             raise ConfigError("StreamingSnapshotOperator does not take " + "; ".join(
                 f"{name!r} ({_WHY_NOT_STREAM_ARG[name]})" for name in refused))
         given = {k: v for k, v in locals().items() if k in _WRITE_FIELDS}
-        # publish=None gives the snapshot's AssetAlias as the outlet: every published batch adds its own
-        # event through it. Every micro-batch is published (set below, after the outlets are chosen).
-        super().__init__(**given, publish=None, write_mode="delta", input_path=source_path,  # type: ignore[arg-type]
-                         deferrable=False, **kwargs)
-        self.publish = True
+        # publishes=None gives the snapshot's AssetAlias as the outlet: every published batch adds its own
+        # event through it.
+        super().__init__(**{k: given.pop(k) for k in SPARK_JOB_ARGS}, publishes=None, **kwargs)
+        # Verbatim, as the base keeps its own: the shard layout and write limits of every batch.
+        for name, value in given.items():
+            setattr(self, name, value)
         self.source_path = source_path
         self.source_format = source_format
         self.source_schema = source_schema
@@ -226,15 +230,16 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def build_config(self, context: Context, storage_options: Any = None) -> WriteConfig:
+    def _config_arguments(self) -> dict[str, Any]:
         """The write config every batch starts from; ``input`` only describes the source."""
         from airflow_provider_shardyfusion.core.config import INPUT_FORMATS
 
         file_input = self.source_path is not None and self.source_format in INPUT_FORMATS
-        self.input_path = self.source_path if file_input else None
-        self.input_format = self.source_format if file_input else _D.input_format
-        self.input_table = None if file_input else "stream"
-        return super().build_config(context, storage_options)
+        return {**{name: getattr(self, name) for name in write_args.OPERATOR_CONFIG_ARGS if name in _WRITE_FIELDS},
+                **_BATCH_CONFIG,
+                "input_path": self.source_path if file_input else None,
+                "input_format": self.source_format if file_input else _D.input_format,
+                "input_table": None if file_input else "stream"}
 
     def stream_settings(self, context: Context) -> StreamSettings:
         """The validated stream settings of this try (``ConfigError`` naming the argument at fault)."""
@@ -268,10 +273,6 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         assert self._stream is not None
         return encode_job_config(config, self._stream)
 
-    def _start(self, context: Context, config: WriteConfig, job: Any) -> None:
-        """Remember the running job for ``on_kill`` (the run ids are the batches', in the XCom)."""
-        self._submit_hook, self._active_output_uri = job, config.output_uri
-
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -280,15 +281,13 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         spark = self.spark_settings()
         # The stream's own settings first: their errors name this operator's arguments (source_path, ...).
         self._stream = stream = self.stream_settings(context)
-        config = self.build_config(context)
-        config = replace(config, storage_options=self.hook.public_storage_options(config.output_uri)).validate()
+        config = self._write_config(context)
         check_stream_options(stream.source_options)  # the job's own checks, before Spark starts
         foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
                              stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
-        self._me = self.airflow_context(context)
         self.log.info("Stream %s: %s query over %s into %s (checkpoint %s)", stream.stream_id, stream.trigger,
                       stream.source_path or stream.source_format, config.output_uri, stream.checkpoint_location)
-        _, submit_error = self._submit(context, config, spark)
+        _, submit_error = self._launch(context, config, spark)
         try:
             report = self._read_report(config.output_uri, stream)
         except StorageError as exc:
@@ -317,7 +316,7 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
         error = (report or {}).get("error") or (None if submit_error is None else f"{type(submit_error).__name__}: "
                                                  f"{submit_error}")
         if error is not None or report is None:
-            tail = self._submit_hook.tail_text() if hasattr(self._submit_hook, "tail_text") else ""
+            tail = self._launcher_tail()
             if tail:
                 self.log.error("Stream %s: spark-submit output tail:\n%s", stream.stream_id, tail)
             raise SparkSubmitError(
@@ -329,10 +328,9 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
                 "batches": batches, "published": len(live),
                 "live_run_id": pointer.run_id if pointer is not None else None}
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        raise ConfigError("StreamingSnapshotOperator does not defer")
-
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """No facets of its own (``None``): the OpenLineage listener then reports the declared outlets;
+        each batch's snapshot event goes through the asset alias."""
         return None
 
     def on_kill(self) -> None:
@@ -343,13 +341,11 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
                 self._request_stop(output_uri, stream)
             except Exception as exc:  # the kill itself must go through
                 self.log.warning("Stream %s: could not stop the query gracefully: %s", stream.stream_id, exc)
-        if self._submit_hook is not None:
-            self._submit_hook.on_kill()
+        super().on_kill()
 
-    def _submit_running(self) -> bool:
-        """Whether spark-submit is still running (it shuts Spark down after the query stopped)."""
-        is_running = getattr(self._submit_hook, "is_running", None)
-        return bool(is_running()) if callable(is_running) else False
+    def _job_running(self) -> bool:
+        """Whether the job's process is still running (it shuts Spark down after the query stopped)."""
+        return self._launcher is not None and self._launcher.is_running()
 
     def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
         from airflow_provider_shardyfusion.core.retry import NO_RETRY
@@ -361,7 +357,7 @@ class StreamingSnapshotOperator(ShardedWriteOperator):
                       stream.stream_id, self.stop_timeout)
         # One read per poll: the wait itself is the retry (a failed read counts as "not yet").
         if wait_for_stop(lambda: read_report(store, stream.stream_id, stream.report_id, policy=NO_RETRY),
-                         self._submit_running, timeout=float(as_number("stop_timeout", self.stop_timeout, minimum=0))):
+                         self._job_running, timeout=float(as_number("stop_timeout", self.stop_timeout, minimum=0))):
             self.log.info("Stream %s: the query stopped", stream.stream_id)
             return
         self.log.warning("Stream %s: the query did not stop within %ss; killing spark-submit", stream.stream_id,

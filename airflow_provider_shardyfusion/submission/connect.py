@@ -39,6 +39,11 @@ class ConnectPlan:
     wait_for_driver: bool = False
 
     @property
+    def application(self) -> str:
+        """The bundled script the child runs (its argv after the interpreter)."""
+        return self.argv[1]
+
+    @property
     def launcher(self) -> str:
         """The job's process as errors name it (no spark-submit runs with Connect)."""
         return connect_launcher(self.conn_id)

@@ -137,7 +137,7 @@ class SubmitPlan:
             "conn_id": self.conn_id, "conf": dict(self.conf), "py_files": self.py_files, "archives": self.archives,
             "env_vars": dict(self.env_vars) or None, "application_args": list(self.application_args),
             "name": self.name, **dict(self.resources), "process_env": dict(self.process_env),
-            "redact": list(self.redact),
+            "redact": list(self.redact), "wait_for_driver": self.wait_for_driver,
         }
 
 

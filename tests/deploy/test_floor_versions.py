@@ -42,7 +42,7 @@ for kind in ("operators", "sensors", "hooks", "triggers"):
 compat.check_spark_provider()
 compat.check_pyspark_install()
 
-from airflow_provider_shardyfusion.operators.sharded_write import _submit_hook_class
+from airflow_provider_shardyfusion.operators.spark_job import _submit_hook_class
 hook = _submit_hook_class()(conn_id="spark_default", process_env={"AWS_SECRET_ACCESS_KEY": "floor-secret"},
                             redact=["floor-secret"])
 cmd = hook._build_spark_submit_command("app.py")

@@ -1,6 +1,6 @@
 """Run one example DAG with ``dag.test()`` and print its outcome as one JSON line.
 
-Started by ``tests/e2e/conftest.py`` in a child process, because Airflow reads its configuration
+Started by ``tests/airflow_env.py`` in a child process, because Airflow reads its configuration
 (AIRFLOW_HOME, database, DAGs folder) once at import: the test process must not import it first.
 
 Usage: python run_dag.py <dag_id> [<run_conf JSON>]

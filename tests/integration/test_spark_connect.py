@@ -24,7 +24,7 @@ from airflow_provider_shardyfusion.core.publish import publish_run
 from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators import spark_job
 from tests.operator_helpers import connections, execute_in_thread, make_context, make_op
 from tests.polling import wait_for
 from tests.spark_connect_server import connect_server
@@ -45,7 +45,7 @@ def no_spark_submit(monkeypatch):
     """The job must not go through spark-submit: fail loudly if the operator tries."""
     def refuse():
         raise AssertionError("spark-submit was used with a Spark Connect connection")
-    monkeypatch.setattr(sw, "_submit_hook_class", refuse)
+    monkeypatch.setattr(spark_job, "_submit_hook_class", refuse)
 
 
 def write(monkeypatch, connect_conn, root, **kwargs):

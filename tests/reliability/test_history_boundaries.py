@@ -30,7 +30,7 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
-from tests.e2e.conftest import airflow_env, run_dag  # noqa: F401 - fixtures: real Airflow, SQLite metadata DB
+from tests.airflow_env import airflow_env, run_dag  # noqa: F401 - fixtures: real Airflow, SQLite metadata DB
 from tests.history_root import build_history_root
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot

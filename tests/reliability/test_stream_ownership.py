@@ -24,7 +24,7 @@ from airflow_provider_shardyfusion.core.publish import publish_run
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.stream_batches import batch_run_id
 from airflow_provider_shardyfusion.streaming import foreach_batch_writer
-from tests.integration.test_streaming import NUM_DBS, STREAM, Stream
+from tests.stream_model import NUM_DBS, STREAM, Stream
 
 pytestmark = pytest.mark.spark
 

@@ -35,6 +35,7 @@ from airflow_provider_shardyfusion.core.errors import (
 from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators import spark_job
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator, SparkSubmitError
 from airflow_provider_shardyfusion.submission import bundle as bundle_mod
 from tests.operator_helpers import FakeTI, connections, make_context, make_op, stub_submit
@@ -320,7 +321,7 @@ def failing_submit(monkeypatch, lines, returncode):
     """spark-submit that prints ``lines`` and exits with ``returncode`` as the spark provider reports it."""
     from airflow.exceptions import AirflowException
 
-    hook_cls = sw._submit_hook_class
+    hook_cls = spark_job._submit_hook_class
 
     def factory():
         class Failing(hook_cls()):
@@ -332,7 +333,7 @@ def failing_submit(monkeypatch, lines, returncode):
 
         return Failing
 
-    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+    monkeypatch.setattr(spark_job, "_submit_hook_class", factory)
 
 
 def test_job_refusing_its_config_before_any_run_record(monkeypatch, tmp_path):
@@ -471,7 +472,7 @@ def test_on_kill_stops_spark_and_marks_the_run_killed(monkeypatch, tmp_path):
     root = f"file://{tmp_path}/snap"
     op = make_op(root)
     killed = []
-    op._submit_hook = SimpleNamespace(on_kill=lambda: killed.append(True))
+    op._launcher = SimpleNamespace(on_kill=lambda: killed.append(True))
     op._active_run_id, op._active_output_uri = "run-killed", root
     write_run_record(open_store(root), "run-killed", RUNNING)
     op.on_kill()

@@ -13,6 +13,7 @@ import stat
 
 import pytest
 
+from airflow_provider_shardyfusion.core.errors import SparkSubmitError
 from airflow_provider_shardyfusion.hooks.spark_submit import (
     OUTPUT_TAIL_LINES,
     ShardyfusionSparkSubmitHook,
@@ -75,3 +76,30 @@ def test_without_process_env_the_provider_behaviour_is_unchanged(monkeypatch, fa
     hook.submit(application="/app/job.py")
     tail = hook.tail_text().splitlines()
     assert "flag: x" in tail and "secret-in-env: " in tail
+
+
+@pytest.mark.parametrize(("final", "fails"), [("FINISHED", False), ("FAILED", True)])
+def test_standalone_cluster_submit_waits_for_the_driver_and_fails_unless_it_finished(monkeypatch, tmp_path, final,
+                                                                                      fails):
+    binary = tmp_path / "bin" / "spark-submit"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\necho 'Driver successfully submitted as driver-20240101000000-0001'\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_SF_STANDALONE", json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:1",
+                                                                 "extra": {"deploy-mode": "cluster"}}))
+    asked = []
+
+    class NoMaster(ShardyfusionSparkSubmitHook):
+        # Mock: no standalone master runs here to answer the provider's driver status requests.
+        def _start_driver_status_tracking(self):
+            asked.append(self._driver_id)
+            self._driver_status = final
+
+    hook = NoMaster(conn_id="sf_standalone", name="t", wait_for_driver=True)
+    if fails:
+        with pytest.raises(SparkSubmitError, match="the Spark driver ended as FAILED"):
+            hook.submit(application="/app/job.py")
+    else:
+        hook.submit(application="/app/job.py")
+    assert asked == ["driver-20240101000000-0001"]

@@ -19,7 +19,7 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key, sanitize_stream_id, stop_key
-from airflow_provider_shardyfusion.operators import sharded_write as sw
+from airflow_provider_shardyfusion.operators import spark_job
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 from tests.operator_helpers import connections, make_context
 
@@ -40,7 +40,7 @@ def make_stream_op(root: str, **kw) -> StreamingSnapshotOperator:
 
 def stub_job(monkeypatch, report):
     seen: list[dict] = []
-    real_factory = sw._submit_hook_class
+    real_factory = spark_job._submit_hook_class
 
     def factory():
         class StubbedHook(real_factory()):
@@ -55,7 +55,7 @@ def stub_job(monkeypatch, report):
 
         return StubbedHook
 
-    monkeypatch.setattr(sw, "_submit_hook_class", factory)
+    monkeypatch.setattr(spark_job, "_submit_hook_class", factory)
     return seen
 
 
@@ -162,7 +162,7 @@ def test_on_kill_asks_the_job_to_stop_then_kills_spark_submit(monkeypatch, tmp_p
     stream = op.stream_settings(make_context())
     killed = []
     op._stream, op._active_output_uri = stream, root
-    op._submit_hook = type("H", (), {"on_kill": lambda self: killed.append(True)})()
+    op._launcher = type("H", (), {"on_kill": lambda self: killed.append(True)})()
     store = open_store(root)
     store.put(report_key(stream.stream_id, stream.report_id), b'{"finished": true, "batches": []}')
     op.on_kill()

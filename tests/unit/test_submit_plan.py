@@ -70,6 +70,7 @@ def test_deferrable_cluster_mode_submits_without_waiting(target, conf_key):
     waiting = plan(target=target, deferrable=False)
     assert not waiting.defer and conf_key not in waiting.conf
     assert waiting.wait_for_driver is (target is STANDALONE_CLUSTER)  # the master runs the driver
+    assert waiting.hook_kwargs()["wait_for_driver"] is waiting.wait_for_driver  # the hook's submit waits
 
 
 @pytest.mark.parametrize("target", [LOCAL, YARN_CLIENT, STANDALONE_CLIENT])
