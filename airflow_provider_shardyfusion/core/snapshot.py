@@ -77,11 +77,20 @@ class ManifestRef:
     published_at: datetime
 
 
-# Decoded manifests (chain documents joined to their bases) kept per SnapshotRoot by the checksum of
-# their bytes: a reader's refresh along a chain then reads and decodes one new manifest, and a
-# history page of many chain runs decodes each document once. Entries share unchanged shards.
-# A cached manifest is served only for the run the path or pointer names (checked again here).
+# Decoded manifests (chain documents joined to their bases) kept per process by root and the checksum
+# of their bytes: a reader's refresh along a chain then reads and decodes one new manifest, the
+# writer's tasks (reused Python workers) decode their base once, and a history page of many chain
+# runs decodes each document once. Entries share unchanged shards. A cached manifest is served only
+# for the run the path or pointer names (checked again on every hit).
 RESOLVED_CACHE_SIZE = 64
+_RESOLVED: OrderedDict[tuple[str, str], ResolvedManifest] = OrderedDict()
+_RESOLVED_LOCK = threading.Lock()
+
+
+def forget_decoded_manifests() -> None:
+    """Empty the process's cache of decoded manifests (the next read of each decodes it again)."""
+    with _RESOLVED_LOCK:
+        _RESOLVED.clear()
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,6 @@ class SnapshotRoot:
 
     def __init__(self, store: ObjectStore):
         self.store = store
-        self._resolved: OrderedDict[str, ResolvedManifest] = OrderedDict()
-        self._resolved_lock = threading.Lock()
 
     @classmethod
     def open(cls, output_uri: str, storage_options: StorageOptions | dict[str, Any] | None = None) -> SnapshotRoot:
@@ -188,7 +195,7 @@ class SnapshotRoot:
     def started_after(self, live: CurrentPointer, target: Manifest) -> datetime | None:
         """When the live run started, if that was after ``target``'s run; else None."""
         try:
-            theirs = self.load_manifest(live).run_started_at
+            theirs = self.load_manifest_document(live).run_started_at
         except (StorageError, ManifestValidationError) as exc:
             log.warning("live manifest %s is unreadable (%s); treating it as older", live.manifest_ref, exc)
             return None
@@ -249,6 +256,17 @@ class SnapshotRoot:
             return cached
         return self._resolve(manifest_for_pointer(pointer, data, self.root), checksum)
 
+    def read_manifest_document(self, ref: ManifestRef | str) -> Manifest:
+        """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
+        ``chain_depth``, ``base_run_id``); a delta's ``shards`` are only those it changed."""
+        ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
+        return self._document(ref, self.store.get(ref.key).data)
+
+    def load_manifest_document(self, pointer: CurrentPointer) -> Manifest:
+        """``read_manifest_document`` of the manifest ``pointer`` names, checked against the pointer."""
+        ref = self.manifest_ref(pointer.manifest_ref)
+        return manifest_for_pointer(pointer, self.store.get(ref.key).data, self.root)
+
     def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
         return manifest_document(ref.uri, ref.run_id, data, self.root)
 
@@ -288,17 +306,17 @@ class SnapshotRoot:
         return base_document(doc, data, self.root)
 
     def _cached(self, checksum: str) -> ResolvedManifest | None:
-        with self._resolved_lock:
-            found = self._resolved.get(checksum)
+        with _RESOLVED_LOCK:
+            found = _RESOLVED.get((self.root, checksum))
             if found is not None:
-                self._resolved.move_to_end(checksum)
+                _RESOLVED.move_to_end((self.root, checksum))
             return found
 
     def _remember(self, checksum: str, resolved: ResolvedManifest) -> None:
-        with self._resolved_lock:
-            self._resolved[checksum] = resolved
-            while len(self._resolved) > RESOLVED_CACHE_SIZE:
-                self._resolved.popitem(last=False)
+        with _RESOLVED_LOCK:
+            _RESOLVED[(self.root, checksum)] = resolved
+            while len(_RESOLVED) > RESOLVED_CACHE_SIZE:
+                _RESOLVED.popitem(last=False)
 
     @staticmethod
     def _manifest_from_bytes(where: str, data: bytes) -> Manifest:

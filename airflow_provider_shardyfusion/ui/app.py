@@ -138,7 +138,7 @@ class HistorySource:
         if h.live_since is not None:
             summary["age_s"] = round((layout.utc_now() - h.live_since).total_seconds())
         if h.pointer is not None:
-            summary["chain_depth"] = snapshots.load_manifest(h.pointer).chain_depth
+            summary["chain_depth"] = snapshots.load_manifest_document(h.pointer).chain_depth
         validated = [r for r in h.runs if r.validation]
         if validated:
             last = max(validated, key=lambda r: str((r.validation or {}).get("validated_at") or ""))

@@ -25,7 +25,7 @@ from airflow_provider_shardyfusion.core.manifest import CHAIN_FORMAT_VERSION
 from airflow_provider_shardyfusion.core.publish import publish_run
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.routing import route_key
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot, forget_decoded_manifests
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from tests.snapshot_factory import build_delta, build_snapshot, publish_current
@@ -139,6 +139,11 @@ def test_a_reader_follows_a_chain_of_depth_16_reading_one_manifest_per_refresh(f
         assert len(manifest_reads) == 1, manifest_reads  # only the new document: its base is cached
         _check(reader, model, absent=[2000])
     reader.close()
+    manifest_reads.clear()
+    with ShardedReader(file_root) as again:  # this process decoded the chain already: only the pointer's manifest
+        assert len(manifest_reads) == 1
+        _check(again, model)
+    forget_decoded_manifests()
     manifest_reads.clear()
     with ShardedReader(file_root) as fresh:
         assert len(manifest_reads) == 17  # a fresh open reads chain_depth + 1 manifests
