@@ -20,7 +20,7 @@ are never written: nothing measured here opens a shard.
    the shards each, compacted whenever the live chain is ``--chain-depth`` deep (what
    ``max_chain_depth`` does). ``core.cleanup.make_plan`` over it (keep_runs 3, one day later, so
    every older run is a candidate) in a child process doing nothing else: its time ≤ 30 s and its
-   peak RSS (``ru_maxrss`` of the whole child, interpreter and imports included) ≤ 2 GiB.
+   peak RSS (``VmHWM`` of the whole child, interpreter and imports included) ≤ 2 GiB.
 5. On that root, the history app's roots and timeline pages (``ui.app.HistorySource`` data +
    ``ui.render``, the routes' bodies, without Airflow or HTTP), each on a fresh ``SnapshotRoot`` as
    a request opens it (median of ``--repeat``): ≤ 2 s each.
@@ -217,16 +217,26 @@ def chain_figure(work: Path, num_dbs: int, depth: int, repeat: int, check: Calla
             **_target(refresh_s / open_s, REFRESH_MAX)}
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: ``VmHWM``, which an exec resets (Linux's ``ru_maxrss`` keeps the
+    parent's high-water mark across fork and exec); ``ru_maxrss`` where /proc is missing."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def cleanup_child(root: str, now: str) -> int:
     """``make_plan`` alone in this process: its time and this process's peak RSS."""
     from airflow_provider_shardyfusion.core.cleanup import make_plan
 
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_before = peak_rss_bytes()
     plan_s, plan = timed(lambda: make_plan(SnapshotRoot(open_store(root)), now=layout.parse_ts(now), keep_runs=3))
     rules: dict[str, int] = {}
     for rule in plan.decided_by.values():
         rules[rule] = rules.get(rule, 0) + 1
-    print(json.dumps({"plan_s": round(plan_s, 3), "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    print(json.dumps({"plan_s": round(plan_s, 3), "peak_rss_bytes": peak_rss_bytes(),
                       "peak_rss_before_plan_bytes": rss_before, "runs_by_rule": rules, "totals": plan.totals()}))
     return 0
 
@@ -366,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             "live_run": live.run_id, "live_chain_depth": live.chain_depth,
         },
         "cleanup": {**cleanup, "how": "core.cleanup.make_plan(keep_runs=3, now=+1 day) in a child process; peak RSS "
-                                      "is that process's ru_maxrss (interpreter and imports included)"},
+                                      "is that process's VmHWM (interpreter and imports included)"},
         "history_pages": {**history, "how": "ui.app.HistorySource data + ui.render HTML on a fresh SnapshotRoot, "
                                             "no Airflow, no HTTP; median of --repeat"},
         "targets": targets,
