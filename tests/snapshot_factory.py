@@ -30,6 +30,8 @@ from airflow_provider_shardyfusion.core.encoding import (
 )
 from airflow_provider_shardyfusion.core.errors import InputDataError
 from airflow_provider_shardyfusion.core.manifest import (
+    CHAIN_DOCUMENT_FORMAT_VERSION,
+    CHAIN_FORMAT_VERSION,
     SHARD_LAYOUT_DB,
     SHARD_LAYOUT_SST,
     Manifest,
@@ -44,6 +46,8 @@ from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
+
+    from airflow_provider_shardyfusion.core.snapshot import ManifestRef, SnapshotRoot
 
 # Not part of a database: the lock and the informational log RocksDB leaves next to it.
 _NOT_SHIPPED = ("LOCK", "LOG")
@@ -324,3 +328,97 @@ def build_delta(
         publish_current(store, mkey, run_id, published_at)
     return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
                          manifest_ref=store.uri(mkey), published_at=published_at)
+# -- metadata-only snapshots (benchmarks/bench_metadata.py) ------------------------------------------
+# Manifests, run records and ``_CURRENT`` as the writer makes them, with shard entries that name
+# files nobody wrote: what reads metadata only (manifest decoding, chains, cleanup planning, the
+# history pages) sees a real root; nothing may open a shard of it.
+
+_KEY_SPAN = 1 << 40  # u64be keys of shard ``db_id`` lie in [db_id * span, (db_id + 1) * span)
+
+
+def _fake_file(name: str, run_id: str, db_id: int, rows: int) -> ShardFile:
+    digest = f"{hash((run_id, db_id, name)) & ((1 << 128) - 1):032x}"
+    return ShardFile(name=name, size=40 * rows + 4096, checksum=f"xxh3_128:{digest}")
+
+
+def _key_hex(db_id: int, offset: int) -> str:
+    return (db_id * _KEY_SPAN + offset).to_bytes(8, "big").hex()
+
+
+def metadata_full_manifest(store: ObjectStore, run_id: str, num_dbs: int, *, rows_per_shard: int = 1000,
+                           started_at: datetime | None = None) -> Manifest:
+    """A full snapshot of ``num_dbs`` non-empty shards (one fake SST each), as the Spark writer describes it."""
+    started_at = started_at or layout.utc_now()
+    shards = tuple(
+        ShardEntry(db_id=db_id, db_url=store.uri(layout.attempt_key(run_id, db_id, 0, 7 + db_id)), attempt=0,
+                   task_attempt_id=7 + db_id, row_count=rows_per_shard, byte_size=f.size,
+                   min_key=_key_hex(db_id, 0), max_key=_key_hex(db_id, 2 * rows_per_shard), files=(f,))
+        for db_id in range(num_dbs) for f in (_fake_file("run-00000.sst", run_id, db_id, rows_per_shard),)
+    )
+    return Manifest(
+        run_id=run_id, created_at=started_at + timedelta(seconds=30), output_uri=store.root, num_dbs=num_dbs,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        shards=shards, storage_engine={"name": "rocksdb", "writer": "tests.snapshot_factory",
+                                       "shard_layout": SHARD_LAYOUT_SST},
+        stats={"rows": sum(s.row_count for s in shards), "bytes": sum(s.byte_size for s in shards), "num_dbs": num_dbs,
+               "empty_shards": 0, "shards_written": num_dbs, "attempts_seen": num_dbs},
+        writer={"provider": "snapshot_factory"}, run_started_at=started_at,
+    )
+
+
+def metadata_chain_manifest(store: ObjectStore, base: Manifest, base_ref: str, base_checksum: str, run_id: str,
+                            db_ids: Iterable[int], *, compact: bool = False,
+                            started_at: datetime | None = None) -> Manifest:
+    """A run on ``base`` (resolved) as the Spark driver builds it (``_write_chain``): a delta's layer
+    on each shard of ``db_ids`` (10 rows changed: 4 updates, 3 inserts, 3 deletes), or a compaction
+    (one full layer per shard; ``db_ids`` ignored). The delta is a format-3 chain document on
+    ``base_ref`` / ``base_checksum``."""
+    from airflow_provider_shardyfusion.core.delta import LayerCounts, LayerResult, chain_shards, chain_stats
+
+    started_at = started_at or layout.utc_now()
+    counts = LayerCounts(puts=7, deletes=3, inserted=3, updated=4, deleted=3)
+    touched = range(base.num_dbs) if compact else sorted(set(db_ids))
+    winners = {}
+    for db_id in touched:
+        before = base.shard(db_id)
+        rows = (before.row_count if before else 0) + (0 if compact else counts.row_delta)
+        name = "run-00000.sst" if compact else "layer-00000.sst"
+        winners[db_id] = LayerResult(
+            db_id=db_id, attempt=0, task_attempt_id=3 + db_id, db_url=store.uri(layout.attempt_key(run_id, db_id, 0, 3 + db_id)),
+            row_count=rows, files=(_fake_file(name, run_id, db_id, rows if compact else 10),),
+            counts=LayerCounts(puts=rows, inserted=rows) if compact else counts,
+            min_key=_key_hex(db_id, 0), max_key=_key_hex(db_id, 2 * rows + 1),
+        )
+    shards = chain_shards(base, run_id, winners, compact=compact)
+    return Manifest(
+        run_id=run_id, created_at=started_at + timedelta(seconds=10), output_uri=store.root, num_dbs=base.num_dbs,
+        sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
+        value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards,
+        stats=dict(chain_stats(base, shards, winners), write_mode="compact" if compact else "delta"),
+        writer={"provider": "snapshot_factory"}, run_started_at=started_at, base_run_id=base.run_id,
+        chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
+        format_version=CHAIN_FORMAT_VERSION if compact else CHAIN_DOCUMENT_FORMAT_VERSION,
+        base_manifest_ref=None if compact else base_ref, base_manifest_checksum=None if compact else base_checksum,
+    )
+
+
+def publish_metadata_run(snapshots: SnapshotRoot, manifest: Manifest) -> ManifestRef:
+    """The writer's publish order through core (``core.publish.publish``'s steps): a running run record,
+    the manifest, the record marked succeeded with the manifest's identity, ``_CURRENT`` moved
+    (conditionally, on its base), ``published_at`` stamped. Done on ``snapshots`` rather than through
+    ``publish`` itself, which opens a new ``SnapshotRoot`` and so re-reads the live chain every call."""
+    from airflow_provider_shardyfusion.core.checksum import bytes_checksum
+    from airflow_provider_shardyfusion.core.publish import mark_succeeded
+    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+
+    started = manifest.run_started_at or manifest.created_at
+    lifecycle = RunRecordLifecycle(snapshots.store, manifest.run_id, num_dbs=manifest.num_dbs,
+                                   writer=dict(manifest.writer), clock=lambda: started).start()
+    ref = snapshots.write_manifest(manifest)
+    data = snapshots.store.get(ref.key).data
+    lifecycle.clock = lambda: manifest.created_at
+    mark_succeeded(lifecycle, ref.uri, dict(manifest.stats), manifest_checksum=bytes_checksum(data),
+                   manifest_size=len(data), publishing=True)
+    snapshots.move_pointer(ref)
+    snapshots.mark_published(manifest.run_id)
+    return ref
