@@ -59,7 +59,7 @@ from airflow_provider_shardyfusion.core import snapshot as snapshot_module
 from airflow_provider_shardyfusion.core.checksum import bytes_checksum
 from airflow_provider_shardyfusion.core.manifest import Manifest
 from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot, forget_decoded_manifests
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 
@@ -201,6 +201,7 @@ def chain_figure(work: Path, num_dbs: int, depth: int, repeat: int, check: Calla
         reader.close()
     opens = []
     for _ in range(repeat):
+        forget_decoded_manifests()  # a fresh process: nothing of the chain decoded yet
         with counting_manifest_io() as counts:
             s, reader = timed(lambda: ShardedReader(root))
         check(reader.manifest == newest, f"{num_dbs} shards: fresh reader's manifest differs")
@@ -213,7 +214,8 @@ def chain_figure(work: Path, num_dbs: int, depth: int, repeat: int, check: Calla
     return {"num_dbs": num_dbs, "depth": depth, "refresh_s": round(refresh_s, 4), "fresh_open_s": round(open_s, 4),
             "refresh_manifests_read": refreshes[0][1]["read"], "refresh_manifests_decoded": refreshes[0][1]["decoded"],
             "fresh_manifests_read": opens[0][1]["read"], "fresh_manifests_decoded": opens[0][1]["decoded"],
-            "refresh_reads_one_manifest": all(c == {"read": 1, "decoded": 1} for _, c in refreshes),
+            # decoded 0: the builder, in this same process, decoded the new run already when it published it.
+            "refresh_reads_one_manifest": all(c["read"] == 1 and c["decoded"] <= 1 for _, c in refreshes),
             **_target(refresh_s / open_s, REFRESH_MAX)}
 
 
@@ -268,6 +270,7 @@ def history_figure(root: str, repeat: int) -> dict[str, Any]:
     for name, page in pages.items():
         times, html = [], ""
         for _ in range(repeat):
+            forget_decoded_manifests()  # each page as the first request of a new API server
             with counting_manifest_io() as counts:
                 s, html = timed(page)
             times.append(s)
