@@ -16,10 +16,20 @@ from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
-from airflow_provider_shardyfusion.core.history import RootHistory, diff_runs, root_history
+from airflow_provider_shardyfusion.core.history import (
+    RootHistory,
+    ShardSample,
+    diff_runs,
+    json_value,
+    key_fates,
+    rank_fields,
+    root_history,
+    sample_changes,
+)
 from airflow_provider_shardyfusion.ui import render
 
 if TYPE_CHECKING:
@@ -37,7 +47,8 @@ MAX_KEY_LOOKUP_RUNS = 500
 # Shard bytes one key look-up may download; shards already in the cache cost nothing, so asking
 # again goes further. The last shard read may pass the budget by its own size.
 KEY_LOOKUP_BYTE_BUDGET = 256 * 1024 * 1024
-_VALUE_PREVIEW_CHARS = 200
+# Shards one page samples changed keys from (the first that changed, by shard id).
+SAMPLE_SHARDS = 8
 # How long a page waits for the storage of a root: an unreachable store (no answer, refused
 # connections) costs the page this much, not the storage client's own minutes of retries.
 ROOT_DEADLINE_S = 5.0
@@ -127,44 +138,55 @@ class HistorySource:
         return {"roots": out}
 
     def _root_summary(self, uri: str) -> dict[str, Any]:
-        """The live run of a root at a glance: since when, rows, bytes, chain depth, last validation."""
+        """The live run of a root at a glance: since when, rows, bytes, chain depth, the live run's last
+        validation, the latest failed run; or that nothing of a snapshot root is there."""
         snapshots = self.open_root(uri)
         h = root_history(snapshots)
         live = next((r for r in h.runs if r.state == "live"), None)
-        summary: dict[str, Any] = {"root": uri, "live_run_id": h.live_run_id, "live_since": _ts_text(h.live_since),
-                                   "runs": len(h.runs), "rows": live.rows if live else None,
-                                   "bytes": live.bytes if live else None, "chain_depth": None, "age_s": None,
-                                   "last_validation": None}
+        summary: dict[str, Any] = {"root": uri, "exists": h.exists, "live_run_id": h.live_run_id,
+                                   "live_since": _ts_text(h.live_since), "runs": len(h.runs),
+                                   "rows": live.rows if live else None, "bytes": live.bytes if live else None,
+                                   "chain_depth": h.live_manifest.chain_depth if h.live_manifest else None,
+                                   "age_s": None, "last_validation": None, "latest_failure": None}
+        if not h.exists:
+            summary["error"] = "nothing here: no run records and no _CURRENT (a wrong URI, or nothing written yet)"
+        elif h.live_manifest_error:
+            summary["error"] = f"the live run's manifest cannot be read: {h.live_manifest_error}"
         if h.live_since is not None:
             summary["age_s"] = round((layout.utc_now() - h.live_since).total_seconds())
-        if h.pointer is not None:
-            summary["chain_depth"] = snapshots.load_manifest_document(h.pointer).chain_depth
-        validated = [r for r in h.runs if r.validation]
-        if validated:
-            last = max(validated, key=lambda r: str((r.validation or {}).get("validated_at") or ""))
-            report = last.validation or {}
-            summary["last_validation"] = {"run_id": last.run_id, "ok": report.get("ok"),
-                                          "validated_at": report.get("validated_at")}
+        if live is not None and live.validation:
+            summary["last_validation"] = {"run_id": live.run_id, "ok": live.validation.get("ok"),
+                                          "validated_at": live.validation.get("validated_at")}
+        failed = next((r for r in h.runs if r.state == "failed"), None)  # runs are newest first
+        if failed is not None:
+            summary["latest_failure"] = {"run_id": failed.run_id, "at": _ts_text(failed.finished_at or failed.started_at),
+                                         "error_type": (failed.error or "").split(":", 1)[0] or None}
         return summary
 
     def run_data(self, uri: str, run_id: str) -> dict[str, Any]:
-        return self.bounded(uri, lambda: self._run_data(uri, run_id))
+        data, sample = self.bounded(uri, lambda: self._run_data(uri, run_id))
+        if sample is not None:  # under a deadline of its own: a slow download never costs the page
+            data["samples"] = self.samples(uri, *sample)
+        return data
 
-    def _run_data(self, uri: str, run_id: str) -> dict[str, Any]:
+    def _run_data(self, uri: str, run_id: str) -> tuple[dict[str, Any], tuple[str, str, list[int]] | None]:
+        """The run page, and what to sample its changed keys from (base manifest, own manifest, shards)."""
         snapshots = self.open_root(uri)
-        entry = next((r for r in root_history(snapshots).runs if r.run_id == run_id), None)
+        runs = {r.run_id: r for r in root_history(snapshots).runs}
+        entry = runs.get(run_id)
         if entry is None:
             raise HTTPException(status_code=404, detail=f"no run {run_id!r} under {uri}")
         data: dict[str, Any] = {"root": uri, "run": entry.to_dict(), "shards": [], "links": {}}
         if entry.manifest_ref is None or entry.state in ("deleted", "unreadable"):
-            return data
+            return data, None
         try:
             manifest = snapshots.read_manifest(entry.manifest_ref)  # the one its record names: no listing
         except ObjectNotFoundError as exc:
             raise HTTPException(status_code=404, detail=f"run {run_id!r} of {uri}: its manifest is missing: {exc}") from None
         except ManifestValidationError as exc:  # outside the root, corrupt, or of another run
             raise HTTPException(status_code=502, detail=f"run {run_id!r} of {uri}: its manifest is refused: {exc}") from None
-        shards: list[dict[str, Any]] = [{"db_id": s.db_id, "rows": s.row_count, "bytes": s.byte_size, "files": len(s.files),
+        shards: list[dict[str, Any]] = [{"db_id": s.db_id, "rows": s.row_count, "bytes": s.byte_size,
+                   "files": sum(len(x.files) for x in s.all_layers()),
                    "layers": [{"run_id": x.run_id, "kind": x.kind, "bytes": x.byte_size, "inserted": x.inserted,
                                "updated": x.updated, "deleted": x.deleted, "deleted_absent": x.deleted_absent}
                               for x in s.layers]}
@@ -182,7 +204,42 @@ class HistorySource:
         if task.get("dag_id") and task.get("run_id") and task.get("task_id"):
             parts = [quote(str(task[k]), safe="") for k in ("dag_id", "run_id", "task_id")]
             data["links"]["Airflow task"] = "/dags/{}/runs/{}/tasks/{}".format(*parts)
-        return data
+        base = runs.get(manifest.base_run_id) if manifest.base_run_id is not None else None
+        if base is not None and base.manifest_ref and base.state != "deleted":
+            # The run's own changes: the shards where it wrote a layer, against its base's.
+            own = sorted(s.db_id for s in manifest.shards if any(x.run_id == run_id for x in s.all_layers()))
+            return data, (base.manifest_ref, entry.manifest_ref, own)
+        return data, None
+
+    def samples(self, uri: str, ref_a: str, ref_b: str, db_ids: list[int]) -> dict[str, Any]:
+        """Changed keys of up to ``SAMPLE_SHARDS`` shards of ``db_ids``, run ``b`` against run ``a``:
+        bounded by keys per shard, keys walked, the byte budget of a request and the deadline."""
+        outcome = within(self.deadline_s, {"samples": functools.partial(self._samples, uri, ref_a, ref_b, db_ids)})
+        result = outcome["samples"]
+        if isinstance(result, Unanswered):
+            return {"shards": [], "fields": [], "stopped": f"the storage of {uri} did not answer ({result})"}
+        if isinstance(result, ShardyfusionError):
+            return {"shards": [], "fields": [], "stopped": f"{type(result).__name__}: {result}"}
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _samples(self, uri: str, ref_a: str, ref_b: str, db_ids: list[int]) -> dict[str, Any]:
+        found: list[ShardSample] = []
+        stopped = None
+        with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
+            for db_id in db_ids[:SAMPLE_SHARDS]:
+                if before.cache_stats["bytes_downloaded"] + after.cache_stats["bytes_downloaded"] >= self.key_byte_budget:
+                    stopped = f"stopped after {len(found)} shards: the byte budget of one request is spent"
+                    break
+                old, new = before.open_shard(db_id), after.open_shard(db_id)
+                found.append(sample_changes(db_id, old.items() if old is not None else (),
+                                            new.items() if new is not None else (),
+                                            key_encoding=after.manifest.key_encoding,
+                                            value_format=after.manifest.value_format))
+        if stopped is None and len(db_ids) > SAMPLE_SHARDS:
+            stopped = f"the first {SAMPLE_SHARDS} of {len(db_ids)} changed shards"
+        return {"shards": [s.to_dict() for s in found], "fields": rank_fields(found), "stopped": stopped}
 
     def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:
         def diff() -> dict[str, Any]:
@@ -191,7 +248,11 @@ class HistorySource:
             except ShardyfusionError as exc:
                 raise HTTPException(status_code=404, detail=str(exc)) from None
 
-        return self.bounded(uri, diff)
+        data = {"root": uri, **self.bounded(uri, diff)}
+        if data["same_routing"]:
+            changed = [s["db_id"] for s in data["shards"] if not s["same_files"]]
+            data["samples"] = self.samples(uri, data["manifest_a"], data["manifest_b"], changed)
+        return data
 
     def key_data(self, uri: str, key: str, limit: int = KEY_LOOKUP_RUNS) -> dict[str, Any]:
         """``key`` in the newest ``limit`` retained runs (not deleted, failed or running), until the
@@ -219,7 +280,7 @@ class HistorySource:
             hit, cost = result
             downloaded += cost
             found.append({"run_id": r.run_id, "state": r.state, **hit})
-        return {"root": uri, "key": key, "runs": found, "retained_runs": len(runs), "limit": limit,
+        return {"root": uri, "key": key, "runs": key_fates(found), "retained_runs": len(runs), "limit": limit,
                 "max_limit": MAX_KEY_LOOKUP_RUNS, "bytes_downloaded": downloaded, "stopped": stopped}
 
 
@@ -231,6 +292,14 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
 
     def respond(data: dict[str, Any], fmt: str, html: Callable[[dict[str, Any]], str]) -> Any:
         return JSONResponse(data) if fmt == "json" else HTMLResponse(html(data))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
+        # A person in a browser gets the page layout with the reason; ?format=json keeps the JSON twin.
+        if request.query_params.get("format") == "json":
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return HTMLResponse(render.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -283,8 +352,7 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
         return {"found": None, "error": f"{type(exc).__name__}: {exc}"}, downloaded
     if value is None:
         return {"found": False, "value": None}, downloaded
-    shown = value.decode("utf-8", "replace") if isinstance(value, bytes) else repr(value)
-    return {"found": True, "value": shown[:_VALUE_PREVIEW_CHARS]}, downloaded
+    return {"found": True, "value": json_value(value)}, downloaded
 
 
 def _ts_text(value: Any) -> str | None:

@@ -10,9 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.history import signed
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -20,12 +24,16 @@ if TYPE_CHECKING:
 PREFIX = "/shardyfusion"
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1f2933}
-table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .6rem;border-bottom:1px solid #d9e2ec;text-align:left}
-th{background:#f0f4f8}.state{padding:.1rem .4rem;border-radius:.3rem;font-size:.85em}
-.live{background:#c6f6d5}.failed,.unreadable{background:#fed7d7}.staged,.running{background:#feebc8}
-.superseded,.rolled_back,.deleted{background:#e2e8f0}nav a{margin-right:1rem}.muted{color:#829ab1}
-svg{background:#fafcfe;border:1px solid #d9e2ec}
+body{font-family:system-ui,sans-serif;margin:1rem;color:#1f2933;max-width:100%}
+table{border-collapse:collapse;margin:1rem 0;max-width:100%}
+th,td{padding:.25rem .45rem;border-bottom:1px solid #d9e2ec;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f0f4f8}.state{padding:.1rem .4rem;border-radius:.3rem;font-size:.85em;white-space:nowrap}
+.live{background:#c6f6d5}.failed,.unreadable,.missing{background:#fed7d7}.staged,.running{background:#feebc8}
+.base_of_live{background:#bee3f8}.superseded,.rolled_back,.deleted{background:#e2e8f0}
+nav a{margin-right:1rem}.muted{color:#829ab1}.problem{color:#9b2c2c}
+svg{background:#fafcfe;border:1px solid #d9e2ec;max-width:100%;height:auto}
+pre{background:#f5f7fa;padding:.5rem;overflow-x:auto;max-width:100%}
+.ins{color:#276749}.upd{color:#975a16}.del{color:#9b2c2c}mark{background:#fefcbf}
 """
 
 
@@ -56,6 +64,7 @@ def link(path: str, text: Any, **params: Any) -> str:
 
 
 def page(title: str, body: str) -> str:
+    """Every page, error pages included: the same layout, the one hashed style block, no script."""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)} · Snapshots</title>"
             f"<style>{_STYLE}</style></head><body><nav>{link('/', 'Snapshot roots')}</nav>"
             f"<h1>{esc(title)}</h1>{body}</body></html>")
@@ -71,21 +80,84 @@ def state(value: str) -> str:
     return f'<span class="state {esc(value)}">{esc(value.replace("_", " "))}</span>'
 
 
-def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | None], *, width: int = 640,
-              height: int = 160) -> str:
-    """Vertical bars with the largest value labelled; ``None`` values leave a gap."""
+def when(ts: str | None) -> str:
+    """A stored time as people read it (``2026-01-01 10:00 UTC, 3 h ago``), the exact one in a tooltip."""
+    if not ts:
+        return ""
+    try:
+        dt = layout.parse_ts(ts)
+    except ValueError:
+        return esc(ts)
+    ago = round((layout.utc_now() - dt).total_seconds())
+    rel = f"{fmt_age(ago)} ago" if ago >= 0 else f"in {fmt_age(-ago)}"
+    return f'<time datetime="{esc(ts)}" title="{esc(ts)}">{esc(dt.strftime("%Y-%m-%d %H:%M UTC"))}, {esc(rel)}</time>'
+
+
+def fmt_age(seconds: int | None) -> str:
+    if seconds is None:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def as_json(value: Any) -> str:
+    """A value or report as readable JSON (never a Python repr)."""
+    return f"<pre>{esc(json.dumps(value, indent=2, ensure_ascii=False, default=str))}</pre>"
+
+
+def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | None], *, x_axis: str, y_axis: str,
+              width: int = 640, height: int = 200, missing: str = "no value") -> str:
+    """Vertical bars, signed about a zero line, with labelled axes and a label per bar (every few
+    bars when there are many); a ``None`` value is a red mark on the zero line titled ``missing``."""
     numbers = [v or 0 for v in values]
-    top = max(numbers, default=0) or 1
+    top, bottom = max(max(numbers, default=0), 0), min(min(numbers, default=0), 0)
+    span = (top - bottom) or 1
+    left, foot, head = 56, 46, 8
+    plot_w, plot_h = width - left - 8, height - foot - head
+    zero = head + plot_h * top / span
     n = max(len(numbers), 1)
-    slot = width / n
-    bars = []
-    for i, (label, value) in enumerate(zip(labels, numbers, strict=True)):
-        h = (height - 20) * value / top
-        bars.append(f'<rect x="{i * slot + slot * 0.1:.1f}" y="{height - h:.1f}" width="{slot * 0.8:.1f}" '
-                    f'height="{h:.1f}" fill="#4c7bd9"><title>{esc(label)}: {esc(value)}</title></rect>')
-    return (f'<figure><figcaption>{esc(title)} (max {esc(top)})</figcaption>'
+    slot = plot_w / n
+    every = max(1, n // 12)
+    parts = [f'<line x1="{left}" y1="{head}" x2="{left}" y2="{head + plot_h}" stroke="#52606d"/>',
+             f'<line x1="{left}" y1="{zero:.1f}" x2="{left + plot_w}" y2="{zero:.1f}" stroke="#52606d"/>',
+             f'<text x="{left - 4}" y="{head + 10}" text-anchor="end" font-size="10">{esc(_short(top))}</text>',
+             f'<text x="{left - 4}" y="{zero + 3:.1f}" text-anchor="end" font-size="10">0</text>',
+             f'<text x="10" y="{head + plot_h / 2:.0f}" font-size="11" text-anchor="middle" '
+             f'transform="rotate(-90 10 {head + plot_h / 2:.0f})">{esc(y_axis)}</text>',
+             f'<text x="{left + plot_w / 2:.0f}" y="{height - 4}" font-size="11" text-anchor="middle">{esc(x_axis)}</text>']
+    if bottom < 0:
+        parts.append(f'<text x="{left - 4}" y="{head + plot_h}" text-anchor="end" font-size="10">{esc(_short(bottom))}</text>')
+    for i, (label, value, raw) in enumerate(zip(labels, numbers, values, strict=True)):
+        x = left + i * slot + slot * 0.1
+        if raw is None:
+            parts.append(f'<rect x="{x:.1f}" y="{zero - 3:.1f}" width="{slot * 0.8:.1f}" height="6" fill="#e53e3e">'
+                         f'<title>{esc(label)}: {esc(missing)}</title></rect>')
+        else:
+            h = plot_h * abs(value) / span
+            y = zero - h if value >= 0 else zero
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" height="{h:.1f}" '
+                         f'fill="{"#4c7bd9" if value >= 0 else "#d9822b"}"><title>{esc(label)}: {esc(value)}</title></rect>')
+        if i % every == 0:
+            parts.append(f'<text x="{x + slot * 0.4:.1f}" y="{head + plot_h + 14}" font-size="9" text-anchor="middle">'
+                         f'{esc(_short_label(label))}</text>')
+    return (f'<figure><figcaption>{esc(title)}</figcaption>'
             f'<svg class="chart" role="img" aria-label="{esc(title)}" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}">{"".join(bars)}</svg></figure>')
+            f'viewBox="0 0 {width} {height}">{"".join(parts)}</svg></figure>')
+
+
+def _short(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:g}"
+
+
+def _short_label(label: str) -> str:
+    """A run id's date and suffix (``0101 1200 …ab12``); anything else cut to 12 characters."""
+    m = re.fullmatch(r"\d{4}(\d{4})T(\d{4})\d*Z-(.*)", label)
+    return f"{m[1]} {m[2]} …{m[3][-4:]}" if m else label[:12]
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -99,50 +171,97 @@ def fmt_bytes(n: int | None) -> str:
     return str(n)
 
 
+
+def error_page(status: int, detail: str) -> str:
+    """A 4xx/5xx answer in the pages' layout; ``?format=json`` gives ``{"detail": ...}`` instead."""
+    what = {404: "Not found", 502: "Storage answered with an error", 504: "Storage did not answer"}
+    return page(f"{status} {what.get(status, 'Error')}",
+                f"<p class='problem'>{esc(detail)}</p><p>{link('/', 'Back to the snapshot roots')}</p>")
+
+
+LEGEND = ("<p class='muted'>Changes: <span class='ins'>+inserted</span> <span class='upd'>~updated</span> "
+          "<span class='del'>\u2212deleted</span> keys, as the writer counted them (stored in the manifest), and the net "
+          "row change: against the base for a delta, against the run before for a full write. "
+          "<b>base of live</b>: the live run still reads this run's files.</p>")
+
+
 def roots_page(data: dict[str, Any]) -> str:
-    rows = [[link("/root", r["root"], uri=r["root"]), esc(r.get("live_run_id") or "—"), esc(r.get("live_since") or ""),
-             esc(_fmt_age(r.get("age_s"))), esc(r.get("rows")), esc(fmt_bytes(r.get("bytes"))), esc(r.get("chain_depth")),
-             esc(_validation_summary(r.get("last_validation"))), esc(r.get("runs", "")), esc(r.get("error") or "")]
-            for r in data["roots"]]
+    rows = []
+    for r in data["roots"]:
+        uri = r["root"]
+        live = r.get("live_run_id")
+        failure = r.get("latest_failure")
+        rows.append([
+            link("/root", uri, uri=uri) + ("" if r.get("error") is None else
+                                           " " + state("missing" if r.get("exists") is False else "unreadable")),
+            link("/run", live, uri=uri, run_id=live) if live else "—",
+            when(r.get("live_since")), esc(r.get("rows")), esc(fmt_bytes(r.get("bytes"))), esc(r.get("chain_depth")),
+            _validation_summary(r.get("last_validation")),
+            (f"{link('/run', failure['run_id'], uri=uri, run_id=failure['run_id'])}<br>"
+             f"{esc(failure.get('error_type'))} {when(failure.get('at'))}" if failure else ""),
+            esc(r.get("runs", "")), f"<span class='problem'>{esc(r.get('error') or '')}</span>"])
     note = "" if data["roots"] else "<p class='muted'>No snapshot roots yet: none emitted an asset event, and " \
                                      "[shardyfusion] history_roots is empty.</p>"
-    return page("Snapshot roots", table(["root", "live run", "live since", "age", "rows", "bytes", "chain depth",
-                                         "last validation", "runs", "problem"], rows) + note)
-
-
-def _fmt_age(seconds: int | None) -> str:
-    if seconds is None:
-        return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
+    return page("Snapshot roots", table(["root", "live run", "live since", "rows", "bytes", "chain depth",
+                                         "live run's last validation", "latest failure", "runs", "problem"], rows) + note)
 
 
 def _validation_summary(last: dict[str, Any] | None) -> str:
     if not last:
-        return ""
-    return f"{'passed' if last.get('ok') else 'failed'} ({last.get('run_id')})"
+        return "<span class='muted'>not validated</span>"
+    return f"{'passed' if last.get('ok') else 'FAILED'} {when(last.get('validated_at'))}"
+
+
+def _change_cell(r: dict[str, Any]) -> str:
+    changes = r.get("changes")
+    net = f"net {signed(r['rows_change'])}" if r.get("rows_change") is not None else ""
+    if not changes:
+        return esc(net)
+    return (f"<span class='ins'>+{esc(changes['inserted'])}</span> <span class='upd'>~{esc(changes['updated'])}</span> "
+            f"<span class='del'>\u2212{esc(changes['deleted'])}</span>" + (f" ({esc(net)})" if net else ""))
 
 
 def timeline_page(data: dict[str, Any]) -> str:
-    runs = data["runs"]
-    rows = [[link("/run", r["run_id"], uri=data["root"], run_id=r["run_id"]), state(r["state"]),
-             esc(r.get("started_at") or ""), esc(r.get("published_at") or ""), esc(r.get("rows")),
-             esc(fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
-             esc(r.get("error") or "")] for r in runs]
-    oldest_first = list(reversed([r for r in runs if r.get("rows") is not None]))
-    charts = (bar_chart("rows per run (oldest → newest)", [r["run_id"] for r in oldest_first],
-                        [r["rows"] for r in oldest_first])
-              + bar_chart("bytes per run (oldest → newest)", [r["run_id"] for r in oldest_first],
-                          [r.get("bytes") for r in oldest_first]))
+    runs, root = data["runs"], data["root"]
     live = data.get("live_run_id")
-    head = (f"<p>Live: {link('/run', live, uri=data['root'], run_id=live) if live else 'nothing'}"
-            f" {esc('since ' + data['live_since']) if data.get('live_since') else ''}</p>")
-    form = (f"<form action='{PREFIX}/key'><input type='hidden' name='uri' value='{esc(data['root'])}'>"
+    written = [r for r in runs if r.get("manifest_ref") and r["state"] not in ("deleted", "unreadable")]
+    rows = []
+    for r in runs:
+        older = next((o for o in written if (o.get("started_at") or "") < (r.get("started_at") or "")), None)
+        diffs = []
+        if r in written and older is not None:
+            diffs.append(link("/diff", "vs previous", uri=root, a=older["run_id"], b=r["run_id"]))
+        if r in written and live and r["run_id"] != live:
+            diffs.append(link("/diff", "vs live", uri=root, a=live, b=r["run_id"]))
+        label = state(r["state"])
+        if r.get("replaced_by") and r["state"] in ("superseded", "rolled_back"):
+            label += f" <span class='muted'>by {esc(r['replaced_by'])}</span>"
+        rows.append([link("/run", r["run_id"], uri=root, run_id=r["run_id"]), label, esc(r.get("write_mode") or ""),
+                     _change_cell(r), when(r.get("started_at")), when(r.get("published_at")), esc(r.get("rows")),
+                     esc(fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
+                     esc(r.get("error") or ""), " · ".join(diffs)])
+    labels = [r["run_id"] for r in runs]
+    charts = ""
+    if runs:
+        charts = (bar_chart("rows per run (newest → oldest, as the table; red: a run that wrote nothing)", labels,
+                            [r.get("rows") for r in runs], x_axis="run (newest first)", y_axis="rows",
+                            missing="wrote nothing")
+                  + bar_chart("net row change per run", labels, [r.get("rows_change") for r in runs],
+                              x_axis="run (newest first)", y_axis="row change", missing="no change recorded")
+                  + bar_chart("bytes per run", labels, [r.get("bytes") for r in runs], x_axis="run (newest first)",
+                              y_axis="bytes", missing="wrote nothing"))
+    head = (f"<p>Live: {link('/run', live, uri=root, run_id=live) if live else 'nothing'}"
+            f" {'since ' + when(data['live_since']) if data.get('live_since') else ''}</p>")
+    if data.get("exists") is False:
+        head += ("<p class='problem'>Nothing here: no run records and no _CURRENT under this root "
+                 "(a wrong URI, or nothing written yet).</p>")
+    if data.get("live_manifest_error"):
+        head += f"<p class='problem'>The live run's manifest cannot be read: {esc(data['live_manifest_error'])}</p>"
+    form = (f"<form action='{PREFIX}/key'><input type='hidden' name='uri' value='{esc(root)}'>"
             "Key look-up across runs: <input name='key'> <button>look up</button></form>")
-    return page(data["root"], head + form + charts + table(
-        ["run", "state", "started", "published", "rows", "bytes", "duration s", "validation", "error"], rows))
+    return page(root, head + form + LEGEND + charts + table(
+        ["run", "state", "write mode", "changes", "started", "published", "rows", "bytes", "duration s", "validation",
+         "error", "diff"], rows))
 
 
 def _validation_text(validation: dict[str, Any] | None) -> str:
@@ -152,35 +271,48 @@ def _validation_text(validation: dict[str, Any] | None) -> str:
 
 
 def run_page(data: dict[str, Any]) -> str:
-    entry, shards = data["run"], data.get("shards") or []
-    facts = table(["", ""], [[esc(k), esc(v)] for k, v in (
-        ("state", entry["state"]), ("started", entry.get("started_at")), ("finished", entry.get("finished_at")),
-        ("published", entry.get("published_at")), ("rows", entry.get("rows")), ("bytes", fmt_bytes(entry.get("bytes"))),
-        ("shards", data.get("num_dbs")), ("skew (largest / mean rows)", data.get("skew")),
-        ("write mode", data.get("write_mode")), ("written on run", data.get("base_run_id")),
-        ("chain depth", data.get("chain_depth") if data.get("write_mode") not in (None, "full") else None),
-        ("replaced by", entry.get("replaced_by")), ("error", entry.get("error")),
-        ("Airflow task", " / ".join(str(entry["airflow"].get(k)) for k in ("dag_id", "task_id", "run_id", "try_number")
-                                    if entry.get("airflow")) or None),
-        ("Spark application", data.get("spark_app_id")),
+    entry, shards, root = data["run"], data.get("shards") or [], data["root"]
+    run_id = entry["run_id"]
+    base = data.get("base_run_id")
+    facts = table(["", ""], [[esc(k), v] for k, v in (
+        ("state", state(entry["state"])), ("started", when(entry.get("started_at"))),
+        ("finished", when(entry.get("finished_at"))), ("published", when(entry.get("published_at"))),
+        ("rows", esc(entry.get("rows"))), ("bytes", esc(fmt_bytes(entry.get("bytes")))),
+        ("changes", _change_cell(entry)),
+        ("shards", esc(data.get("num_dbs"))), ("skew (largest / mean rows)", esc(data.get("skew"))),
+        ("write mode", esc(data.get("write_mode"))),
+        ("written on run", (link("/run", base, uri=root, run_id=base) + " · "
+                            + link("/diff", "diff against base", uri=root, a=base, b=run_id)) if base else ""),
+        ("chain depth", esc(data.get("chain_depth") if data.get("write_mode") not in (None, "full") else None)),
+        ("replaced by", link("/run", entry["replaced_by"], uri=root, run_id=entry["replaced_by"])
+         if entry.get("replaced_by") else ""),
+        ("error", esc(entry.get("error"))),
+        ("Airflow task", esc(" / ".join(str(entry["airflow"].get(k)) for k in ("dag_id", "task_id", "run_id", "try_number")
+                                        if entry.get("airflow")) or None)),
+        ("Spark application", esc(data.get("spark_app_id"))),
     ) if v not in (None, "")])
     links = "".join(f"<li>{external_link(name, url)}</li>" for name, url in data.get("links", {}).items())
     charts = ""
     if shards:
         labels = [f"shard {s['db_id']}" for s in shards]
-        charts = (bar_chart("rows per shard", labels, [s["rows"] for s in shards])
-                  + bar_chart("bytes per shard", labels, [s["bytes"] for s in shards]))
+        charts = (bar_chart("rows per shard", labels, [s["rows"] for s in shards], x_axis="shard", y_axis="rows")
+                  + bar_chart("bytes per shard", labels, [s["bytes"] for s in shards], x_axis="shard", y_axis="bytes"))
     validation = entry.get("validation")
     checks = ""
     if validation:
-        checks = "<h2>Validation</h2>" + table(["check", "ok", "figure", "limit"], [
-            [esc(c["name"]), esc("skipped" if c.get("skipped") else c["ok"]), esc(c.get("figure")), esc(c.get("limit"))]
-            for c in validation.get("checks", [])])
+        checks = ("<h2>Validation</h2>" + table(["check", "ok", "figure", "limit"], [
+            [esc(c["name"]), esc("skipped" if c.get("skipped") else "passed" if c["ok"] else "FAILED"),
+             esc(json.dumps(c.get("figure"))), esc(json.dumps(c.get("limit")))]
+            for c in validation.get("checks", [])]) + "<details><summary>the report as JSON</summary>"
+            + as_json(validation) + "</details>")
     shard_rows = [[esc(s["db_id"]), esc(s["rows"]), esc(fmt_bytes(s["bytes"])), esc(s["files"]), _layers_text(s)]
                   for s in shards]
-    return page(f"Run {entry['run_id']}", facts + (f"<ul>{links}</ul>" if links else "") + charts + checks
-                + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files", "layers (oldest first)"], shard_rows)
-                   if shards else ""))
+    samples = ""
+    if data.get("samples") is not None and base:
+        samples = "<h2>Changed keys (a sample, against the base)</h2>" + samples_html(root, data["samples"], base, run_id)
+    return page(f"Run {run_id}", LEGEND + facts + (f"<ul>{links}</ul>" if links else "") + charts + samples + checks
+                + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files (all layers)", "layers (oldest first)"],
+                                             shard_rows) if shards else ""))
 
 
 def external_link(name: str, url: Any) -> str:
@@ -195,16 +327,55 @@ def _layers_text(shard: dict[str, Any]) -> str:
     """A chain shard's layers: the run that wrote each and what it did (empty for a full snapshot's shard)."""
     parts = []
     for x in shard.get("layers") or ():
-        did = "full" if x["kind"] == "full" else f"+{x['inserted']} ~{x['updated']} -{x['deleted']}"
+        did = "full" if x["kind"] == "full" else f"+{x['inserted']} ~{x['updated']} \u2212{x['deleted']}"
         parts.append(f"{esc(x['run_id'])} ({esc(did)}, {esc(fmt_bytes(x['bytes']))})")
     return "<br>".join(parts)
 
 
+def samples_html(root: str, samples: dict[str, Any], run_a: str, run_b: str) -> str:
+    """Changed keys per shard, each a link to its history; before → after with differing fields marked."""
+    out = []
+    if samples.get("fields"):
+        out.append("<h3>Fields that differ, most often first (updated keys of the sample)</h3>" + table(
+            ["field", "updated keys"], [[esc(f["field"]), esc(f["keys"])] for f in samples["fields"]]))
+    rows = []
+    for shard in samples.get("shards", []):
+        for c in shard["changes"]:
+            rows.append([esc(shard["db_id"]), link("/key", c["key"], uri=root, key=c["key"]),
+                         f"<span class='{ {'inserted': 'ins', 'updated': 'upd', 'deleted': 'del'}[c['kind']] }'>"
+                         f"{esc(c['kind'])}</span>", value_html(c["before"], c["fields"]),
+                         value_html(c["after"], c["fields"])])
+    shown = sum(len(s["changes"]) for s in samples.get("shards", []))
+    partial = [s["db_id"] for s in samples.get("shards", []) if not s["complete"]]
+    out.append(f"<p class='muted'>{shown} keys from {len(samples.get('shards', []))} shards, in key order"
+               + (f"; shards {esc(partial)} have more (a sample stops at a few keys or after walking "
+                  "20000 stored keys)" if partial else "") + ".</p>")
+    if samples.get("stopped"):
+        out.append(f"<p class='problem'>{esc(samples['stopped'])}</p>")
+    out.append(table(["shard", "key", "change", f"before ({run_a})", f"after ({run_b})"], rows))
+    return "".join(out)
+
+
+def value_html(value: Any, fields: Sequence[str]) -> str:
+    """A JSON value; of an object, the fields in ``fields`` marked."""
+    if value is None:
+        return "<span class='muted'>—</span>"
+    if isinstance(value, dict) and fields:
+        items = [(f"<mark>{esc(json.dumps(k))}: {esc(json.dumps(v, ensure_ascii=False))}</mark>" if k in fields else
+                  f"{esc(json.dumps(k))}: {esc(json.dumps(v, ensure_ascii=False))}") for k, v in value.items()]
+        return "<code>{" + ", ".join(items) + "}</code>"
+    text = f"<code>{esc(json.dumps(value, ensure_ascii=False))}</code>"
+    return f"<mark>{text}</mark>" if fields else text
+
+
 def diff_page(data: dict[str, Any]) -> str:
-    rows = [[esc(s["db_id"]), esc(s["rows_a"]), esc(s["rows_b"]), esc(_delta(s["rows_a"], s["rows_b"])),
-             esc(fmt_bytes(s["bytes_a"])), esc(fmt_bytes(s["bytes_b"])), esc("same" if s["same_files"] else "changed")]
+    root, a, b = data["root"], data["run_a"], data["run_b"]
+    rows = [[esc(s["db_id"]), esc(s["rows_a"]), esc(s["rows_b"]), esc(_signed(_delta(s["rows_a"], s["rows_b"]))),
+             esc(fmt_bytes(s["bytes_a"])), esc(fmt_bytes(s["bytes_b"])), esc("same" if s["same_files"] else "changed"),
+             _change_cell({"changes": s.get("changes")})]
             for s in data["shards"]]
-    summary = (f"<p>rows {esc(data['rows_a'])} → {esc(data['rows_b'])} ({esc(_delta(data['rows_a'], data['rows_b']))}),"
+    summary = (f"<p>{link('/run', a, uri=root, run_id=a)} → {link('/run', b, uri=root, run_id=b)}: "
+               f"rows {esc(data['rows_a'])} → {esc(data['rows_b'])} ({esc(_signed(_delta(data['rows_a'], data['rows_b'])))}),"
                f" bytes {esc(fmt_bytes(data['bytes_a']))} → {esc(fmt_bytes(data['bytes_b']))};"
                f" {'same routing' if data['same_routing'] else 'different routing: shards are not comparable one to one'}"
                "</p>")
@@ -212,23 +383,46 @@ def diff_page(data: dict[str, Any]) -> str:
     if changes is not None:
         summary += (f"<p>along the chain: {esc(changes['inserted'])} inserted, {esc(changes['updated'])} updated, "
                     f"{esc(changes['deleted'])} deleted ({esc(changes['deleted_absent'])} deletions of absent keys)</p>")
-    chart = bar_chart("row change per shard", [f"shard {s['db_id']}" for s in data["shards"]],
-                      [abs(_delta(s["rows_a"], s["rows_b"]) or 0) for s in data["shards"]])
-    return page(f"Diff {data['run_a']} → {data['run_b']}", summary + chart + table(
-        ["shard", f"rows {data['run_a']}", f"rows {data['run_b']}", "change", "bytes a", "bytes b", "files"], rows))
+    chart = bar_chart("row change per shard (signed)", [f"shard {s['db_id']}" for s in data["shards"]],
+                      [_delta(s["rows_a"], s["rows_b"]) for s in data["shards"]], x_axis="shard", y_axis="row change",
+                      missing="in one run only")
+    samples = ""
+    if data.get("samples") is not None:
+        samples = "<h2>Changed keys (a sample)</h2>" + samples_html(root, data["samples"], a, b)
+    return page(f"Diff {a} → {b}", LEGEND + summary + chart + table(
+        ["shard", f"rows {a}", f"rows {b}", "change", "bytes a", "bytes b", "files", "along the chain"], rows) + samples)
 
 
 def _delta(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else b - a
 
 
+def _signed(n: int | None) -> str:
+    return "" if n is None else signed(n)
+
+
+_FATE_TEXT = {"inserted": "inserted here", "updated": "updated here", "deleted": "deleted here",
+              "unchanged": "unchanged", "absent": "absent", "unknown": "unknown (a look-up failed)"}
+
+
 def key_page(data: dict[str, Any]) -> str:
-    rows = [[esc(r["run_id"]), state(r["state"]), esc(r.get("found")), esc(r.get("value")), esc(r.get("error") or "")]
-            for r in data["runs"]]
+    root = data["root"]
+    rows = []
+    for r in data["runs"]:
+        fate = r.get("fate", "unknown")
+        rows.append([link("/run", r["run_id"], uri=root, run_id=r["run_id"]), state(r["state"]),
+                     f"<span class='{ {'inserted': 'ins', 'updated': 'upd', 'deleted': 'del'}.get(fate, 'muted') }'>"
+                     f"{esc(_FATE_TEXT.get(fate, fate))}</span>",
+                     (value_html(r.get("before"), r["fields"]) + " → " if fate == "updated" else "")
+                     + (value_html(r.get("value"), r.get("fields") or []) if r.get("found") else ""),
+                     link("/run", r["compared_with"], uri=root, run_id=r["compared_with"]) if r.get("compared_with") else "",
+                     esc(r.get("error") or "")])
     shown, retained = len(data["runs"]), data.get("retained_runs", len(data["runs"]))
     note = (f"<p>The newest {shown} of {retained} retained runs (add <code>&amp;limit=N</code> for more, up to "
             f"{esc(data.get('max_limit'))}).</p>" if shown < retained else f"<p>All {retained} retained runs.</p>")
+    note += ("<p class='muted'>Each run against the retained run before it; in an updated value the fields that "
+             "differ are marked.</p>")
     if data.get("stopped"):
         note += f"<p class='problem'>{esc(data['stopped'])}</p>"
-    return page(f"Key {data['key']!s} in {data['root']}",
-                note + table(["run", "state", "found", "value", "problem"], rows))
+    headers = ["run", "state", "this run", "value (JSON; before → after when updated)", "compared with", "problem"]
+    return page(f"Key {data['key']!s} in {root}", note + table(headers, rows))

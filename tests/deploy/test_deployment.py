@@ -576,7 +576,7 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         text = browser.find_element(By.TAG_NAME, "body").text
         assert f"Live: {live_run_id}" in text, text[:2000]
         assert all(q["run_id"] in text for q in quickstart)
-        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 2
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 3  # rows, net change, bytes
         browser.save_screenshot(str(ARTIFACTS / "timeline.png"))
 
         browser.get(f"{d.api}/shardyfusion/run?uri={root}&run_id={live_run_id}")

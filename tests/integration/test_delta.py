@@ -437,10 +437,36 @@ def test_history_shows_layers_and_exact_changes_along_a_chain(spark, tmp_path, f
     diff = diff_runs(snapshots, "step01-full", "step03-delta")
     assert diff.changes == {"inserted": 3, "updated": 5, "deleted": 3, "deleted_absent": 1}
     assert diff.rows_b - diff.rows_a == 3 - 3
+    # Issue 28: the timeline says what each run did, from the counts the writer stored; the runs the
+    # live delta still reads are "base of live", never just "superseded".
+    client = client_for([root], None, tmp_path)
+    timeline = {r["run_id"]: r for r in client.get("/root", params={"uri": root, "format": "json"}).json()["runs"]}
+    assert {k: (v["state"], v["write_mode"]) for k, v in timeline.items()} == {
+        "step01-full": ("base_of_live", "full"), "step02-delta": ("base_of_live", "delta"),
+        "step03-delta": ("live", "delta")}
+    assert timeline["step02-delta"]["changes"] == {"inserted": 2, "updated": 5, "deleted": 2, "deleted_absent": 1}
+    assert timeline["step02-delta"]["rows_change"] == 0 and timeline["step03-delta"]["rows_change"] == 0
+    page = client.get("/root", params={"uri": root}).text
+    assert ">base of live</span>" in page and ">superseded</span>" not in page
+    assert "+2</span> <span class='upd'>~5</span> <span class='del'>\u22122</span> (net 0)" in page
+    # The run page: its base as a link with its diff, and a sample of the keys it changed, each linking its history.
+    run3 = client.get("/run", params={"uri": root, "run_id": "step03-delta", "format": "json"}).json()
+    changed = {c["key"]: (c["kind"], c["before"], c["after"]) for s in run3["samples"]["shards"] for c in s["changes"]}
+    assert changed == {50: ("inserted", None, "back"), 0: ("deleted", "u", None)}
+    assert all(s["complete"] for s in run3["samples"]["shards"])
+    assert {s["db_id"]: s["files"] for s in run3["shards"]} == {  # every layer's files, not the newest layer's
+        s.db_id: sum(len(x.files) for x in s.all_layers()) for s in chain.manifest().shards}
+    assert any(len(s["layers"]) > 1 and s["files"] > len(s["layers"][-1:]) for s in run3["shards"])
+    html = client.get("/run", params={"uri": root, "run_id": "step03-delta"}).text
+    assert ">diff against base</a>" in html and "a=step02-delta&amp;b=step03-delta" in html
+    assert "key=50\">50</a>" in html and "key=0\">0</a>" in html
+    key = client.get("/key", params={"uri": root, "key": "50", "format": "json"}).json()
+    assert [(r["run_id"], r["fate"]) for r in key["runs"]] == [
+        ("step03-delta", "inserted"), ("step02-delta", "deleted"), ("step01-full", "inserted")]
+
     chain.write("compact")
     assert diff_runs(snapshots, "step03-delta", "step04-compact").changes is None  # not a chain extension
 
-    client = client_for([root], None, tmp_path)
     run = client.get("/run", params={"uri": root, "run_id": "step03-delta", "format": "json"}).json()
     assert run["write_mode"] == "delta" and run["chain_depth"] == 2 and run["base_run_id"] == "step02-delta"
     assert sum(len(s["layers"]) for s in run["shards"]) >= NUM_DBS

@@ -8,6 +8,7 @@ plugin's own app, which refuses a request without a token.
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -31,24 +32,39 @@ def test_roots_and_timeline_pages_and_their_json_twins(ui):
     client, root, runs = ui
     roots = client.get("/", params={"format": "json"}).json()
     (summary,) = roots["roots"]
-    assert summary["age_s"] >= 0 and summary["last_validation"]["ok"] is True
-    assert summary == {"root": root, "live_run_id": runs["v2"], "live_since": summary["live_since"], "runs": 8,
-                       "rows": 30, "bytes": summary["bytes"], "chain_depth": 0, "age_s": summary["age_s"],
-                       "last_validation": {"run_id": runs["staged"], "ok": True,
-                                           "validated_at": summary["last_validation"]["validated_at"]}}
+    assert summary["age_s"] >= 0
+    # Only the staged run was validated: the live run (v2) has no validation of its own.
+    failure = {"run_id": "20260107T000000Z-failed00", "at": summary["latest_failure"]["at"],
+               "error_type": "InputDataError"}
+    assert summary == {"root": root, "exists": True, "live_run_id": runs["v2"], "live_since": summary["live_since"],
+                       "runs": 8, "rows": 30, "bytes": summary["bytes"], "chain_depth": 0, "age_s": summary["age_s"],
+                       "last_validation": None, "latest_failure": failure}
     assert summary["bytes"] > 0
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert runs["v2"] in page.text and "/shardyfusion/root?uri=" in page.text
-    assert "chain depth" in page.text and f"passed ({runs['staged']})" in page.text
+    assert "chain depth" in page.text and "not validated" in page.text and "passed" not in page.text
+    assert "InputDataError" in page.text and f"title=\"{summary['live_since']}\"" in page.text  # exact time as tooltip
 
     data = client.get("/root", params={"uri": root, "format": "json"}).json()
     assert {r["run_id"]: r["state"] for r in data["runs"]}[runs["v3"]] == "rolled_back"
     html = client.get("/root", params={"uri": root}).text
     for state in ("live", "superseded", "rolled back", "staged", "failed", "running", "deleted", "unreadable"):
         assert f">{state}</span>" in html, state
-    assert html.count("<svg") == 2 and html.count("<rect") == 2 * 5  # rows and bytes of the 5 runs that wrote
+    # rows, net change and bytes of all 8 runs, in the table's order (newest first), with axes.
+    assert html.count("<svg") == 3 and html.count("<rect") == 3 * 8
+    assert html.count(">run (newest first)</text>") == 3 and ">rows</text>" in html and ">bytes</text>" in html
+    bars = re.findall(r"<title>([^<:]+): ([^<]+)</title></rect>", html)[:8]
+    assert [b[0] for b in bars] == [r["run_id"] for r in data["runs"]]  # the table's order
+    assert dict(bars)["20260107T000000Z-failed00"] == "wrote nothing"  # failed runs are shown
     assert "InputDataError: duplicate key 4" in html and "passed at" in html  # failed run's error, validation
+    by_id = {r["run_id"]: r for r in data["runs"]}
+    assert [by_id[runs[n]]["rows_change"] for n in ("v1", "v2", "v3", "staged")] == [10, 10, 10, 10]
+    assert {by_id[runs[n]]["write_mode"] for n in ("v1", "v2", "v3", "staged")} == {"full"}
+    # Every run that wrote links its diff against the run before it and against the live run.
+    assert html.count(">vs previous</a>") == 3 and html.count(">vs live</a>") == 3  # gone is deleted; v1 is first
+    assert f"a={runs['v1']}&amp;b={runs['v2']}\">vs previous" in html
+    assert f"a={runs['v2']}&amp;b={runs['staged']}\">vs live" in html
     assert "<script" not in html and "http://" not in html and "https://" not in html  # nothing from outside
 
 
@@ -59,8 +75,11 @@ def test_run_page_with_shards_validation_and_links(ui):
     assert sum(s["rows"] for s in data["shards"]) == 50 and all(s["bytes"] > 0 for s in data["shards"])
     assert data["skew"] == round(max(s["rows"] for s in data["shards"]) / (50 / 3), 3)
     assert data["run"]["validation"]["ok"] is True
+    assert all(s["files"] > 1 for s in data["shards"])  # a shard database's files (a chain's: every layer's)
     html = client.get("/run", params={"uri": root, "run_id": runs["staged"]}).text
     assert html.count("<rect") == 2 * 3 and "<h2>Validation</h2>" in html and "min_rows" in html
+    assert "True" not in html and "&quot;ok&quot;: true" in html  # the report as JSON, not a Python repr
+    assert "+inserted" in html and "base of live" in html  # the legend of the change notation
     deleted = client.get("/run", params={"uri": root, "run_id": runs["gone"], "format": "json"}).json()
     assert deleted["run"]["state"] == "deleted" and deleted["shards"] == []
     assert client.get("/run", params={"uri": root, "run_id": "20990101T000000Z-nothere0"}).status_code == 404
@@ -91,7 +110,20 @@ def test_diff_and_key_look_up_across_runs(ui):
     diff = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"], "format": "json"}).json()
     assert (diff["rows_a"], diff["rows_b"]) == (30, 40) and len(diff["shards"]) == 3
     html = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"]}).text
-    assert "30 → 40 (10)" in html and "<svg" in html
+    assert "30 → 40 (+10)" in html and "<svg" in html and ">row change</text>" in html
+    # v3 rewrote every key of v2 ("v2-k" -> "v3-k") and added keys 30..39: a sample of each shard says so.
+    samples = diff["samples"]
+    assert len(samples["shards"]) == 3 and samples["stopped"] is None
+    for shard in samples["shards"]:
+        assert len(shard["changes"]) == 10 and not shard["complete"]
+        for c in shard["changes"]:
+            k = c["key"]
+            assert (c["kind"], c["before"], c["after"]) == (("updated", f"v2-{k}", f"v3-{k}") if k < 30
+                                                            else ("inserted", None, f"v3-{k}")), c
+            assert f'href="/shardyfusion/key?uri={quote(root, safe="")}&amp;key={k}"' in html
+    updated = sum(c["kind"] == "updated" for s in samples["shards"] for c in s["changes"])
+    assert samples["fields"] == [{"field": "(value)", "keys": updated}]
+    assert "<mark><code>&quot;v3-" in html  # the value that differs, marked, as JSON
     assert client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["gone"]}).status_code == 404
 
     # Key 25 exists in v2 (30 rows), v3 and staged; not in v1 (20 rows). Deleted/failed runs are not read.
@@ -99,8 +131,14 @@ def test_diff_and_key_look_up_across_runs(ui):
     values = {r["run_id"]: (r["found"], r["value"]) for r in found["runs"]}
     assert values == {runs["v1"]: (False, None), runs["v2"]: (True, "v2-25"), runs["v3"]: (True, "v3-25"),
                       runs["staged"]: (True, "staged-25")}
+    fates = {r["run_id"]: (r["fate"], r["compared_with"]) for r in found["runs"]}
+    assert fates == {runs["staged"]: ("updated", runs["v3"]), runs["v3"]: ("updated", runs["v2"]),
+                     runs["v2"]: ("inserted", runs["v1"]), runs["v1"]: ("absent", None)}
     html = client.get("/key", params={"uri": root, "key": "25"}).text
     assert "staged-25" in html and "v3-25" in html and "All 4 retained runs" in html
+    assert html.count(">updated here</span>") == 2 and ">inserted here</span>" in html
+    assert "<code>&quot;v2-25&quot;</code></mark> → <mark><code>&quot;v3-25&quot;" in html  # before → after, JSON
+    assert f'href="/shardyfusion/run?uri={quote(root, safe="")}&amp;run_id={runs["v3"]}"' in html  # run ids link
     newest = client.get("/key", params={"uri": root, "key": "25", "limit": 2, "format": "json"}).json()
     assert [r["run_id"] for r in newest["runs"]] == [runs["staged"], runs["v3"]] and newest["retained_runs"] == 4
     assert "The newest 2 of 4 retained runs" in client.get("/key", params={"uri": root, "key": "25", "limit": 2}).text
@@ -160,8 +198,9 @@ def test_each_page_reads_the_root_once_and_never_lists_every_manifest(ui, tmp_pa
     records = 8  # build_history_root: five written runs, failed, running, unreadable
     expected = {
         ("/", ()): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 1},
-        ("/root", ()): {"list runs": 1, "get runs": records, "get pointer": 1},
-        ("/run", ("staged",)): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 1},
+        # The live manifest names the runs the live snapshot reads ("base of live").
+        ("/root", ()): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 1},
+        ("/run", ("staged",)): {"list runs": 1, "get runs": records, "get pointer": 1, "get manifests": 2},
         ("/diff", ("v1", "v2")): {"get runs": 2, "get manifests": 2},
     }
     for (path, names), want in expected.items():
@@ -195,6 +234,7 @@ def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outsid
     JSON, or outside the root answers 404 / 502 with the reason, as the diff and key pages do."""
     from airflow_provider_shardyfusion.core import layout
     from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
+    from airflow_provider_shardyfusion.ui.render import esc
     from tests.snapshot_factory import build_snapshot
 
     store = open_store(file_root)
@@ -208,11 +248,13 @@ def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outsid
     expected = {missing.run_id: (404, "its manifest is missing"), corrupt.run_id: (502, "its manifest is refused"),
                 "20260103T000000Z-outside0": (502, "lies outside the output root")}
     for run_id, (status, reason) in expected.items():
-        for fmt in ("html", "json"):
-            response = client.get("/run", params={"uri": file_root, "run_id": run_id, "format": fmt})
-            assert response.status_code == status, (run_id, response.status_code, response.text)
-            detail = response.json()["detail"]
-            assert reason in detail and run_id in detail, detail
+        response = client.get("/run", params={"uri": file_root, "run_id": run_id, "format": "json"})
+        assert response.status_code == status, (run_id, response.status_code, response.text)
+        detail = response.json()["detail"]
+        assert reason in detail and run_id in detail, detail
+        page = client.get("/run", params={"uri": file_root, "run_id": run_id})  # the HTML twin, in the layout
+        assert page.status_code == status and page.headers["content-type"].startswith("text/html")
+        assert esc(reason) in page.text and "Snapshot roots</a></nav>" in page.text
 
 
 def test_key_look_up_downloads_within_a_byte_budget_and_reuses_its_cache(file_root, tmp_path):
@@ -250,3 +292,34 @@ def test_key_look_up_downloads_within_a_byte_budget_and_reuses_its_cache(file_ro
     again = client.get("/key", params={"uri": file_root, "key": "7", "limit": 6, "format": "json"}).json()
     assert [r["value"][:8] for r in again["runs"]] == [f"r{i}-7r{i}-7" for i in (5, 4, 3, 2, 1, 0)]
     assert again["stopped"] is None and again["bytes_downloaded"] == downloaded() - before == sum(size[:3])
+
+
+def test_roots_page_marks_a_missing_root_shows_the_live_runs_validation_and_errors_in_the_layout(file_root, tmp_path):
+    """Issue 28 items 5-6: a root with nothing under it says so (not an empty root); the validation shown
+    is the live run's; an unknown root answers a 404 page in the layout, its JSON twin the detail."""
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+    from tests.snapshot_factory import build_snapshot
+
+    older = build_snapshot(file_root, [(1, b"a")], num_dbs=1, run_id="20260101T000000Z-older000")
+    live = build_snapshot(file_root, [(1, b"a"), (2, b"b")], num_dbs=1, run_id="20260102T000000Z-live0000")
+    snapshots = SnapshotRoot(open_store(file_root))
+    assert validate_snapshot(snapshots, run_id=live.run_id, min_rows=1).ok
+    with pytest.raises(ManifestValidationError):  # the last validation of the root, of a run that is not live
+        validate_snapshot(snapshots, run_id=older.run_id, min_rows=5)
+    nowhere = f"file://{tmp_path}/nowhere"
+    client = client_for([file_root, nowhere], None, tmp_path)
+    rows = {r["root"]: r for r in client.get("/", params={"format": "json"}).json()["roots"]}
+    assert rows[file_root]["last_validation"]["run_id"] == live.run_id and rows[file_root]["last_validation"]["ok"]
+    assert rows[nowhere]["exists"] is False and rows[nowhere]["error"].startswith("nothing here")
+    page = client.get("/").text
+    assert page.count(">missing</span>") == 1 and "passed <time" in page and "FAILED" not in page
+    assert "Nothing here: no run records and no _CURRENT" in client.get("/root", params={"uri": nowhere}).text
+
+    unknown = client.get("/root", params={"uri": f"file://{tmp_path}/unlisted"})
+    assert unknown.status_code == 404 and unknown.headers["content-type"].startswith("text/html")
+    assert "<h1>404 Not found</h1>" in unknown.text and "is not a known snapshot root" in unknown.text
+    assert "Content-Security-Policy".lower() in unknown.headers and "<script" not in unknown.text
+    twin = client.get("/root", params={"uri": f"file://{tmp_path}/unlisted", "format": "json"})
+    assert twin.status_code == 404 and "is not a known snapshot root" in twin.json()["detail"]

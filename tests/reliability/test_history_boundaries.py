@@ -144,7 +144,7 @@ def test_an_unreachable_store_costs_a_page_at_most_its_deadline(file_root, tmp_p
         assert live in html_page and html_page.count("storage unreachable") == 2
 
         started = time.monotonic()
-        response = client.get("/root", params={"uri": "s3://silent-bucket/snap"})
+        response = client.get("/root", params={"uri": "s3://silent-bucket/snap", "format": "json"})
         root_page_s = time.monotonic() - started
         assert root_page_s <= BOUND_S, root_page_s
         assert response.status_code == 504
@@ -275,7 +275,7 @@ def test_only_events_of_our_operators_make_a_root(airflow_env, run_dag, tmp_path
         assert [r["root"] for r in roots["roots"]] == [ours] and roots["roots"][0]["live_run_id"] == ours_run, roots
         refused = 0
         for uri in (other, "file:///etc"):
-            for path in (f"/shardyfusion/root?uri={uri}", f"/shardyfusion/key?uri={uri}&key=1"):
+            for path in (f"/shardyfusion/root?uri={uri}&format=json", f"/shardyfusion/key?uri={uri}&key=1&format=json"):
                 status, body = _request(api, "GET", path, token=token)
                 assert status == 404 and "not a known snapshot root" in body["detail"], (path, status, body)
                 refused += 1

@@ -1,0 +1,58 @@
+"""What the history pages say changed (issue 28): labels, key samples, fields that differ, a key's fate per run."""
+
+from __future__ import annotations
+
+import json
+
+from airflow_provider_shardyfusion.core.history import (
+    change_label,
+    differing_fields,
+    key_fates,
+    rank_fields,
+    sample_changes,
+)
+
+
+def test_change_label_shows_counts_and_a_signed_net_change():
+    changes = {"inserted": 200, "updated": 500, "deleted": 300, "deleted_absent": 7}
+    assert change_label(changes, -100) == "+200 ~500 \u2212300 (net \u2212100)"
+    assert change_label(None, 10) == "net +10" and change_label(None, None) == ""
+
+
+def test_a_sample_walks_two_states_and_classifies_each_changed_key():
+    def rows(d):
+        return [(k.to_bytes(8, "big"), json.dumps(v).encode()) for k, v in sorted(d.items())]
+
+    before = {1: {"a": 1, "b": 1}, 2: {"a": 2, "b": 2}, 3: {"a": 3, "b": 3}, 5: {"a": 5, "b": 5}}
+    after = {1: {"a": 1, "b": 1}, 2: {"a": 20, "b": 2}, 3: {"a": 30, "b": 30}, 4: {"a": 4, "b": 4}}
+    sample = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json")
+    assert [(c["key"], c["kind"], c["fields"]) for c in sample.changes] == [
+        (2, "updated", ["a"]), (3, "updated", ["a", "b"]), (4, "inserted", []), (5, "deleted", [])]
+    assert sample.changes[0]["before"] == {"a": 2, "b": 2} and sample.changes[0]["after"] == {"a": 20, "b": 2}
+    assert sample.complete and sample.scanned == 8
+    assert rank_fields([sample]) == [{"field": "a", "keys": 2}, {"field": "b", "keys": 1}]
+    first_two = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", limit=2)
+    assert [c["key"] for c in first_two.changes] == [2, 3] and not first_two.complete
+    walked = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", scan_limit=2)
+    assert walked.changes == () and walked.scanned == 2 and not walked.complete  # key 1, same in both
+
+
+def test_differing_fields_of_objects_and_of_plain_values():
+    assert differing_fields({"a": 1, "b": 2}, {"a": 1, "c": 2}) == ["b", "c"]
+    assert differing_fields("x", "y") == ["(value)"] and differing_fields({"a": 1}, {"a": 1}) == []
+
+
+def test_a_keys_fate_in_each_run_against_the_run_before_it():
+    newest_first = [
+        {"run_id": "r5", "found": False, "value": None},
+        {"run_id": "r4", "found": True, "value": {"a": 2, "b": 1}},
+        {"run_id": "r3", "found": True, "value": {"a": 1, "b": 1}},
+        {"run_id": "r2", "found": True, "value": {"a": 1, "b": 1}},
+        {"run_id": "r1", "found": False, "value": None},
+        {"run_id": "r0", "found": None, "error": "StorageError: x"},
+    ]
+    fates = key_fates(newest_first)
+    assert [(f["run_id"], f["fate"], f["fields"]) for f in fates] == [
+        ("r5", "deleted", []), ("r4", "updated", ["a"]), ("r3", "unchanged", []), ("r2", "inserted", []),
+        ("r1", "unknown", []), ("r0", "unknown", [])]
+    assert fates[1]["before"] == {"a": 1, "b": 1} and fates[1]["compared_with"] == "r3"
