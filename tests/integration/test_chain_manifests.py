@@ -237,6 +237,10 @@ def test_a_missing_or_altered_ancestor_is_an_error_naming_it(file_root, damage):
             store.delete_many([victim.key])
         else:
             store.put(victim.key, store.get(victim.key).data + b" ")  # still valid JSON, other bytes
+        # This process verified a1 before the damage: a refresh builds on that copy, one manifest read.
+        assert follower.refresh() is True and follower.run_id == "a2"
+        assert (follower.get(1), follower.get(2), follower.get(3)) == (b"one", b"two", b"v")
+        forget_decoded_manifests()  # as a new process: a1 must be read again, and that is refused
         with pytest.raises(ManifestValidationError) as failed:
             SnapshotRoot(store).load_manifest(SnapshotRoot(store).current())
         text = str(failed.value)
@@ -244,6 +248,3 @@ def test_a_missing_or_altered_ancestor_is_an_error_naming_it(file_root, damage):
         assert ("does not exist" if damage == "missing" else "altered") in text
         with pytest.raises(ManifestValidationError, match="'a1'"):
             ShardedReader(file_root)
-        # A reader that verified a1 before the damage builds on its own copy: one new manifest read.
-        assert follower.refresh() is True and follower.run_id == "a2"
-        assert (follower.get(1), follower.get(2), follower.get(3)) == (b"one", b"two", b"v")
