@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
     from airflow_provider_shardyfusion.core.manifest import Manifest
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.snapshot import ResolvedManifest, SnapshotRoot
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -55,8 +55,8 @@ class ChainPlan:
     faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
 
 
-def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Manifest]:
-    """The base run's manifest URI and manifest: ``base_run_id``, else the run ``_CURRENT`` names now.
+def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
+    """The base run's manifest URI and whole snapshot: ``base_run_id``, else the run ``_CURRENT`` names now.
 
     Checked before any input is read: a base cleanup deleted is named so, and a run meant to go
     live (``publish=True``) on a base that is not live is refused, as its publish would be.
@@ -81,13 +81,13 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Man
                 "the change on the live snapshot (leave base_run_id unset), or stage it with publish=False"
             )
         ref = resolve_manifest(snapshots, run_id=base_run_id)
-        return ref.uri, snapshots.read_manifest(ref)
+        return ref.uri, snapshots.read_manifest_chain(ref)
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
             "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
         )
-    return pointer.manifest_ref, snapshots.load_manifest(pointer)
+    return pointer.manifest_ref, snapshots.load_manifest_chain(pointer)
 
 
 def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # noqa: C901 - one check per inherited setting, each naming both values

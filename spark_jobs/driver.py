@@ -21,7 +21,12 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardAssignmentError,
     show_value,
 )
-from airflow_provider_shardyfusion.core.manifest import CHAIN_FORMAT_VERSION, Manifest, ShardingInfo
+from airflow_provider_shardyfusion.core.manifest import (
+    CHAIN_DOCUMENT_FORMAT_VERSION,
+    CHAIN_FORMAT_VERSION,
+    Manifest,
+    ShardingInfo,
+)
 from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.retry import NO_RETRY, call_with_retry
 from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
@@ -190,7 +195,8 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
 
     run_id, mode = config.run_id, config.delta.write_mode
     with _Step(run_id, durations, "resolve_base"):
-        base_ref, base = resolve_base(SnapshotRoot(store), config)
+        base_ref, resolved_base = resolve_base(SnapshotRoot(store), config)
+        base = resolved_base.manifest
         config = check_against_base(config, base)
         compact = mode == "compact" or base.chain_depth >= config.delta.max_chain_depth
         log.info("run %s: %s on base run %s (chain depth %d, %d rows, %d shards)%s", run_id, mode, base.run_id,
@@ -234,7 +240,10 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
         writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
         chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
-        format_version=CHAIN_FORMAT_VERSION,
+        # A delta stores only its change, naming its base's manifest (SPEC §17); a compaction is whole.
+        format_version=CHAIN_FORMAT_VERSION if compact else CHAIN_DOCUMENT_FORMAT_VERSION,
+        base_manifest_ref=None if compact else base_ref,
+        base_manifest_checksum=None if compact else resolved_base.checksum,
     ).validate()
 
 

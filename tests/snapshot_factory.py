@@ -30,6 +30,8 @@ from airflow_provider_shardyfusion.core.encoding import (
 )
 from airflow_provider_shardyfusion.core.errors import InputDataError
 from airflow_provider_shardyfusion.core.manifest import (
+    CHAIN_DOCUMENT_FORMAT_VERSION,
+    CHAIN_FORMAT_VERSION,
     SHARD_LAYOUT_DB,
     SHARD_LAYOUT_SST,
     Manifest,
@@ -44,6 +46,8 @@ from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
+
+    from airflow_provider_shardyfusion.core.snapshot import ManifestRef, SnapshotRoot
 
 # Not part of a database: the lock and the informational log RocksDB leaves next to it.
 _NOT_SHIPPED = ("LOCK", "LOG")
@@ -243,3 +247,178 @@ def build_snapshot(
         publish_current(store, mkey, run_id, published_at)
     return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
                          manifest_ref=store.uri(mkey), published_at=published_at)
+
+
+def build_delta(
+    root: str,
+    upserts: Mapping[Any, Any],
+    deletes: Iterable[Any] = (),
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    base_ref: str | None = None,
+    published_at: datetime | None = None,
+    publish: bool = True,
+) -> BuiltSnapshot:
+    """A delta run on ``base_ref`` (default: the live manifest), laid out as the Spark writer lays it out:
+    one layer per changed shard written by ``core.delta`` against the base shard, the format-3
+    chain document (only the changed shards, the base by reference and checksum), a succeeded run
+    record and (by default) ``_CURRENT``. Binary values; keys route with the base's hash sharding."""
+    from airflow_provider_shardyfusion.core.delta import (
+        Change,
+        LayerResult,
+        chain_shards,
+        chain_stats,
+        select_layer_winners,
+        write_delta_layer,
+    )
+    from airflow_provider_shardyfusion.core.manifest import CHAIN_DOCUMENT_FORMAT_VERSION
+    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+    options = dict(storage_options) if storage_options else None
+    store = open_store(root, options)
+    snapshots = SnapshotRoot(store)
+    base_ref = base_ref or snapshots.current().manifest_ref
+    resolved = snapshots.read_manifest_chain(base_ref)
+    base = resolved.manifest
+    run_id = layout.validate_run_id(run_id or layout.new_run_id())
+    published_at = published_at or layout.utc_now()
+    by_shard: dict[int, list[Change]] = {}
+    changes = [*((k, encode_binary_value(v)) for k, v in upserts.items()), *((k, None) for k in deletes)]
+    for key, value in changes:
+        by_shard.setdefault(route_key(key, base.num_dbs), []).append(
+            Change(encode_key(key, base.key_encoding, column=base.sharding.key_column), value))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="shardyfusion-factory-delta-") as work, \
+            ShardedReader(root, storage_options=options, manifest_ref=base_ref, cache_dir=os.path.join(work, "base"),
+                          max_local_layers=None) as reader:
+        for db_id, shard_changes in sorted(by_shard.items()):
+            shard_changes.sort(key=lambda c: c.key)
+            entry = base.shard(db_id)
+            built = write_delta_layer(os.path.join(work, f"db={db_id:05d}"), shard_changes,
+                                      base_db=reader.open_shard(db_id), base_rows=entry.row_count if entry else 0)
+            akey = layout.attempt_key(run_id, db_id, 0, 7)
+            files = upload_shard(store, built.folder, akey)
+            results.append(LayerResult(db_id=db_id, attempt=0, task_attempt_id=7, db_url=store.uri(akey),
+                                       row_count=built.row_count, files=files, counts=built.counts,
+                                       min_key=built.min_key.hex() if built.min_key else None,
+                                       max_key=built.max_key.hex() if built.max_key else None))
+    winners = select_layer_winners(results, base.num_dbs)
+    shards = chain_shards(base, run_id, winners, compact=False)
+    manifest = Manifest(
+        run_id=run_id, created_at=published_at, output_uri=store.root, num_dbs=base.num_dbs, sharding=base.sharding,
+        key_encoding=base.key_encoding, value_format=base.value_format, value_columns=base.value_columns,
+        storage_engine=dict(base.storage_engine), shards=shards, stats=chain_stats(base, shards, winners),
+        writer={"provider": "snapshot_factory"}, run_started_at=published_at - timedelta(seconds=1),
+        base_run_id=base.run_id, chain_depth=base.chain_depth + 1, write_mode="delta",
+        format_version=CHAIN_DOCUMENT_FORMAT_VERSION, base_manifest_ref=base_ref,
+        base_manifest_checksum=resolved.checksum,
+    ).validate()
+    mkey = layout.manifest_key(run_id, published_at)
+    store.put(mkey, manifest.to_bytes())
+    record = RunRecord(
+        run_id=run_id, status=SUCCEEDED, started_at=published_at - timedelta(seconds=1), updated_at=published_at,
+        lease_expires_at=published_at + timedelta(minutes=10), output_uri=store.root, finished_at=published_at,
+        manifest_ref=store.uri(mkey), num_dbs=base.num_dbs, stats=dict(manifest.stats),
+        published_at=published_at if publish else None, writer=dict(manifest.writer),
+    )
+    store.put(layout.run_record_key(run_id), record.to_bytes())
+    if publish:
+        publish_current(store, mkey, run_id, published_at)
+    return BuiltSnapshot(root=store.root, run_id=run_id, manifest=manifest, manifest_key=mkey,
+                         manifest_ref=store.uri(mkey), published_at=published_at)
+# -- metadata-only snapshots (benchmarks/bench_metadata.py) ------------------------------------------
+# Manifests, run records and ``_CURRENT`` as the writer makes them, with shard entries that name
+# files nobody wrote: what reads metadata only (manifest decoding, chains, cleanup planning, the
+# history pages) sees a real root; nothing may open a shard of it.
+
+_KEY_SPAN = 1 << 40  # u64be keys of shard ``db_id`` lie in [db_id * span, (db_id + 1) * span)
+
+
+def _fake_file(name: str, run_id: str, db_id: int, rows: int) -> ShardFile:
+    digest = f"{hash((run_id, db_id, name)) & ((1 << 128) - 1):032x}"
+    return ShardFile(name=name, size=40 * rows + 4096, checksum=f"xxh3_128:{digest}")
+
+
+def _key_hex(db_id: int, offset: int) -> str:
+    return (db_id * _KEY_SPAN + offset).to_bytes(8, "big").hex()
+
+
+def metadata_full_manifest(store: ObjectStore, run_id: str, num_dbs: int, *, rows_per_shard: int = 1000,
+                           started_at: datetime | None = None) -> Manifest:
+    """A full snapshot of ``num_dbs`` non-empty shards (one fake SST each), as the Spark writer describes it."""
+    started_at = started_at or layout.utc_now()
+    shards = tuple(
+        ShardEntry(db_id=db_id, db_url=store.uri(layout.attempt_key(run_id, db_id, 0, 7 + db_id)), attempt=0,
+                   task_attempt_id=7 + db_id, row_count=rows_per_shard, byte_size=f.size,
+                   min_key=_key_hex(db_id, 0), max_key=_key_hex(db_id, 2 * rows_per_shard), files=(f,))
+        for db_id in range(num_dbs) for f in (_fake_file("run-00000.sst", run_id, db_id, rows_per_shard),)
+    )
+    return Manifest(
+        run_id=run_id, created_at=started_at + timedelta(seconds=30), output_uri=store.root, num_dbs=num_dbs,
+        sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+        shards=shards, storage_engine={"name": "rocksdb", "writer": "tests.snapshot_factory",
+                                       "shard_layout": SHARD_LAYOUT_SST},
+        stats={"rows": sum(s.row_count for s in shards), "bytes": sum(s.byte_size for s in shards), "num_dbs": num_dbs,
+               "empty_shards": 0, "shards_written": num_dbs, "attempts_seen": num_dbs},
+        writer={"provider": "snapshot_factory"}, run_started_at=started_at,
+    )
+
+
+def metadata_chain_manifest(store: ObjectStore, base: Manifest, base_ref: str, base_checksum: str, run_id: str,
+                            db_ids: Iterable[int], *, compact: bool = False,
+                            started_at: datetime | None = None) -> Manifest:
+    """A run on ``base`` (resolved) as the Spark driver builds it (``_write_chain``): a delta's layer
+    on each shard of ``db_ids`` (10 rows changed: 4 updates, 3 inserts, 3 deletes), or a compaction
+    (one full layer per shard; ``db_ids`` ignored). The delta is a format-3 chain document on
+    ``base_ref`` / ``base_checksum``."""
+    from airflow_provider_shardyfusion.core.delta import LayerCounts, LayerResult, chain_shards, chain_stats
+
+    started_at = started_at or layout.utc_now()
+    counts = LayerCounts(puts=7, deletes=3, inserted=3, updated=4, deleted=3)
+    touched = range(base.num_dbs) if compact else sorted(set(db_ids))
+    winners = {}
+    for db_id in touched:
+        before = base.shard(db_id)
+        rows = (before.row_count if before else 0) + (0 if compact else counts.row_delta)
+        name = "run-00000.sst" if compact else "layer-00000.sst"
+        winners[db_id] = LayerResult(
+            db_id=db_id, attempt=0, task_attempt_id=3 + db_id, db_url=store.uri(layout.attempt_key(run_id, db_id, 0, 3 + db_id)),
+            row_count=rows, files=(_fake_file(name, run_id, db_id, rows if compact else 10),),
+            counts=LayerCounts(puts=rows, inserted=rows) if compact else counts,
+            min_key=_key_hex(db_id, 0), max_key=_key_hex(db_id, 2 * rows + 1),
+        )
+    shards = chain_shards(base, run_id, winners, compact=compact)
+    return Manifest(
+        run_id=run_id, created_at=started_at + timedelta(seconds=10), output_uri=store.root, num_dbs=base.num_dbs,
+        sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
+        value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards,
+        stats=dict(chain_stats(base, shards, winners), write_mode="compact" if compact else "delta"),
+        writer={"provider": "snapshot_factory"}, run_started_at=started_at, base_run_id=base.run_id,
+        chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
+        format_version=CHAIN_FORMAT_VERSION if compact else CHAIN_DOCUMENT_FORMAT_VERSION,
+        base_manifest_ref=None if compact else base_ref, base_manifest_checksum=None if compact else base_checksum,
+    )
+
+
+def publish_metadata_run(snapshots: SnapshotRoot, manifest: Manifest) -> ManifestRef:
+    """The writer's publish order through core (``core.publish.publish``'s steps): a running run record,
+    the manifest, the record marked succeeded with the manifest's identity, ``_CURRENT`` moved
+    (conditionally, on its base), ``published_at`` stamped. Done on ``snapshots`` rather than through
+    ``publish`` itself, which opens a new ``SnapshotRoot`` and so re-reads the live chain every call."""
+    from airflow_provider_shardyfusion.core.checksum import bytes_checksum
+    from airflow_provider_shardyfusion.core.publish import mark_succeeded
+    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+
+    started = manifest.run_started_at or manifest.created_at
+    lifecycle = RunRecordLifecycle(snapshots.store, manifest.run_id, num_dbs=manifest.num_dbs,
+                                   writer=dict(manifest.writer), clock=lambda: started).start()
+    ref = snapshots.write_manifest(manifest)
+    data = snapshots.store.get(ref.key).data
+    lifecycle.clock = lambda: manifest.created_at
+    mark_succeeded(lifecycle, ref.uri, dict(manifest.stats), manifest_checksum=bytes_checksum(data),
+                   manifest_size=len(data), publishing=True)
+    snapshots.move_pointer(ref)
+    snapshots.mark_published(manifest.run_id)
+    return ref

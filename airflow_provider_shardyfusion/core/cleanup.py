@@ -545,7 +545,7 @@ class _ReadsUnknown(Exception):
 
 def chain_reads(snapshots: SnapshotRoot, run_id: str, runs: Mapping[str, RunRecord | None],
                 pointer: CurrentPointer | None = None, *, seen: frozenset[str] = frozenset()) -> set[str]:
-    """The other runs whose layers ``run_id``'s snapshot reads (or will read, while it is written).
+    """The other runs whose layers or manifests ``run_id``'s snapshot reads (or will read, while it is written).
 
     From its manifest (the one ``_CURRENT`` names for the live run); without one, from the base its
     run record names (a chain run records it before writing any layer) and what that base reads.
@@ -558,7 +558,11 @@ def chain_reads(snapshots: SnapshotRoot, run_id: str, runs: Mapping[str, RunReco
     try:
         ref = snapshots.manifest_ref(uri) if uri else snapshots.find_manifest(run_id)
         if ref is not None:
-            return snapshots.read_manifest(ref).layer_run_ids() - {run_id}
+            # A delta's manifest is read through its base's (SPEC §17): those runs keep their manifests
+            # too, including a run that wrote no layer.
+            resolved = snapshots.read_manifest_chain(ref)
+            ancestors = {snapshots.manifest_ref(uri).run_id for uri in resolved.ancestors}
+            return (resolved.manifest.layer_run_ids() | ancestors) - {run_id}
         why = f"run {run_id} has no manifest"
     except (StorageError, ManifestValidationError) as exc:
         why = f"the manifest of run {run_id} cannot be read: {exc}"

@@ -14,11 +14,14 @@ from .errors import ConfigError, ManifestValidationError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers.
+# 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers,
+# every inherited layer restated. 3: a delta's chain document (SPEC §17): only the shards it changed,
+# only its own layers, and the base's manifest named by reference and checksum.
 # Full snapshots are still written as 1, so readers that predate deltas keep reading them.
-MANIFEST_FORMAT_VERSION = 2
+MANIFEST_FORMAT_VERSION = 3
 FULL_FORMAT_VERSION = 1
 CHAIN_FORMAT_VERSION = 2
+CHAIN_DOCUMENT_FORMAT_VERSION = 3
 WRITE_MODES = ("full", "delta", "compact")
 WriteMode = Literal["full", "delta", "compact"]
 # How a shard's files are laid out, recorded as storage_engine["shard_layout"]: "db", a RocksDB
@@ -177,6 +180,11 @@ class Manifest:
     chain_depth: int = 0
     write_mode: WriteMode = "full"
     format_version: int = FULL_FORMAT_VERSION
+    # A chain document (format 3): the base run's manifest and the checksum of its bytes. In memory
+    # (``core.chain.resolve``) the manifest lists every shard with all its layers, as format 2 did;
+    # stored (``to_bytes``), only what this run changed.
+    base_manifest_ref: str | None = None
+    base_manifest_checksum: str | None = None
 
     def validate(self) -> Manifest:
         """Reject every unsafe or inconsistent manifest (SPEC §7); return self for chaining."""
@@ -212,6 +220,13 @@ class Manifest:
             raise _ERR(f"{_WHAT} of run {self.run_id!r}: write_mode {self.write_mode!r} with chain_depth {self.chain_depth}")
         if self.write_mode != "full" and self.base_run_id is None:
             raise _ERR(f"{_WHAT} of run {self.run_id!r}: a {self.write_mode} run needs base_run_id")
+        referenced = self.base_manifest_ref is not None or self.base_manifest_checksum is not None
+        if self.is_chain_document != referenced or (referenced and not (self.base_manifest_ref and self.base_manifest_checksum)):
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: base_manifest_ref and base_manifest_checksum go together, "
+                       f"in format_version {CHAIN_DOCUMENT_FORMAT_VERSION} only (this one is {self.format_version})")
+        if self.is_chain_document and self.write_mode != "delta":
+            raise _ERR(f"{_WHAT} of run {self.run_id!r}: format_version {CHAIN_DOCUMENT_FORMAT_VERSION} is for delta runs, "
+                       f"not {self.write_mode!r}")
 
     def _checked(self, check: Callable[[], Any]) -> Any:
         """``check()``, its error restated as this manifest's (naming the run)."""
@@ -321,6 +336,23 @@ class Manifest:
         return sum(s.row_count for s in self.shards)
 
     @property
+    def is_chain_document(self) -> bool:
+        """Stored as the change alone (format 3): reading it means following ``base_manifest_ref``."""
+        return self.format_version == CHAIN_DOCUMENT_FORMAT_VERSION
+
+    def stored_document(self) -> Manifest:
+        """What is stored for this run: itself, or for a chain document only the shards it changed
+        (each with only this run's layers; row counts and key ranges are the resulting shard's)."""
+        if not self.is_chain_document:
+            return self
+        changed = []
+        for s in self.shards:
+            own = tuple(layer for layer in s.layers if layer.run_id == self.run_id)
+            if own:
+                changed.append(s if own == s.layers else replace(s, layers=own))
+        return replace(self, shards=tuple(changed))
+
+    @property
     def is_chain(self) -> bool:
         """Written on a base run (a delta or a compaction), so it goes live only on that base."""
         return self.base_run_id is not None
@@ -353,7 +385,8 @@ class Manifest:
         return manifest.validate()
 
     def to_bytes(self) -> bytes:
-        return ser.dumps(self.to_dict())
+        """The stored form (``stored_document``): a chain document holds only this run's change."""
+        return ser.dumps(self.stored_document().to_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

@@ -9,13 +9,15 @@ a run's manifest) and the published history.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import layout
+from . import chain, layout
 from .checksum import bytes_checksum
 from .errors import (
     BaseNotLiveError,
@@ -73,6 +75,32 @@ class ManifestRef:
     key: str
     run_id: str
     published_at: datetime
+
+
+# Decoded manifests (chain documents joined to their bases) kept per process by root and the checksum
+# of their bytes: a reader's refresh along a chain then reads and decodes one new manifest, the
+# writer's tasks (reused Python workers) decode their base once, and a history page of many chain
+# runs decodes each document once. Entries share unchanged shards. A cached manifest is served only
+# for the run the path or pointer names (checked again on every hit).
+RESOLVED_CACHE_SIZE = 64
+_RESOLVED: OrderedDict[tuple[str, str], ResolvedManifest] = OrderedDict()
+_RESOLVED_LOCK = threading.Lock()
+
+
+def forget_decoded_manifests() -> None:
+    """Empty the process's cache of decoded manifests (the next read of each decodes it again)."""
+    with _RESOLVED_LOCK:
+        _RESOLVED.clear()
+
+
+@dataclass(frozen=True)
+class ResolvedManifest:
+    """A manifest as readers use it, the checksum of its stored bytes, and the manifests of its chain
+    it was rebuilt from (nearest first)."""
+
+    manifest: Manifest
+    checksum: str
+    ancestors: tuple[str, ...] = ()
 
 
 class SnapshotRoot:
@@ -167,7 +195,7 @@ class SnapshotRoot:
     def started_after(self, live: CurrentPointer, target: Manifest) -> datetime | None:
         """When the live run started, if that was after ``target``'s run; else None."""
         try:
-            theirs = self.load_manifest(live).run_started_at
+            theirs = self.load_manifest_document(live).run_started_at
         except (StorageError, ManifestValidationError) as exc:
             log.warning("live manifest %s is unreadable (%s); treating it as older", live.manifest_ref, exc)
             return None
@@ -200,16 +228,95 @@ class SnapshotRoot:
         return of_run[-1] if of_run else None
 
     def read_manifest(self, ref: ManifestRef | str) -> Manifest:
+        """The run's whole snapshot (a chain document joined to its base chain)."""
+        return self.read_manifest_chain(ref).manifest
+
+    def read_manifest_chain(self, ref: ManifestRef | str) -> ResolvedManifest:
+        """``read_manifest`` and the URIs of the base manifests it was rebuilt from, nearest first."""
         ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
-        manifest = self._manifest_from_bytes(ref.uri, self.store.get(ref.key).data)
-        if manifest.run_id != ref.run_id:
-            raise ManifestValidationError(f"{ref.uri}: manifest is of run {manifest.run_id!r}, its path says {ref.run_id!r}")
-        return manifest
+        data = self.store.get(ref.key).data
+        checksum = bytes_checksum(data)
+        cached = self._cached(checksum)
+        if cached is not None and cached.manifest.run_id == ref.run_id:
+            return cached
+        return self._resolve(self._document(ref, data), checksum)
 
     def load_manifest(self, pointer: CurrentPointer) -> Manifest:
         """The manifest ``pointer`` names, refused unless it is exactly the one the pointer was written for."""
+        return self.load_manifest_chain(pointer).manifest
+
+    def load_manifest_chain(self, pointer: CurrentPointer) -> ResolvedManifest:
+        """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
+        ref = self.manifest_ref(pointer.manifest_ref)
+        data = self.store.get(ref.key).data
+        pointer.check_manifest_bytes(data)
+        checksum = bytes_checksum(data)
+        cached = self._cached(checksum)
+        if cached is not None and cached.manifest.run_id == pointer.run_id:
+            return cached
+        return self._resolve(manifest_for_pointer(pointer, data, self.root), checksum)
+
+    def read_manifest_document(self, ref: ManifestRef | str) -> Manifest:
+        """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
+        ``chain_depth``, ``base_run_id``); a delta's ``shards`` are only those it changed."""
+        ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
+        return self._document(ref, self.store.get(ref.key).data)
+
+    def load_manifest_document(self, pointer: CurrentPointer) -> Manifest:
+        """``read_manifest_document`` of the manifest ``pointer`` names, checked against the pointer."""
         ref = self.manifest_ref(pointer.manifest_ref)
         return manifest_for_pointer(pointer, self.store.get(ref.key).data, self.root)
+
+    def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
+        return manifest_document(ref.uri, ref.run_id, data, self.root)
+
+    def _resolve(self, doc: Manifest, checksum: str) -> ResolvedManifest:
+        """Join a chain document to its bases, reading only the manifests not resolved before."""
+        if not doc.is_chain_document:
+            whole = ResolvedManifest(doc, checksum)
+            self._remember(checksum, whole)
+            return whole
+        pending: list[tuple[Manifest, str]] = []
+        while True:
+            pending.append((doc, checksum))
+            base_checksum = doc.base_manifest_checksum or ""
+            found = self._cached(base_checksum)
+            if found is not None and found.manifest.run_id == doc.base_run_id:
+                break
+            base = self._base_document(doc)
+            if not base.is_chain_document:
+                found = ResolvedManifest(base, base_checksum)
+                self._remember(base_checksum, found)
+                break
+            doc, checksum = base, base_checksum
+        assert found is not None  # the loop ends on a cached or a self-contained manifest
+        for doc, checksum in reversed(pending):
+            found = ResolvedManifest(chain.resolve(doc, found.manifest), checksum,
+                                     (doc.base_manifest_ref or "", *found.ancestors))
+            self._remember(checksum, found)
+        return found
+
+    def _base_document(self, doc: Manifest) -> Manifest:
+        try:
+            data = self.store.get(base_manifest_key(doc, self.root)).data
+        except ObjectNotFoundError:
+            raise chain.missing_base(doc, "it does not exist") from None
+        except StorageError as exc:
+            raise chain.missing_base(doc, str(exc)) from None
+        return base_document(doc, data, self.root)
+
+    def _cached(self, checksum: str) -> ResolvedManifest | None:
+        with _RESOLVED_LOCK:
+            found = _RESOLVED.get((self.root, checksum))
+            if found is not None:
+                _RESOLVED.move_to_end((self.root, checksum))
+            return found
+
+    def _remember(self, checksum: str, resolved: ResolvedManifest) -> None:
+        with _RESOLVED_LOCK:
+            _RESOLVED[(self.root, checksum)] = resolved
+            while len(_RESOLVED) > RESOLVED_CACHE_SIZE:
+                _RESOLVED.popitem(last=False)
 
     @staticmethod
     def _manifest_from_bytes(where: str, data: bytes) -> Manifest:
@@ -305,6 +412,35 @@ def parse_manifest_bytes(where: str, data: bytes) -> Manifest:
         raise ManifestValidationError(f"{where}: {exc}") from None
 
 
+def manifest_document(uri: str, run_id: str, data: bytes, root: str) -> Manifest:
+    """The manifest document stored at ``uri``: of the run its path names, its shards in their own folders."""
+    doc = parse_manifest_bytes(uri, data)
+    if doc.run_id != run_id:
+        raise ManifestValidationError(f"{uri}: manifest is of run {doc.run_id!r}, its path says {run_id!r}")
+    check_shard_urls(doc, root, uri)
+    return doc
+
+
+def base_manifest_key(doc: Manifest, root: str) -> str:
+    """The key of a chain document's base manifest, refused unless it is a manifest under ``root``."""
+    try:
+        key = layout.relative_key(root, doc.base_manifest_ref or "")
+    except ManifestValidationError as exc:
+        raise chain.missing_base(doc, str(exc)) from None
+    if layout.parse_manifest_key(key) is None:
+        raise chain.missing_base(doc, f"it is not a manifest under {root}/{layout.MANIFESTS_DIR}/")
+    return key
+
+
+def base_document(doc: Manifest, data: bytes, root: str) -> Manifest:
+    """A chain document's base manifest document from its stored bytes: exactly the bytes it was
+    written on (checksum), of its base run, its shards in their own folders under ``root``."""
+    chain.check_base_bytes(doc, data)
+    parsed = layout.parse_manifest_key(base_manifest_key(doc, root))
+    assert parsed is not None  # base_manifest_key refuses anything else
+    return manifest_document(doc.base_manifest_ref or "", parsed.run_id, data, root)
+
+
 def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Manifest:
     """Check manifest bytes against the pointer that names them (pure: async callers read the bytes).
 
@@ -318,6 +454,13 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
         raise ManifestValidationError(
             f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
         )
+    check_shard_urls(manifest, root, pointer.manifest_ref)
+    return manifest
+
+
+def check_shard_urls(manifest: Manifest, root: str, where: str) -> None:
+    """Every ``db_url`` in its own run's shard folder under ``root`` (not only under the manifest's own
+    ``output_uri``, which a tampered manifest could change too)."""
     for shard in manifest.shards:
         # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
         for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
@@ -330,7 +473,6 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
                     parsed = None
             if parsed is None or parsed.run_id != run_id or parsed.db_id != shard.db_id:
                 raise ManifestValidationError(
-                    f"{pointer.manifest_ref}: db_url {db_url!r} of shard {shard.db_id} is not under this "
+                    f"{where}: db_url {db_url!r} of shard {shard.db_id} is not under this "
                     f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
                 )
-    return manifest

@@ -243,7 +243,7 @@ def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
         for shard in shards:
             if len(out) >= n:
                 return out
-            if shard.row_count == 0 or shard.layers:  # a chain's key range may name deleted keys
+            if shard.row_count == 0 or shard.layers:  # a chain's key range may name deleted keys: see chain_samples
                 continue
             text = getattr(shard, attr)
             try:
@@ -523,6 +523,28 @@ def _baseline(snapshots: SnapshotRoot, target: _Target, manifest: Manifest) -> t
     return rows, f"older succeeded run {record.run_id!r}"
 
 
+def chain_samples(reader: Any, manifest: Manifest, n: int) -> list[tuple[int, Any]]:
+    """Up to ``n`` ``(db_id, key)``: the first and last key a chain shard really holds, read through
+    its layers (its recorded key range may name keys a later layer deleted)."""
+    out: list[tuple[int, Any]] = []
+    for shard in sorted(manifest.shards, key=lambda s: s.db_id):
+        if len(out) >= n:
+            break
+        if shard.row_count == 0 or not shard.layers:
+            continue
+        db = reader.open_shard(shard.db_id)
+        ends = []
+        for seek in ("seek_to_first", "seek_to_last"):
+            it = db.iter()
+            getattr(it, seek)()
+            if it.valid():
+                ends.append(bytes(it.key()))
+        for raw in dict.fromkeys(ends):
+            if len(out) < n:
+                out.append((shard.db_id, decode_key(raw, manifest.key_encoding)))
+    return out
+
+
 def _unroutable_by_key(manifest: Manifest, expected: Sequence[Any], absent: Sequence[Any] = ()) -> Check | None:
     """The look-up check when the key alone cannot be routed (CEL over other columns), else None.
 
@@ -584,6 +606,9 @@ def _lookup_check(
     try:
         with ShardedReader(snapshots.root, manifest_ref=target.ref.uri, cache_dir=cache_dir,
                            storage_options=storage_options) as reader:
+            chained = chain_samples(reader, manifest, sample_lookups - len(samples))
+            wanted[len(samples):len(samples)] = [(db_id, key, "sample") for db_id, key in chained]
+            samples += chained
             for home, key, source in wanted:
                 try:
                     db_id = reader.shard_for_key(key)

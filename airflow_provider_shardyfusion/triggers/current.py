@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
@@ -84,8 +85,9 @@ class CurrentSnapshotTrigger(PollingTrigger):
         return f"{layout.CURRENT_KEY} under {self.output_uri}"
 
     async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
+        from airflow_provider_shardyfusion.core.chain import missing_base, resolve
         from airflow_provider_shardyfusion.core.pointer import parse_pointer
-        from airflow_provider_shardyfusion.core.snapshot import manifest_for_pointer
+        from airflow_provider_shardyfusion.core.snapshot import base_document, base_manifest_key, manifest_for_pointer
 
         if data is None:
             self.log.info("%s does not exist yet; polling again in %ss", self._describe(), self.poll_interval)
@@ -100,5 +102,13 @@ class CurrentSnapshotTrigger(PollingTrigger):
         manifest_data = await reader.read(layout.relative_key(root, pointer.manifest_ref))
         if manifest_data is None:
             raise ManifestValidationError(f"_CURRENT names manifest {pointer.manifest_ref}, which does not exist")
-        manifest_for_pointer(pointer, manifest_data, root)
+        doc = manifest_for_pointer(pointer, manifest_data, root)
+        docs = [doc]
+        while doc.is_chain_document:  # a delta's snapshot is readable only with every manifest of its chain
+            base_data = await reader.read(base_manifest_key(doc, root))
+            if base_data is None:
+                raise missing_base(doc, "it does not exist")
+            doc = base_document(doc, base_data, root)
+            docs.append(doc)
+        functools.reduce(lambda base, newer: resolve(newer, base), reversed(docs[:-1]), docs[-1])
         return TriggerEvent({"status": "success", "pointer": pointer.to_dict()})

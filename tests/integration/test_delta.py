@@ -6,6 +6,7 @@ changes it asked for; the per-layer counts are checked against the same model.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 
@@ -82,6 +83,12 @@ class Chain:
         snapshots = SnapshotRoot(open_store(self.root, self.options))
         return snapshots.load_manifest(snapshots.current())
 
+    def stored(self) -> dict:
+        """The live manifest as stored: the JSON object itself, not the snapshot rebuilt from its chain."""
+        store = open_store(self.root, self.options)
+        pointer = SnapshotRoot(store).current()
+        return json.loads(store.get(store.key_of(pointer.manifest_ref)).data)
+
     def check(self, reader: ShardedReader, absent=()) -> None:
         keys = sorted(self.model)
         assert reader.multi_get(keys) == [self.model[k] for k in keys]
@@ -128,9 +135,16 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
     gone: set[int] = set()
     for depth, (upserts, deletes) in enumerate(steps, start=1):
         before = dict(chain.model)
+        base_ref, base_run = SnapshotRoot(open_store(root, options)).current().manifest_ref, chain.manifest().run_id
         record = chain.write("delta", upserts, deletes)
         manifest = chain.manifest()
-        assert manifest.run_id == record["run_id"] and manifest.format_version == 2
+        assert manifest.run_id == record["run_id"] and manifest.format_version == 3
+        # Stored: only the shards this run changed, each with only this run's layer, and the base by reference.
+        stored = chain.stored()
+        assert stored["base_manifest_ref"] == base_ref and stored["base_run_id"] == base_run
+        assert sorted(s["db_id"] for s in stored["shards"]) == sorted(
+            s.db_id for s in manifest.shards if s.layers[-1].run_id == manifest.run_id)
+        assert all([layer["run_id"] for layer in s["layers"]] == [manifest.run_id] for s in stored["shards"])
         assert manifest.chain_depth == depth and manifest.base_run_id == f"step{depth:02d}-" + (
             "full" if depth == 1 else "delta")
         new_layers = [layer for s in manifest.shards for layer in s.layers if layer.run_id == manifest.run_id]
@@ -413,6 +427,8 @@ def test_validation_over_a_chain(spark, tmp_path, any_root):
     checks = {c.name: c for c in report.checks}
     assert checks["max_delta_ratio"].figure == round(15 / 400, 6) and not checks["max_delta_ratio"].skipped
     assert checks["lookups"].figure["absent"] == 4 and report.rows == len(chain.model) == 398
+    # Sampled look-ups reach the chain's shards too: their first and last live keys, read through the layers.
+    assert checks["lookups"].ok and checks["lookups"].figure["sampled"] == 8
     assert checks["storage"].ok
     with pytest.raises(ManifestValidationError) as failed:
         validate_snapshot(snapshots, run_id="step02-delta", max_delta_ratio=0.01, absent_keys=[0],
