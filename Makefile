@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install system-tools lint test test-unit test-fast demo bench clean
+.PHONY: install system-tools lint test test-unit test-fast demo docs bench clean
 
 install: $(VENV)/.installed system-tools
 
@@ -62,8 +62,13 @@ test-fast: install
 demo: install
 	$(PY) dags_example/run_demo.py
 
+# The documentation site into site/, warnings as errors (tests/unit/test_docs.py runs the same build
+# in `make test`); `$(VENV)/bin/mkdocs serve` for a live preview.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: install
 	PYTHONPATH=$(abspath tests) $(PY) benchmarks/run_all.py  # the snapshot factory lives with the tests
 
 clean:
-	rm -rf $(VENV) .demo dist build
+	rm -rf $(VENV) .demo dist build site
