@@ -1,6 +1,6 @@
 """The documentation site (docs/, mkdocs.yml): it builds with warnings as errors, offline, and the
-Python snippets of its pages run (or, where they need Spark or a store, at least import), so the
-pages cannot drift from the code. `make docs` runs the same build."""
+Python snippets of its pages and of the README run (or, where they need Spark or a store, at least
+import), so the pages cannot drift from the code. `make docs` runs the same build."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ SIGNATURE_CLASSES = {
 
 def _snippets() -> list[tuple[str, str, str]]:
     found = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
         for n, m in enumerate(SNIPPET.finditer(page.read_text())):
             if m["code"].lstrip().startswith("--8<--"):
                 continue  # an included file of the repository, run by its own tests
-            found.append((f"{page.relative_to(DOCS)}#{n}", m["mode"] or "run", m["code"]))
+            found.append((f"{page.relative_to(REPO)}#{n}", m["mode"] or "run", m["code"]))
     return found
 
 
