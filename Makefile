@@ -7,7 +7,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install system-tools lint test test-unit test-fast demo try bench clean
+.PHONY: install system-tools lint test test-unit test-fast demo try docs bench clean
 
 install: $(VENV)/.installed system-tools
 
@@ -68,8 +68,13 @@ try: install
 	@test -n "$(DAG)" || { echo 'usage: make try DAG=path/to/dag.py [CONF=JSON]' >&2; exit 2; }
 	$(PY) dags_example/try_dag.py "$(DAG)" $(if $(CONF),--conf '$(CONF)')
 
+# The documentation site into site/, warnings as errors (tests/unit/test_docs.py runs the same build
+# in `make test`); `$(VENV)/bin/mkdocs serve` for a live preview.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: install
 	PYTHONPATH=$(abspath tests) $(PY) benchmarks/run_all.py  # the snapshot factory lives with the tests
 
 clean:
-	rm -rf $(VENV) .demo dist build
+	rm -rf $(VENV) .demo dist build site

@@ -1,10 +1,12 @@
-"""Every argument of every public operator, sensor, trigger and hook is documented with ``:param:``."""
+"""Every public operator, sensor, trigger and hook is documented: each argument with a ``:param:``
+line, each class in the docs site's API reference (generated from those lines) and in a guide."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,15 @@ PUBLIC = {
     "triggers.current": "CurrentSnapshotTrigger",
     "hooks.shardyfusion": "ShardyfusionHook",
 }
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(PUBLIC.items()))
+def test_every_public_class_is_in_the_api_reference_and_a_guide(module, name):
+    api = (DOCS / "api.md").read_text()
+    assert f"::: airflow_provider_shardyfusion.{module}.{name}\n" in api, f"{name}: no entry in docs/api.md"
+    guides = [p.name for p in (DOCS / "guides").glob("*.md") if f"`{name}`" in p.read_text()]
+    assert guides, f"{name}: no guide under docs/guides/ names it"
 
 
 @pytest.mark.parametrize(("module", "name"), sorted(PUBLIC.items()))

@@ -1,0 +1,102 @@
+"""The documentation site (docs/, mkdocs.yml): it builds with warnings as errors, offline, and the
+Python snippets of its pages and of the README run (or, where they need Spark or a store, at least
+import), so the pages cannot drift from the code. `make docs` runs the same build."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+# A marker line right above a ```python fence says how much of the snippet can run here:
+#   <!-- snippet: signature -->            a call whose keywords and shown defaults are the class's own
+#   <!-- snippet: imports-only (why) -->   compiled, and its imports run (it needs Spark or a store)
+# Every other snippet is executed as it stands, in a fresh namespace.
+SNIPPET = re.compile(r"(?:<!-- snippet: (?P<mode>[\w-]+)[^>]*-->\n)?```python\n(?P<code>.*?)```", re.S)
+SIGNATURE_CLASSES = {
+    "ValidateManifestOperator": "airflow_provider_shardyfusion.operators.validate",
+    "PublishSnapshotOperator": "airflow_provider_shardyfusion.operators.publish",
+    "DeferredCleanupOperator": "airflow_provider_shardyfusion.operators.cleanup",
+}
+
+
+def _snippets() -> list[tuple[str, str, str]]:
+    found = []
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for n, m in enumerate(SNIPPET.finditer(page.read_text())):
+            if m["code"].lstrip().startswith("--8<--"):
+                continue  # an included file of the repository, run by its own tests
+            found.append((f"{page.relative_to(REPO)}#{n}", m["mode"] or "run", m["code"]))
+    return found
+
+
+SNIPPETS = _snippets()
+
+
+def test_the_pages_have_snippets_of_every_kind():
+    assert {mode for _, mode, _ in SNIPPETS} == {"run", "signature", "imports-only"}, SNIPPETS
+
+
+@pytest.mark.parametrize(("where", "mode", "code"), SNIPPETS, ids=[s[0] for s in SNIPPETS])
+def test_python_snippet(where, mode, code, tmp_path, monkeypatch):
+    tree = ast.parse(code, filename=where)
+    if mode == "signature":
+        _check_signature(where, tree)
+        return
+    imports = ast.Module(body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[])
+    if mode == "imports-only":
+        exec(compile(imports, where, "exec"), {})
+        return
+    assert mode == "run", f"{where}: unknown snippet mode {mode!r}"
+    monkeypatch.chdir(tmp_path)
+    exec(compile(tree, where, "exec"), {"__name__": "snippet"})
+
+
+def _check_signature(where: str, tree: ast.Module) -> None:
+    [statement] = tree.body
+    assert isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call), where
+    call = statement.value
+    assert isinstance(call.func, ast.Name), where
+    module = __import__(SIGNATURE_CLASSES[call.func.id], fromlist=[call.func.id])
+    params = inspect.signature(getattr(module, call.func.id).__init__).parameters
+    shown = [kw.arg for kw in call.keywords]
+    missing = [name for name in params if name not in ("self", "kwargs", "args") and name not in shown]
+    assert not missing, f"{where}: the signature shown lacks {missing}"
+    for kw in call.keywords:
+        if kw.arg == "task_id":
+            continue  # BaseOperator's, through **kwargs
+        assert kw.arg in params, f"{where}: {call.func.id} has no argument {kw.arg!r}"
+        if isinstance(kw.value, ast.Constant) and kw.value.value is Ellipsis:
+            continue  # required, no default to show
+        shown_default = eval(compile(ast.Expression(kw.value), where, "eval"), {"timedelta": timedelta})
+        assert shown_default == params[kw.arg].default, f"{where}: {kw.arg} defaults to {params[kw.arg].default!r}"
+
+
+def test_the_site_builds_offline_with_warnings_as_errors(tmp_path):
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
+    # Nothing fetched when a page is viewed either: no web fonts, no script from elsewhere.
+    for name, html in pages.items():
+        assert "fonts.googleapis" not in html and not re.search(r"<script[^>]+src=\"https?://", html), name
+    # The example DAGs and the changelog are the real files, included at build time.
+    quickstart = (REPO / "dags_example" / "quickstart.py").read_text()
+    assert "build_quickstart_dag(DAG_ID, snapshot_uri(DAG_ID))" in quickstart
+    assert "build_quickstart_dag</span>" in pages["guides/sharded-write/index.html"]
+    assert "my_first_snapshot" in pages["getting-started/index.html"]
+    first_release = re.search(r"^## (.+)$", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert first_release and first_release[1].split()[0].strip("[]") in pages["changelog/index.html"]
+    # The API reference was generated from the docstrings (a :param: line's text is there).
+    assert "max_chain_depth" in pages["api/index.html"] and "RunRecordTrigger" in pages["api/index.html"]
