@@ -117,7 +117,7 @@ def test_full_then_hourly_deltas_then_compaction(run_dag, tmp_path):
         assert sum(v is None for v in back["lookups"].values()) == 3  # two deleted keys, one never written
 
         manifest = snapshots.load_manifest(snapshots.current())
-        assert manifest.run_id == run_id and manifest.format_version == 2
+        assert manifest.run_id == run_id and manifest.format_version == 3
         assert (manifest.write_mode, manifest.chain_depth, manifest.base_run_id) == ("delta", batch, runs[-1])
         new_layers = [layer for s in manifest.shards for layer in s.layers if layer.run_id == run_id]
         assert new_layers

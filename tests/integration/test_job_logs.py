@@ -34,7 +34,7 @@ def write(tmp_path, name: str, spark_conf: dict) -> list[str]:
         # The local driver (and its UI) ended with the job: no link to a dead page.
         assert reader.manifest.writer["spark_ui_url"] is None
     assert context["ti"].xcoms["spark_app_id"] == {"spark_app_id": summary["spark_app_id"], "url": None}
-    return list(op._submit_hook.output_tail)
+    return op._launcher.tail_text().splitlines()
 
 
 def test_the_job_logs_its_progress_and_spark_only_warnings(monkeypatch, tmp_path):

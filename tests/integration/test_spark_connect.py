@@ -58,7 +58,7 @@ def write(monkeypatch, connect_conn, root, **kwargs):
 def test_int_keys_written_through_spark_connect_read_back_exactly(monkeypatch, tmp_path, connect_conn, no_spark_submit):
     table, expected = int_table(3_000)
     root = f"file://{tmp_path}/snap"
-    op, context, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table),
+    op, context, summary = write(monkeypatch, connect_conn, root, input_path="file://" + write_parquet(tmp_path, table),
                                  num_dbs=4)
     assert summary["published"] is True and summary["rows"] == 3_000 and summary["num_dbs"] == 4
     assert context["ti"].xcoms["run_id"] == summary["run_id"]
@@ -86,7 +86,7 @@ def test_string_keys_cel_categorical_staged_then_published(monkeypatch, tmp_path
     regions = [["eu", "us", "apac"][i % 3] for i in range(rows)]
     table = pa.table({"name": names, "region": regions, "payload": [f"p{i}" for i in range(rows)]})
     root = f"file://{tmp_path}/cat"
-    _, _, summary = write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table),
+    _, _, summary = write(monkeypatch, connect_conn, root, input_path="file://" + write_parquet(tmp_path, table),
                           key_column="name", value_column="payload", num_dbs=None, cel_expr="region",
                           cel_columns={"region": "string"}, routing_values=["us", "eu", "apac"], publish=False)
     snapshots = SnapshotRoot(open_store(root))
@@ -109,7 +109,7 @@ def test_the_s3_server_as_storage(monkeypatch, tmp_path, connect_conn, s3_server
     connections(monkeypatch, spark=connect_conn, aws={"conn_type": "aws", "login": "testing",
                                                       "password": "testing-secret",
                                                       "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}})
-    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=write_parquet(tmp_path, table), num_dbs=3)
+    op = make_op(s3_root, aws_conn_id="sf_aws", input_path="file://" + write_parquet(tmp_path, table), num_dbs=3)
     summary = op.execute(make_context())
     assert summary["published"] is True
     manifest, shards = read_snapshot(s3_root, s3_options)
@@ -120,7 +120,7 @@ def test_a_bad_input_fails_with_the_writers_own_error(monkeypatch, tmp_path, con
     table = pa.table({"id": pa.array([1, 2, 3, 2], pa.int64()), "payload": ["a", "b", "c", "d"]})
     root = f"file://{tmp_path}/dup"
     with pytest.raises(RunFailedError) as caught:
-        write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), num_dbs=2)
+        write(monkeypatch, connect_conn, root, input_path="file://" + write_parquet(tmp_path, table), num_dbs=2)
     assert caught.value.error_type == InputDataError.__name__ and "duplicate key 2" in str(caught.value)
     assert SnapshotRoot(open_store(root)).current() is None
 
@@ -129,7 +129,7 @@ def test_deferrable_with_a_connect_connection_is_a_config_error(monkeypatch, tmp
     table, _ = int_table(10)
     root = f"file://{tmp_path}/d"
     with pytest.raises(ConfigError, match=r"deferrable=True cannot be used with the Spark Connect connection 'sf_spark'"):
-        write(monkeypatch, connect_conn, root, input_path=write_parquet(tmp_path, table), deferrable=True)
+        write(monkeypatch, connect_conn, root, input_path="file://" + write_parquet(tmp_path, table), deferrable=True)
     assert list(open_store(root).list("")) == []  # refused before any run record
 
 
@@ -141,7 +141,7 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
         "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(release), "seconds": 120}}))
     connections(monkeypatch, spark=connect_conn)
     root = f"file://{tmp_path}/kill"
-    op = make_op(root, aws_conn_id=None, input_path=write_parquet(tmp_path, table), num_dbs=4, run_id="run-killed")
+    op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=4, run_id="run-killed")
     task, outcome = execute_in_thread(op)
     wait_for(marker.exists, 120, "a shard write to be held on the Connect server")
     started = time.monotonic()
@@ -197,7 +197,7 @@ def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path, 
 
     table, expected = int_table(2_500, seed=7)
     root = f"file://{tmp_path}/snap"
-    config = build_write_config(output_uri=root, input_path=write_parquet(tmp_path, table), key_column="id",
+    config = build_write_config(output_uri=root, input_path="file://" + write_parquet(tmp_path, table), key_column="id",
                                 value_column="payload", num_dbs=4)
     bundle = build_bundle()
     port, _ = thin_server
@@ -300,7 +300,7 @@ def test_python_env_archive_becomes_the_executors_interpreter(tmp_path, thin_pyt
     bundle = build_bundle()
 
     def run(root: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-        config = build_write_config(output_uri=root, input_path=write_parquet(tmp_path, table), key_column="id",
+        config = build_write_config(output_uri=root, input_path="file://" + write_parquet(tmp_path, table), key_column="id",
                                     value_column="payload", num_dbs=3)
         return subprocess.run(
             [thin_python, bundle.entry_script, CONFIG_ARG, encode_config(config.to_json())], capture_output=True,

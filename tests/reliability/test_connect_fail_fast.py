@@ -43,7 +43,7 @@ def doomed_server(tmp_path_factory):
 def timed_execute(monkeypatch, tmp_path, spark_conn: dict, root: str) -> tuple[ShardyfusionError, float]:
     connections(monkeypatch, spark=spark_conn)
     table, _ = int_table(20)
-    op = make_op(root, aws_conn_id=None, input_path=write_parquet(tmp_path, table), num_dbs=2)
+    op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=2)
     started = time.monotonic()
     with pytest.raises(ShardyfusionError) as caught:
         op.execute(make_context())
@@ -69,7 +69,7 @@ def test_the_job_process_reports_the_cause_and_exits_when_the_server_goes_away(t
     """The job's own view (the server vanished between the task's check and the job's start): bounded,
     logged retries, then one verdict line with the gRPC cause, then the process exits."""
     table, _ = int_table(20)
-    config = build_write_config(output_uri=f"file://{tmp_path}/gone", input_path=write_parquet(tmp_path, table),
+    config = build_write_config(output_uri=f"file://{tmp_path}/gone", input_path="file://" + write_parquet(tmp_path, table),
                                 key_column="id", value_column="payload", num_dbs=2)
     bundle = build_bundle()
     started = time.monotonic()
@@ -119,7 +119,7 @@ def test_a_server_killed_mid_write_fails_the_run_within_a_minute(monkeypatch, tm
         "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(tmp_path / "never"), "seconds": 600}}))
     connections(monkeypatch, spark={"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
     root = f"file://{tmp_path}/killed"
-    op = make_op(root, aws_conn_id=None, input_path=write_parquet(tmp_path, table), num_dbs=4, run_id="run-lost")
+    op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=4, run_id="run-lost")
     task, outcome = execute_in_thread(op)
     wait_for(marker.exists, 180, "a shard write to be held on the Connect server")
     os.killpg(server.pid, signal.SIGKILL)

@@ -44,7 +44,7 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
     context = make_context()
     provider = {"spark.hadoop.fs.s3a.aws.credentials.provider":
                 "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"}
-    op = make_op(s3_root, aws_conn_id="sf_aws", input_path=f"{tmp_path}/in/", run_id="run-canary", spark_conf=provider)
+    op = make_op(s3_root, aws_conn_id="sf_aws", input_path="s3://inputs/in/", run_id="run-canary", spark_conf=provider)
     summary = op.execute(context)
     assert summary["rows"] == len(ROWS)
     call = seen.last
