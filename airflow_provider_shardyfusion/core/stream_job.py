@@ -18,7 +18,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .config import WriteConfig
 from .errors import ConfigError, StorageError
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
     from .storage import ObjectStore
 
-TRIGGERS = ("available_now", "processing_time")
+StreamTrigger = Literal["available_now", "processing_time"]
+TRIGGERS: tuple[StreamTrigger, ...] = get_args(StreamTrigger)
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "avro", "text")
 _REPORT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 

@@ -65,7 +65,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
     WriteArg("input_path", "str | None", None,
              "input files Spark reads (``input_format``, ``input_options``); or give ``input_table`` or "
              "``input_sql``."),
-    WriteArg("input_format", "str", "parquet",
+    WriteArg("input_format", "InputFormat", "parquet",
              "Spark data source of ``input_path``: parquet, orc, json, csv, avro, delta or text."),
     WriteArg("input_options", "Mapping[str, Any] | None", None,
              "reader options of ``input_path`` (never credentials).", renderer="json"),
@@ -76,7 +76,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              "the value column (binary or string) with ``value_format='binary'``."),
     WriteArg("value_columns", "Sequence[str] | None", None,
              "the columns stored as one JSON object per key with ``value_format='json'``."),
-    WriteArg("value_format", "str | None", None,
+    WriteArg("value_format", "ValueFormat | None", None,
              "``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a delta "
              "takes its base's format and columns."),
     WriteArg("num_dbs", "int | None", None, "number of shards (hash sharding, or CEL direct routing)."),
@@ -91,7 +91,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              renderer="json"),
     WriteArg("infer_routing_values", "bool", False,
              "categorical CEL routing with the distinct values found in the input."),
-    WriteArg("key_encoding", "str | None", None, "how keys are encoded; ``None`` chooses by the key type (SPEC §5)."),
+    WriteArg("key_encoding", "KeyEncoding | None", None, "how keys are encoded; ``None`` chooses by the key type (SPEC §5)."),
     WriteArg("run_id", "str | None", None,
              "the run id; ``None`` generates one per try. A fixed id is retried as ``<run_id>-try<N>`` when "
              "an earlier try's run failed, and re-attached to while that run is still running."),
@@ -109,7 +109,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
     WriteArg("publish", "bool", True,
              "move ``_CURRENT`` to the run when it succeeds; ``False`` stages it (manifest and a succeeded run "
              "record, no asset event) for ``ValidateManifestOperator`` / ``PublishSnapshotOperator``."),
-    WriteArg("write_mode", "str", "full",
+    WriteArg("write_mode", "WriteMode", "full",
              "``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a base "
              "run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input)."),
     WriteArg("delete_column", "str | None", None,

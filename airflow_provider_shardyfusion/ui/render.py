@@ -63,6 +63,13 @@ def link(path: str, text: Any, **params: Any) -> str:
     return f'<a href="{esc(PREFIX + path + ("?" + query if query else ""))}">{esc(text)}</a>'
 
 
+def key_link(root: str, key: Any) -> str:
+    """A shown key (``encoding.key_to_show``) linked to its history page; bytes are looked up as hex."""
+    if isinstance(key, dict):
+        return link("/key", f"hex {key['hex']}", uri=root, key=key["hex"], key_type="hex")
+    return link("/key", key, uri=root, key=key)
+
+
 def page(title: str, body: str) -> str:
     """Every page, error pages included: the same layout, the one hashed style block, no script."""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)} · Snapshots</title>"
@@ -341,7 +348,7 @@ def samples_html(root: str, samples: dict[str, Any], run_a: str, run_b: str) -> 
     rows = []
     for shard in samples.get("shards", []):
         for c in shard["changes"]:
-            rows.append([esc(shard["db_id"]), link("/key", c["key"], uri=root, key=c["key"]),
+            rows.append([esc(shard["db_id"]), key_link(root, c["key"]),
                          f"<span class='{ {'inserted': 'ins', 'updated': 'upd', 'deleted': 'del'}[c['kind']] }'>"
                          f"{esc(c['kind'])}</span>", value_html(c["before"], c["fields"]),
                          value_html(c["after"], c["fields"])])
