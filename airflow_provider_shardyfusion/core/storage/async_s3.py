@@ -6,8 +6,7 @@ import asyncio
 from typing import Any
 
 from .. import layout
-from .async_reader import AsyncObjectReader
-from .base import StorageOptions, check_key
+from .base import AsyncObjectReader, StorageOptions, check_key
 from .s3 import client_config, credential_kwargs, is_not_found, split_root, storage_error
 
 # One request and one quick repeat per read: the caller polls again on its own schedule, and a
