@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 from . import encoding, layout, routing
 from .arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_number
@@ -22,14 +22,13 @@ from .retry import RetryPolicy
 from .secrets import refuse_embedded_uris, refuse_secret_options, refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
+from .write_args import INPUT_FORMATS, InputFormat
 
 if TYPE_CHECKING:
     from .encoding import KeyEncoding, ValueFormat
     from .manifest import WriteMode
 
 CONFIG_FORMAT_VERSION = 1
-InputFormat = Literal["parquet", "orc", "json", "csv", "avro", "delta", "text"]
-INPUT_FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 # A run that stops renewing holds its run id until the lease runs out; a week is already generous.
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 
