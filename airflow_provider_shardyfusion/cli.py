@@ -28,6 +28,8 @@ from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionErro
 from .core.snapshot import SnapshotRoot
 from .core.storage import StorageOptions
 
+__all__ = ["PROG", "main"]
+
 PROG = "shardyfusion"
 
 

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from .encoding import KeyEncoding, ValueFormat
     from .manifest import WriteMode
 
+__all__ = [
+    "CONFIG_FORMAT_VERSION", "MAX_LEASE_SECONDS", "DeltaSpec", "InputSpec", "ShardRetry", "ShardingSpec", "ValueSpec",
+    "WriteConfig", "WriteOptions", "build_write_config",
+]
+
 CONFIG_FORMAT_VERSION = 1
 # A run that stops renewing holds its run id until the lease runs out; a week is already generous.
 MAX_LEASE_SECONDS = 7 * 24 * 3600

@@ -20,6 +20,13 @@ from .errors import ConfigError, InputDataError, KeyEncodingError, show_value
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+__all__ = [
+    "KEY_ENCODINGS", "KEY_TEXTS", "PACK_INT_KEY", "VALUE_FORMATS", "KeyEncoding", "KeyKind", "KeyText", "ValueFormat",
+    "decode_key", "decode_value", "default_key_encoding", "encode_binary_value", "encode_json_value", "encode_key",
+    "key_from_text", "key_kind_of_encoding", "key_to_show", "null_key_error", "plain_key", "validate_key_encoding",
+    "validate_value_format",
+]
+
 KeyEncoding = Literal["u64be", "u32be", "utf8", "raw"]
 ValueFormat = Literal["binary", "json"]
 KeyKind = Literal["int", "string", "binary"]  # the type of the key column

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from .manifest import ShardEntry
     from .snapshot import ManifestRef, SnapshotRoot
 
+__all__ = [
+    "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "VALUE_PREVIEW_CHARS", "KeyFate", "RootHistory", "RunDiff",
+    "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label", "diff_runs", "differing_fields", "json_value",
+    "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "signed",
+]
+
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
                    "unreadable"]
 # Who reads the layers of a run that is no longer live: a "base of live" run's files are still read

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
     from .storage import ObjectStore
 
+__all__ = [
+    "FILE_FORMATS", "REPORT_READ_POLICY", "TRIGGERS", "StreamSettings", "StreamTrigger", "decode_job_config",
+    "encode_job_config", "read_report", "report_key", "sanitize_stream_id", "stop_key", "wait_for_stop",
+]
+
 StreamTrigger = Literal["available_now", "processing_time"]
 TRIGGERS: tuple[StreamTrigger, ...] = get_args(StreamTrigger)
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "avro", "text")

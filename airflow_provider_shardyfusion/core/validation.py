@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from .manifest import Manifest
     from .storage.base import StorageOptions
 
+__all__ = [
+    "Check", "Lookup", "ValidationReport", "chain_samples", "record_report", "sample_keys", "threshold_checks",
+    "validate_snapshot", "value_digest",
+]
+
 log = logging.getLogger(__name__)
 
 # Keep the XCom small: the report lists at most this many look-ups / missing keys by name.

@@ -24,6 +24,11 @@ from .encoding import KeyEncoding, ValueFormat
 from .manifest import WriteMode
 from .storage.base import StorageOptions
 
+__all__ = [
+    "BY_NAME", "CONFIG_ARGS", "DEFAULTS", "INPUT_FORMATS", "OPERATOR_ARGS", "OPERATOR_CONFIG_ARGS", "REQUIRED",
+    "TEMPLATE_FIELDS", "TEMPLATE_RENDERERS", "WRITE_ARGS", "InputFormat", "WriteArg", "WriteDefaults",
+]
+
 # The Spark data sources ``input_format`` takes (closed: core.config refuses others).
 InputFormat = Literal["parquet", "orc", "json", "csv", "avro", "delta", "text"]
 INPUT_FORMATS: Final[tuple[InputFormat, ...]] = get_args(InputFormat)

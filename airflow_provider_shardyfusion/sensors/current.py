@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.pointer import WaitMode
 
+__all__ = ["CurrentSnapshotSensor"]
+
 _UNSET = object()
 
 

@@ -12,6 +12,8 @@ from airflow_provider_shardyfusion.core.errors import ManifestValidationError
 from airflow_provider_shardyfusion.core.pointer import PointerWait, WaitMode
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
+__all__ = ["CurrentSnapshotTrigger"]
+
 
 class CurrentSnapshotTrigger(PollingTrigger):
     """Poll ``<output_uri>/_CURRENT`` until it satisfies ``mode``.

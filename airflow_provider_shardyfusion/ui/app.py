@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
+__all__ = [
+    "KEY_LOOKUP_BYTE_BUDGET", "KEY_LOOKUP_RUNS", "MAX_KEY_LOOKUP_RUNS", "ROOT_DEADLINE_S", "SAMPLE_SHARDS", "HistorySource",
+    "Unanswered", "create_app", "within",
+]
+
 T = TypeVar("T")
 
 # The key look-up opens one shard per run: the newest runs by default, more on request.

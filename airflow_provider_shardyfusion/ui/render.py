@@ -21,6 +21,12 @@ from airflow_provider_shardyfusion.core.history import signed
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
+__all__ = [
+    "CONTENT_SECURITY_POLICY", "LEGEND", "PREFIX", "as_json", "bar_chart", "diff_page", "error_page", "esc", "external_link",
+    "fmt_age", "fmt_bytes", "key_link", "key_page", "link", "page", "roots_page", "run_page", "safe_href", "samples_html",
+    "state", "table", "timeline_page", "value_html", "when",
+]
+
 PREFIX = "/shardyfusion"
 
 _STYLE = """

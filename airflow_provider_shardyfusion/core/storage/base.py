@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     import builtins
     from collections.abc import Iterable, Iterator
 
+__all__ = ["AsyncObjectReader", "ObjectInfo", "ObjectStore", "StorageOptions", "StoredObject", "check_key"]
+
 
 @dataclass(frozen=True)
 class StorageOptions:
