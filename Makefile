@@ -40,10 +40,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(VENV)/bin/uv cache prune --quiet
 	touch $@
 
-# ruff (Airflow's rule families) and mypy, configured in pyproject.toml; `make test` runs it first.
+# ruff (Airflow's rule families), mypy and the import-graph contracts (lint-imports: layers and core's
+# purity), configured in pyproject.toml; `make test` runs it first.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The full gate: two xdist workers, one test file each at a time (files share their Spark session
 # and servers through module fixtures); the 25 slowest tests are listed at the end.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["ShardedReader", "__version__", "get_provider_info"]
+
 __version__ = "0.1.0"
 
 _LAZY = {"ShardedReader": ("airflow_provider_shardyfusion.core.reader", "ShardedReader")}

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+__all__ = ["ALIAS_PREFIX", "emit_snapshot_event", "snapshot_alias", "snapshot_asset", "with_snapshot_outlet"]
+
 ALIAS_PREFIX = "shardyfusion-snapshot:"
 
 

@@ -23,9 +23,12 @@ import sys
 from typing import Any, NoReturn
 
 from .core import layout
-from .core.errors import ObjectNotFoundError, ShardyfusionError
+from .core.encoding import KEY_TEXTS, key_from_text, key_to_show
+from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionError
 from .core.snapshot import SnapshotRoot
 from .core.storage import StorageOptions
+
+__all__ = ["PROG", "main"]
 
 PROG = "shardyfusion"
 
@@ -95,7 +98,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     get.add_argument("keys", metavar="KEY", nargs="+")
     get.add_argument(
-        "--key-type", choices=("auto", "int", "str", "bytes", "hex"), default="auto",
+        "--key-type", choices=KEY_TEXTS, default="auto",
         help="auto (default): int if KEY parses as one and the snapshot's key_encoding is u64be/u32be, "
              "UTF-8 bytes for raw keys, else str; bytes: the UTF-8 bytes of KEY; hex: KEY is hex of the bytes",
     )
@@ -186,21 +189,10 @@ def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 
 def _parse_key(text: str, key_type: str, key_encoding: str) -> Any:
-    if key_type == "int" or (key_type == "auto" and key_encoding in ("u64be", "u32be")):
-        try:
-            return int(text)
-        except ValueError:
-            if key_type == "int":
-                raise _UsageError(f"get: key {text!r} is not an integer (--key-type int)") from None
-            return text
-    if key_type == "hex":
-        try:
-            return bytes.fromhex(text)
-        except ValueError:
-            raise _UsageError(f"get: key {text!r} is not hex (--key-type hex)") from None
-    if key_type == "bytes" or (key_type == "auto" and key_encoding == "raw"):
-        return text.encode("utf-8")
-    return text
+    try:
+        return key_from_text(text, key_encoding, key_type)
+    except KeyEncodingError as exc:
+        raise _UsageError(f"get: {exc} (--key-type {key_type})") from None
 
 
 def _show_value(value: Any, value_format: str) -> tuple[Any, str | None]:
@@ -212,12 +204,6 @@ def _show_value(value: Any, value_format: str) -> tuple[Any, str | None]:
         return value.decode("utf-8"), "utf8"
     except UnicodeDecodeError:
         return base64.b64encode(value).decode("ascii"), "base64"
-
-
-def _show_key(key: Any) -> Any:
-    if isinstance(key, bytes):
-        return {"hex": key.hex()}
-    return key
 
 
 def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
@@ -253,7 +239,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         for key, value in zip(keys, values, strict=False):
             shown, how = _show_value(value, manifest.value_format)
             out.append({
-                "key": _show_key(key), "found": value is not None,
+                "key": key_to_show(key), "found": value is not None,
                 "db_id": reader.shard_for_key(key, routing_context=context),
                 "value": shown, "value_encoding": how,
             })

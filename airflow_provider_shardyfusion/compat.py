@@ -25,6 +25,12 @@ from pathlib import Path
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
+__all__ = [
+    "PYSPARK_DISTRIBUTIONS", "SPARK_HOOK_MEMBERS", "SPARK_PROVIDER_FLOOR", "PysparkDistribution", "PysparkInstall",
+    "check_pyspark_install", "check_spark_provider", "inspect_pyspark_install", "pyspark_install_problem",
+    "spark_provider_problem",
+]
+
 PYSPARK_DISTRIBUTIONS = ("pyspark", "pyspark-client")
 # Private members of SparkSubmitHook that hooks/spark_submit.py overrides or calls (its module
 # docstring lists why each is needed), and the first apache-airflow-providers-apache-spark release

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.manifest import Manifest
 
+__all__ = [
+    "PUBLISH_FACET", "PUBLISH_FACET_SCHEMA_URL", "TABLE_FALLBACK_NAMESPACE", "SnapshotSchema", "cleanup_lineage",
+    "location_dataset", "publish_lineage", "run_data_dataset", "snapshot_dataset", "table_dataset", "write_lineage",
+]
+
 # Custom facet key: OpenLineage asks custom facets to carry a producer-specific prefix.
 PUBLISH_FACET = "shardyfusion_publish"
 # Where the custom facet's fields are described (README "OpenLineage"); the project's placeholder

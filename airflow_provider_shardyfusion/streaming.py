@@ -68,6 +68,12 @@ from .core.stream_owner import DEFAULT_LEASE, StreamOwner, claim
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+__all__ = [
+    "ASYNC_PROGRESS_CONF", "ASYNC_PROGRESS_OPTION", "QUERY_ID_PROPERTY", "BatchOutcome", "BatchWriter", "batch_config",
+    "check_session", "check_stream_options", "checkpoint_identity", "decide", "foreach_batch_writer", "next_free_batch",
+    "stream_runs",
+]
+
 log = logging.getLogger("shardyfusion.streaming")
 
 ASYNC_PROGRESS_OPTION = "asyncProgressTrackingEnabled"

@@ -18,6 +18,8 @@ from typing import Any
 
 from .errors import ConfigError, show_value
 
+__all__ = ["MAX_DURATION", "as_bool", "as_duration", "as_int", "as_list", "as_literal", "as_mapping", "as_number"]
+
 _HINT = ("; a templated argument renders as text unless the DAG sets render_template_as_native_obj=True "
          "(or pass a literal value)")
 # Durations are measured back from now (the cleanup's cutoff is now - grace_period): a century keeps

@@ -10,6 +10,11 @@ import pyarrow.compute as pc
 from .encoding import KeyKind, encode_json_value
 from .errors import ConfigError, InputDataError, show_value
 
+__all__ = [
+    "UTF8_RULE_JSON", "UTF8_RULE_KEY", "UTF8_RULE_ROUTING", "check_utf8", "check_utf8_columns", "check_value_column_type",
+    "delete_flags", "encode_values", "first_null_row", "key_kind_of_type", "utf8_error_message",
+]
+
 # The rule each kind of column breaks when its text is not UTF-8 (named in the error).
 UTF8_RULE_KEY = (
     "a string key column must hold UTF-8 text; keep arbitrary bytes in a binary column "

@@ -18,6 +18,8 @@ from .errors import ManifestValidationError
 if TYPE_CHECKING:
     from .manifest import Manifest, ShardEntry
 
+__all__ = ["check_base_bytes", "missing_base", "resolve"]
+
 
 def check_base_bytes(doc: Manifest, data: bytes) -> None:
     """The base manifest's bytes must be exactly the ones the document was written on."""

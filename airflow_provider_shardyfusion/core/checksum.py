@@ -8,6 +8,8 @@ import xxhash
 
 from .errors import ChecksumMismatchError
 
+__all__ = ["ALGORITHM", "bytes_checksum", "file_checksum", "verify_file"]
+
 ALGORITHM = "xxh3_128"
 _CHUNK = 4 << 20
 

@@ -47,6 +47,14 @@ if TYPE_CHECKING:
 
     from .snapshot import ManifestRef
 
+__all__ = [
+    "CATEGORIES", "MAX_KEYS_LISTED", "RULES", "Category", "CleanupPlan", "CleanupReport", "Decision", "PlanContext",
+    "PlanItem", "PlannedObject", "Rule", "RunData", "Skipped", "chain_reads", "check_settings", "execute_cleanup",
+    "layer_references", "live_until", "make_plan", "plan_cleanup", "read_winners", "refuse_without_pointer", "rule_expired",
+    "rule_failed", "rule_live", "rule_losing_attempts", "rule_orphan", "rule_pinned", "rule_recently_live", "rule_referenced",
+    "rule_running", "rule_unreadable", "rule_young", "runs_needing_winners",
+]
+
 log = logging.getLogger(__name__)
 
 Category = Literal["losing_attempts", "failed_runs", "abandoned_runs", "orphans", "expired_snapshots"]

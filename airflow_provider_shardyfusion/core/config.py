@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import encoding, layout, routing
 from .arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_number
@@ -22,9 +22,18 @@ from .retry import RetryPolicy
 from .secrets import refuse_embedded_uris, refuse_secret_options, refuse_userinfo
 from .storage.base import StorageOptions
 from .write_args import DEFAULTS as _D
+from .write_args import INPUT_FORMATS, InputFormat
+
+if TYPE_CHECKING:
+    from .encoding import KeyEncoding, ValueFormat
+    from .manifest import WriteMode
+
+__all__ = [
+    "CONFIG_FORMAT_VERSION", "MAX_LEASE_SECONDS", "DeltaSpec", "InputSpec", "ShardRetry", "ShardingSpec", "ValueSpec",
+    "WriteConfig", "WriteOptions", "build_write_config",
+]
 
 CONFIG_FORMAT_VERSION = 1
-INPUT_FORMATS = ("parquet", "orc", "json", "csv", "avro", "delta", "text")
 # A run that stops renewing holds its run id until the lease runs out; a week is already generous.
 MAX_LEASE_SECONDS = 7 * 24 * 3600
 
@@ -511,21 +520,21 @@ def build_write_config(
     *,
     output_uri: str,
     input_path: str | None = _D.input_path,
-    input_format: str = _D.input_format,
+    input_format: InputFormat = _D.input_format,
     input_options: Mapping[str, Any] | None = _D.input_options,
     input_table: str | None = _D.input_table,
     input_sql: str | None = _D.input_sql,
     key_column: str = _D.key_column,
     value_column: str | None = _D.value_column,
     value_columns: Sequence[str] | None = _D.value_columns,
-    value_format: str | None = _D.value_format,
+    value_format: ValueFormat | None = _D.value_format,
     num_dbs: int | None = _D.num_dbs,
     max_keys_per_shard: int | None = _D.max_keys_per_shard,
     cel_expr: str | None = _D.cel_expr,
     cel_columns: Mapping[str, str] | Sequence[str] | None = _D.cel_columns,
     routing_values: Sequence[Any] | None = _D.routing_values,
     infer_routing_values: bool = _D.infer_routing_values,
-    key_encoding: str | None = _D.key_encoding,
+    key_encoding: KeyEncoding | None = _D.key_encoding,
     run_id: str | None = _D.run_id,
     batch_size: int = _D.batch_size,
     verify_routing: bool = _D.verify_routing,
@@ -537,7 +546,7 @@ def build_write_config(
     shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
     allow_duplicate_keys: bool = _D.allow_duplicate_keys,
     publish: bool = _D.publish,
-    write_mode: str = _D.write_mode,
+    write_mode: WriteMode = _D.write_mode,
     delete_column: str | None = _D.delete_column,
     base_run_id: str | None = _D.base_run_id,
     max_chain_depth: int = _D.max_chain_depth,

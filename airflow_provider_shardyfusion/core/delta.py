@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
     from .manifest import Manifest, ShardEntry
 
+__all__ = [
+    "COMPACT_RUN_ROWS", "LAYER_FILE", "BuiltLayer", "Change", "LayerCounts", "LayerResult", "base_exists", "chain_shards",
+    "chain_stats", "count_changes", "merged_items", "select_layer_winners", "sorted_changes", "write_compacted_layer",
+    "write_delta_layer",
+]
+
 LAYER_FILE = "layer-00000.sst"
 # Rows written per SST of a compacted layer; a reader ingests them in order (sort runs do not overlap).
 COMPACT_RUN_ROWS = 2_000_000

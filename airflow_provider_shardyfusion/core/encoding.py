@@ -11,6 +11,7 @@ import datetime as _dt
 import decimal
 import json
 import numbers
+import re
 import struct
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
@@ -19,9 +20,19 @@ from .errors import ConfigError, InputDataError, KeyEncodingError, show_value
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+__all__ = [
+    "KEY_ENCODINGS", "KEY_TEXTS", "PACK_INT_KEY", "VALUE_FORMATS", "KeyEncoding", "KeyKind", "KeyText", "ValueFormat",
+    "decode_key", "decode_value", "default_key_encoding", "encode_binary_value", "encode_json_value", "encode_key",
+    "key_from_text", "key_kind_of_encoding", "key_to_show", "null_key_error", "plain_key", "validate_key_encoding",
+    "validate_value_format",
+]
+
 KeyEncoding = Literal["u64be", "u32be", "utf8", "raw"]
 ValueFormat = Literal["binary", "json"]
 KeyKind = Literal["int", "string", "binary"]  # the type of the key column
+# How a key typed as text (CLI, UI, templated expected keys) is read; "auto" follows the key encoding.
+KeyText = Literal["auto", "int", "str", "bytes", "hex"]
+KEY_TEXTS: tuple[KeyText, ...] = get_args(KeyText)
 KEY_ENCODINGS: tuple[KeyEncoding, ...] = get_args(KeyEncoding)
 VALUE_FORMATS: tuple[ValueFormat, ...] = get_args(ValueFormat)
 _DEFAULT_KEY_ENCODING: dict[KeyKind, KeyEncoding] = {"int": "u64be", "string": "utf8", "binary": "raw"}
@@ -30,8 +41,7 @@ _PACK_U64 = struct.Struct(">Q")
 _PACK_U32 = struct.Struct(">I")
 # Stored-key packers for hot loops (struct.error when out of range); encode_key gives the messages.
 PACK_INT_KEY = {"u64be": _PACK_U64.pack, "u32be": _PACK_U32.pack}
-
-
+_INT_TEXT = re.compile(r"-?[0-9]+")
 
 def default_key_encoding(key_kind: str) -> KeyEncoding:
     try:
@@ -109,6 +119,39 @@ def decode_key(data: bytes, encoding: str) -> Any:
     if encoding == "raw":
         return bytes(data)
     raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
+
+
+def key_from_text(text: str, key_encoding: str, how: str = "auto") -> Any:
+    """The key ``text`` stands for in a snapshot whose keys are ``key_encoding``.
+
+    ``auto``: an integer when the keys are integers and ``text`` is one (other text is kept, and the
+    look-up then fails naming the key), the UTF-8 bytes of ``text`` for raw keys, else ``text``;
+    ``int``, ``str``, ``bytes`` (its UTF-8 bytes) and ``hex`` (the bytes it spells) force a type.
+    The inverse of ``key_to_show`` (a ``{"hex": ...}`` shown key is read back with ``hex``).
+    """
+    if how not in KEY_TEXTS:
+        raise ConfigError(f"key type {how!r} is not supported; choose one of {list(KEY_TEXTS)}")
+    if how == "int" or (how == "auto" and key_encoding in PACK_INT_KEY):
+        if _INT_TEXT.fullmatch(text):
+            return int(text)
+        if how == "int":
+            raise KeyEncodingError(f"key {text!r} is not an integer")
+        return text
+    if how == "hex":
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            raise KeyEncodingError(f"key {text!r} is not hex") from None
+    if how == "bytes" or (how == "auto" and key_encoding == "raw"):
+        return text.encode("utf-8")
+    return text
+
+
+def key_to_show(key: Any) -> int | str | dict[str, str]:
+    """A key as JSON shows it: integers and text as they are, bytes as ``{"hex": ...}``."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(key).hex()}
+    return cast("int | str", plain_key(key))
 
 
 def validate_value_format(fmt: object) -> ValueFormat:

@@ -10,6 +10,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+__all__ = [
+    "BaseNotLiveError", "ChecksumMismatchError", "CleanupRefusedError", "ClockSkewError", "ConfigError", "InputDataError",
+    "KeyEncodingError", "ManifestValidationError", "ObjectNotFoundError", "PublishManifestError", "ReaderError",
+    "RunAbandoned", "RunFailedError", "RunKilled", "RunRecordError", "RunSupersededError", "ShardAssignmentError",
+    "ShardCoverageError", "ShardWriteError", "ShardyfusionError", "SparkConnectError", "SparkSubmitError", "StorageError",
+    "StreamOwnershipError", "WriterLost", "error_type_by_name", "show_value", "text_number_hint",
+]
+
 
 def show_value(value: object, limit: int = 80) -> str:
     """``repr`` of an offending value, truncated, for error messages that name it."""

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from .manifest import ShardEntry
     from .snapshot import ManifestRef, SnapshotRoot
 
+__all__ = [
+    "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "VALUE_PREVIEW_CHARS", "KeyFate", "RootHistory", "RunDiff",
+    "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label", "diff_runs", "differing_fields", "json_value",
+    "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "signed",
+]
+
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
                    "unreadable"]
 # Who reads the layers of a run that is no longer live: a "base of live" run's files are still read
@@ -390,14 +396,12 @@ def _merged(before: Iterator[tuple[bytes, bytes]],
 
 
 def _shown_key(data: bytes, key_encoding: str) -> Any:
-    """A key as the key page takes it: the integer or text; raw keys as UTF-8 text (bytes that are
-    not UTF-8 are shown escaped and cannot be looked up by text)."""
-    if key_encoding == "raw":
-        return bytes(data).decode("utf-8", "backslashreplace")
+    """A stored key as the key page takes it back (``encoding.key_to_show``); bytes that do not decode
+    with the key encoding are shown as the raw bytes they are."""
     try:
-        return encoding.decode_key(data, key_encoding)
+        return encoding.key_to_show(encoding.decode_key(data, key_encoding))
     except ShardyfusionError:
-        return bytes(data).hex()
+        return encoding.key_to_show(bytes(data))
 
 
 # Longest value a page shows; a longer one is cut (and is no longer valid JSON, so it is text).

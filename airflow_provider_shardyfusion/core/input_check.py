@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
     from .config import WriteConfig
 
+__all__ = ["check_columns", "check_write_input", "input_columns", "local_path", "named_columns", "require_scheme"]
+
 # A scheme of two or more characters, so that a Windows drive letter is not taken for one.
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 _GLOB_CHARS = frozenset("*?[{")

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from .snapshot import ManifestRef, SnapshotRoot
     from .storage.base import ObjectStore
 
+__all__ = ["check_storage", "deletion_problems", "manifest_problems", "record_problems"]
+
 
 def deletion_problems(record: RunRecord, where: str) -> list[str]:
     """Whether cleanup deleted (or began deleting) the run's data, which a live snapshot may not read."""

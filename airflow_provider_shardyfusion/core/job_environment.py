@@ -6,6 +6,8 @@ Connect URL may carry a token, which is why it travels in the environment and ne
 
 from __future__ import annotations
 
+__all__ = ["BUNDLE", "PYTHON_ENV_ARCHIVE", "REMOTE_URL", "SPARK_CONF"]
+
 REMOTE_URL = "SPARK_REMOTE"  # pyspark's own name for the Connect URL
 BUNDLE = "SHARDYFUSION_BUNDLE"  # the bundle zip, shipped to the cluster with addArtifacts(pyfile=True)
 PYTHON_ENV_ARCHIVE = "SHARDYFUSION_PYTHON_ENV_ARCHIVE"  # addArtifacts(archive=True) for the executors

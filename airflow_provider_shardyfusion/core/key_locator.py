@@ -22,6 +22,8 @@ from .routing import CelRouter, hash64, pack_int_key, route_key
 if TYPE_CHECKING:
     from .manifest import Manifest
 
+__all__ = ["GroupKeys", "Groups", "KeyLocator", "Locate", "cel_locator", "group_keys", "hash_locator", "int_key_grouper"]
+
 # (key, routing_context) -> (db_id, stored key bytes)
 Locate = Callable[[Any, "Mapping[str, Any] | None"], "tuple[int, bytes]"]
 # {db_id: (positions in keys, stored key bytes)}

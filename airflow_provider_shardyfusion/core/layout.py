@@ -15,6 +15,14 @@ from datetime import UTC, datetime
 from .errors import ConfigError, ManifestValidationError
 from .secrets import redact_uri, refuse_userinfo
 
+__all__ = [
+    "CURRENT_KEY", "MANIFESTS_DIR", "MANIFEST_NAME", "RUNS_DIR", "RUN_RECORD_NAME", "SHARDS_DIR", "STREAMS_DIR",
+    "STREAM_OWNER_NAME", "ManifestKey", "ShardKey", "attempt_dir_name", "attempt_key", "format_ts", "join", "local_cache_dir",
+    "local_layer_dir", "local_path_of", "manifest_key", "new_run_id", "normalize_root", "parse_manifest_key",
+    "parse_run_record_key", "parse_shard_key", "parse_ts", "relative_key", "run_id_of_shard_url", "run_record_key",
+    "scheme_of", "shard_db_prefix", "shards_prefix", "split_run_record_ref", "stream_owner_key", "utc_now", "validate_run_id",
+]
+
 CURRENT_KEY = "_CURRENT"
 MANIFESTS_DIR = "manifests"
 RUNS_DIR = "runs"

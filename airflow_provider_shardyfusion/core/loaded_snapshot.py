@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .pointer import CurrentPointer
     from .routing import CelRouter
 
+__all__ = ["LoadedSnapshot", "StaleSnapshot"]
+
 
 class StaleSnapshot(Exception):
     """Internal: the snapshot a read started on was swapped out by ``refresh()``/``close()``."""

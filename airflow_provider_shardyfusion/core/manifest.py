@@ -14,6 +14,12 @@ from .errors import ConfigError, ManifestValidationError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+__all__ = [
+    "CHAIN_DOCUMENT_FORMAT_VERSION", "CHAIN_FORMAT_VERSION", "FULL_FORMAT_VERSION", "MANIFEST_FORMAT_VERSION", "SHARD_LAYOUTS",
+    "SHARD_LAYOUT_DB", "SHARD_LAYOUT_SST", "WRITE_MODES", "Manifest", "ShardEntry", "ShardFile", "ShardLayer", "ShardingInfo",
+    "WriteMode",
+]
+
 # 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers,
 # every inherited layer restated. 3: a delta's chain document (SPEC §17): only the shards it changed,
 # only its own layers, and the base's manifest named by reference and checksum.

@@ -15,6 +15,11 @@ from . import layout
 from . import serialization as ser
 from .errors import ConfigError, ManifestValidationError
 
+__all__ = [
+    "CURRENT_FORMAT_VERSION", "MANIFEST_CONTENT_TYPE", "WAIT_MODES", "CurrentPointer", "PointerWait", "WaitMode",
+    "parse_pointer",
+]
+
 CURRENT_FORMAT_VERSION = 1
 MANIFEST_CONTENT_TYPE = "application/json"
 _WHAT = "_CURRENT pointer"

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from .manifest import Manifest
     from .storage.base import ObjectStore
 
+__all__ = [
+    "PublishResult", "delete_losing_attempts", "mark_succeeded", "publish", "publish_run", "release_publish_claim",
+    "resolve_manifest",
+]
+
 log = logging.getLogger(__name__)
 
 

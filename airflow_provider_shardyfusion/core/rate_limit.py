@@ -11,6 +11,8 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+__all__ = ["TokenBucket", "WriteLimiter"]
+
 
 class TokenBucket:
     """``rate`` tokens per second, burst of one second's worth.

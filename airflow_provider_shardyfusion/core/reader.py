@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
     from .manifest import Manifest
 
+__all__ = ["RefreshReport", "ShardedReader"]
+
 log = logging.getLogger(__name__)
 
 

@@ -28,6 +28,10 @@ from .errors import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+__all__ = [
+    "NO_RETRY", "PERMANENT_ERRORS", "RetryPolicy", "acall_with_retry", "call_with_retry", "is_retryable", "is_storage_error",
+]
+
 T = TypeVar("T")
 log = logging.getLogger("shardyfusion.retry")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["SST_FORMAT_VERSION", "rocksdb_options"]
+
 # Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
 # (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
 SST_FORMAT_VERSION = 5

@@ -17,6 +17,12 @@ import xxhash
 
 from .errors import ConfigError, InputDataError, ShardAssignmentError, show_value, text_number_hint
 
+__all__ = [
+    "CEL_MODES", "CEL_TYPES", "HASH_ALGORITHM", "MAX_NUM_DBS", "STRATEGIES", "CelMode", "CelRouter", "CelSpec", "CelType",
+    "Strategy", "canonical_bytes", "compile_cel", "hash64", "normalize_cel_columns", "pack_int_key", "route_key", "shard_hash",
+    "validate_cel_result_range", "validate_num_dbs", "validate_routing_values",
+]
+
 HASH_ALGORITHM = "xxh3_64"
 Strategy = Literal["hash", "cel"]
 CelMode = Literal["direct", "categorical"]

@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from .pointer import CurrentPointer
     from .snapshot import SnapshotRoot
 
+__all__ = [
+    "POINTER_SETTLE", "LiveState", "LiveStateName", "OutcomeKind", "RunOutcome", "meant_to_publish", "read_live_state",
+    "read_outcome", "snapshot_summary", "wait_for_run",
+]
+
 # Longer than the writer's pointer move with its retries (1 s, 2 s, 4 s; SPEC §6).
 POINTER_SETTLE = timedelta(seconds=30)
 # While a succeeded run settles, look again at least this often (the move takes seconds).

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
     from .storage.base import ObjectStore
 
+__all__ = [
+    "FAILED", "MAX_CLOCK_SKEW", "PUBLISH_CLAIM_HONOURED", "PUBLISH_CLAIM_TTL", "RUNNING", "RUN_RECORD_FORMAT_VERSION",
+    "STATUSES", "SUCCEEDED", "RunError", "RunRecord", "RunRecordLifecycle", "RunStatus", "check_storage_clock", "mark_failed",
+    "read_run_record",
+]
+
 log = logging.getLogger(__name__)
 
 RUN_RECORD_FORMAT_VERSION = 1

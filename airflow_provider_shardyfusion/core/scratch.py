@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+__all__ = ["MEMORY_DIR", "memory_dir", "memory_workdir"]
+
 MEMORY_DIR = "/dev/shm"
 # Room kept free beyond what is built: the SSTs, their copies during ingestion, and headroom.
 _HEADROOM = 4

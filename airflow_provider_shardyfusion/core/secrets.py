@@ -17,6 +17,11 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
+__all__ = [
+    "HOW_TO_PASS_CREDENTIALS", "redact_uri", "redact_values", "refuse_credential_settings", "refuse_embedded_uris",
+    "refuse_secret_options", "refuse_userinfo",
+]
+
 # User info per RFC 3986 ("user:pass@" before the first "/"), and also "key:secret@" whose secret holds
 # a "/" (AWS secret keys often do; Hadoop's S3A once accepted them so): a ":" not followed by a port.
 _USERINFO = re.compile(

@@ -27,6 +27,8 @@ from .errors import ShardyfusionError, show_value
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+__all__ = ["TS_EXAMPLE", "Codec", "dumps", "to_plain", "ts_field"]
+
 T = TypeVar("T")
 
 TS_EXAMPLE = "2026-01-31T12:00:00.000000Z"

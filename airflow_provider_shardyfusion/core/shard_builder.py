@@ -35,6 +35,8 @@ from .rocksdb_options import rocksdb_options
 if TYPE_CHECKING:
     from .rate_limit import WriteLimiter
 
+__all__ = ["WRITER_SHARD_LAYOUT", "BuiltShard", "ShardBuilder", "shard_file_needed"]
+
 log = logging.getLogger(__name__)
 
 # What the Spark writer ships (recorded in the manifest's storage_engine["shard_layout"]).

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
     from .storage import ObjectStore
 
+__all__ = ["DEFAULT_MAX_LOCAL_LAYERS", "MEMORY_BUILD_FROM_DISK_MAX_BYTES", "MEMORY_BUILD_MAX_BYTES", "CacheStats", "ShardCache"]
+
 log = logging.getLogger(__name__)
 
 # Written next to the shard files once every file is verified; a cached shard without a matching

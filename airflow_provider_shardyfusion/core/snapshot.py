@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
     from .storage.base import ObjectStore, StorageOptions
 
+__all__ = [
+    "POINTER_RETRY", "RESOLVED_CACHE_SIZE", "REWRITE_ON_LIVE", "ManifestRef", "PointerState", "ResolvedManifest",
+    "SnapshotRoot", "base_document", "base_manifest_key", "base_not_live", "check_shard_urls", "forget_decoded_manifests",
+    "manifest_document", "manifest_for_pointer", "parse_manifest_bytes",
+]
+
 log = logging.getLogger(__name__)
 
 

@@ -19,6 +19,11 @@ from .errors import ConfigError, StreamOwnershipError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+__all__ = [
+    "MAX_STREAM_ID_CHARS", "Action", "Decision", "StreamRun", "batch_run_id", "check_live_run", "decide_batch",
+    "parse_batch_run_id", "validate_stream_id",
+]
+
 # Room left in a run id (128 chars) for "-b<12+ digits>-r<n>".
 MAX_STREAM_ID_CHARS = 96
 _STREAM_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")

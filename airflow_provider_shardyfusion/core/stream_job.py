@@ -18,7 +18,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from .config import WriteConfig
 from .errors import ConfigError, StorageError
@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 
     from .storage import ObjectStore
 
-TRIGGERS = ("available_now", "processing_time")
+__all__ = [
+    "FILE_FORMATS", "REPORT_READ_POLICY", "TRIGGERS", "StreamSettings", "StreamTrigger", "decode_job_config",
+    "encode_job_config", "read_report", "report_key", "sanitize_stream_id", "stop_key", "wait_for_stop",
+]
+
+StreamTrigger = Literal["available_now", "processing_time"]
+TRIGGERS: tuple[StreamTrigger, ...] = get_args(StreamTrigger)
 FILE_FORMATS = ("parquet", "orc", "json", "csv", "avro", "text")
 _REPORT_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 

@@ -30,6 +30,8 @@ from . import layout
 from . import serialization as ser
 from .errors import StreamOwnershipError
 
+__all__ = ["DEFAULT_LEASE", "STREAM_OWNER_FORMAT_VERSION", "Claim", "StreamOwner", "claim"]
+
 STREAM_OWNER_FORMAT_VERSION = 1
 DEFAULT_LEASE = timedelta(minutes=10)
 _WHAT = "stream owner"

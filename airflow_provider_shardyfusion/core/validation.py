@@ -18,7 +18,7 @@ import xxhash
 
 from . import integrity, layout
 from .arguments import as_int, as_list, as_number
-from .encoding import decode_key
+from .encoding import decode_key, key_from_text, key_to_show
 from .errors import ConfigError, ManifestValidationError, ShardyfusionError, show_value
 from .pointer import CurrentPointer
 from .run_record import SUCCEEDED, RunRecord
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
     from .manifest import Manifest
     from .storage.base import StorageOptions
+
+__all__ = [
+    "Check", "Lookup", "ValidationReport", "chain_samples", "record_report", "sample_keys", "threshold_checks",
+    "validate_snapshot", "value_digest",
+]
 
 log = logging.getLogger(__name__)
 
@@ -258,23 +263,6 @@ def sample_keys(manifest: Manifest, n: int) -> list[tuple[int, Any]]:
                 seen.add((shard.db_id, raw))
                 out.append((shard.db_id, key))
     return out
-
-
-def coerce_key(key: Any, key_encoding: str) -> Any:
-    """An expected key as given, or converted from text (templates render lists of text)."""
-    if isinstance(key, str):
-        if key_encoding in ("u64be", "u32be"):
-            try:
-                return int(key)
-            except ValueError:
-                return key
-        if key_encoding == "raw":
-            return key.encode("utf-8")
-    return key
-
-
-def _show_key(key: Any) -> Any:
-    return {"hex": bytes(key).hex()} if isinstance(key, (bytes, bytearray, memoryview)) else key
 
 
 def value_digest(value: Any, value_format: str) -> str:
@@ -599,8 +587,9 @@ def _lookup_check(
         samples = []
         problems.append(str(exc))
     wanted: list[tuple[int | None, Any, str]] = [(db_id, key, "sample") for db_id, key in samples]
-    wanted += [(None, coerce_key(key, manifest.key_encoding), "expected") for key in expected]
-    wanted += [(None, coerce_key(key, manifest.key_encoding), "absent") for key in absent]
+    # Templates render lists of text: a text key is read as the snapshot's key type.
+    wanted += [(None, key_from_text(key, manifest.key_encoding) if isinstance(key, str) else key, why)
+               for keys, why in ((expected, "expected"), (absent, "absent")) for key in keys]
     lookups: list[Lookup] = []
     missing_expected: list[Any] = []
     try:
@@ -615,10 +604,10 @@ def _lookup_check(
                     value = reader.get(key)
                 except ShardyfusionError as exc:
                     problems.append(f"{where}: look-up of {source} key {show_value(key)} failed: {type(exc).__name__}: {exc}")
-                    lookups.append(Lookup(_show_key(key), source, None, False))
+                    lookups.append(Lookup(key_to_show(key), source, None, False))
                     continue
                 hit = value is not None
-                lookups.append(Lookup(_show_key(key), source, db_id, hit,
+                lookups.append(Lookup(key_to_show(key), source, db_id, hit,
                                       value_digest(value, manifest.value_format) if hit else None))
                 problem = _lookup_problem(where, key, source, home, db_id, hit)
                 if problem:

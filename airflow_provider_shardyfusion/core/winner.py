@@ -11,6 +11,8 @@ from .manifest import ShardEntry, ShardFile
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+__all__ = ["ShardResult", "WinnerSelection", "select_winners"]
+
 
 @dataclass(frozen=True)
 class ShardResult:

@@ -12,12 +12,26 @@ declared as its ``airflow.cfg`` option plus the fallback, and the operator reads
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Literal, get_args
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+# Run time, not TYPE_CHECKING: WriteDefaults is a dataclass, and dataclass annotations are resolved
+# at run time in this codebase (core.serialization.from_plain).
+from .encoding import KeyEncoding, ValueFormat
+from .manifest import WriteMode
+from .storage.base import StorageOptions
+
+__all__ = [
+    "BY_NAME", "CONFIG_ARGS", "DEFAULTS", "INPUT_FORMATS", "OPERATOR_ARGS", "OPERATOR_CONFIG_ARGS", "REQUIRED",
+    "TEMPLATE_FIELDS", "TEMPLATE_RENDERERS", "WRITE_ARGS", "InputFormat", "WriteArg", "WriteDefaults",
+]
+
+# The Spark data sources ``input_format`` takes (closed: core.config refuses others).
+InputFormat = Literal["parquet", "orc", "json", "csv", "avro", "delta", "text"]
+INPUT_FORMATS: Final[tuple[InputFormat, ...]] = get_args(InputFormat)
 
 
 class _Required:
@@ -65,7 +79,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
     WriteArg("input_path", "str | None", None,
              "input files Spark reads (``input_format``, ``input_options``); or give ``input_table`` or "
              "``input_sql``."),
-    WriteArg("input_format", "str", "parquet",
+    WriteArg("input_format", "InputFormat", "parquet",
              "Spark data source of ``input_path``: parquet, orc, json, csv, avro, delta or text."),
     WriteArg("input_options", "Mapping[str, Any] | None", None,
              "reader options of ``input_path`` (never credentials).", renderer="json"),
@@ -76,7 +90,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              "the value column (binary or string) with ``value_format='binary'``."),
     WriteArg("value_columns", "Sequence[str] | None", None,
              "the columns stored as one JSON object per key with ``value_format='json'``."),
-    WriteArg("value_format", "str | None", None,
+    WriteArg("value_format", "ValueFormat | None", None,
              "``binary`` (``value_column``) or ``json`` (``value_columns``); ``None``: ``binary``, and a delta "
              "takes its base's format and columns."),
     WriteArg("num_dbs", "int | None", None, "number of shards (hash sharding, or CEL direct routing)."),
@@ -91,7 +105,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
              renderer="json"),
     WriteArg("infer_routing_values", "bool", False,
              "categorical CEL routing with the distinct values found in the input."),
-    WriteArg("key_encoding", "str | None", None, "how keys are encoded; ``None`` chooses by the key type (SPEC §5)."),
+    WriteArg("key_encoding", "KeyEncoding | None", None, "how keys are encoded; ``None`` chooses by the key type (SPEC §5)."),
     WriteArg("run_id", "str | None", None,
              "the run id; ``None`` generates one per try. A fixed id is retried as ``<run_id>-try<N>`` when "
              "an earlier try's run failed, and re-attached to while that run is still running."),
@@ -109,7 +123,7 @@ WRITE_ARGS: Final[tuple[WriteArg, ...]] = (
     WriteArg("publish", "bool", True,
              "move ``_CURRENT`` to the run when it succeeds; ``False`` stages it (manifest and a succeeded run "
              "record, no asset event) for ``ValidateManifestOperator`` / ``PublishSnapshotOperator``."),
-    WriteArg("write_mode", "str", "full",
+    WriteArg("write_mode", "WriteMode", "full",
              "``full`` writes the whole table; ``delta`` writes only the changed rows of the input on a base "
              "run (SPEC §13); ``compact`` merges the live chain into one full layer per shard (no input)."),
     WriteArg("delete_column", "str | None", None,
@@ -165,20 +179,62 @@ TEMPLATE_RENDERERS: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-class _Defaults:
-    """Attribute access to the declared defaults (``DEFAULTS.batch_size``), so signatures and
-    dataclasses name the default instead of restating it."""
+@dataclass(frozen=True)
+class WriteDefaults:
+    """The declared defaults, typed: ``DEFAULTS.batch_size`` is an ``int`` to mypy, so signatures and
+    dataclasses name the default instead of restating it. One field per optional argument, annotated
+    exactly as its ``WriteArg.type`` (``tests/unit/test_write_args.py`` checks both)."""
 
-    __slots__ = ()
+    input_path: str | None
+    input_format: InputFormat
+    input_options: Mapping[str, Any] | None
+    input_table: str | None
+    input_sql: str | None
+    key_column: str
+    value_column: str | None
+    value_columns: Sequence[str] | None
+    value_format: ValueFormat | None
+    num_dbs: int | None
+    max_keys_per_shard: int | None
+    cel_expr: str | None
+    cel_columns: Mapping[str, str] | Sequence[str] | None
+    routing_values: Sequence[Any] | None
+    infer_routing_values: bool
+    key_encoding: KeyEncoding | None
+    run_id: str | None
+    batch_size: int
+    verify_routing: bool
+    sample_size: int
+    cache_input: bool
+    sort_within_partitions: bool
+    max_writes_per_second: float | None
+    max_write_bytes_per_second: float | None
+    shard_retry: int | Mapping[str, Any] | None
+    allow_duplicate_keys: bool
+    publish: bool
+    write_mode: WriteMode
+    delete_column: str | None
+    base_run_id: str | None
+    max_chain_depth: int
+    spark_conn_id: str
+    spark_conf: Mapping[str, Any] | None
+    spark_env_vars: Mapping[str, Any] | None
+    python_env_archive: str | None
+    aws_conn_id: str | None
+    driver_memory: str | None
+    executor_memory: str | None
+    executor_cores: int | None
+    num_executors: int | None
+    total_executor_cores: int | None
+    deferrable: bool
+    poll_interval: float
+    deferral_timeout: timedelta | float | None
+    sort_run_rows: int
+    lease_seconds: float
+    heartbeat_seconds: float
+    spark_conf_overrides: Mapping[str, Any] | None
+    storage_options: StorageOptions | Mapping[str, Any] | None
+    airflow_context: Mapping[str, Any] | None
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            arg = BY_NAME[name]
-        except KeyError:
-            raise AttributeError(f"no write argument {name!r}") from None
-        if arg.required:
-            raise AttributeError(f"write argument {name!r} has no default")
-        return arg.default
 
-
-DEFAULTS: Final[Any] = _Defaults()
+DEFAULTS: Final[WriteDefaults] = WriteDefaults(**{a.name: a.default for a in WRITE_ARGS if not a.required})

@@ -26,6 +26,12 @@ from .errors import ConfigError, RunRecordError, SparkConnectError, SparkSubmitE
 from .run_outcome import RunOutcome
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
+__all__ = [
+    "DEFAULT_DEFERRAL_TIMEOUT", "SPARK_SUBMIT", "TASK_INSTANCE_KEYS", "RunChoice", "abandon_reason", "candidate_run_ids",
+    "choose_run", "connect_launcher", "describe_writer", "job_failure_line", "owned_by_another", "resolve_deferral_timeout",
+    "retry_run_id", "same_task_instance", "same_try", "short_submit_error", "submission_outcome", "writer_identity",
+]
+
 TASK_INSTANCE_KEYS = ("dag_id", "task_id", "run_id", "map_index")
 DEFAULT_DEFERRAL_TIMEOUT = timedelta(hours=24)
 _JOB_FAILED_RE = re.compile(r"shardyfusion job failed: (?P<type>[A-Za-z_][A-Za-z0-9_]*): (?P<message>.*)")

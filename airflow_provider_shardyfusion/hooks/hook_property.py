@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 
+__all__ = ["WithShardyfusionHook"]
+
 
 class WithShardyfusionHook:
     """Mixin: ``self.hook``, the storage hook of ``self.aws_conn_id``, created on first use in the

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.run_record import RunRecord
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
+__all__ = ["ShardyfusionHook"]
+
 log = logging.getLogger(__name__)
 
 class ShardyfusionHook(BaseHook):

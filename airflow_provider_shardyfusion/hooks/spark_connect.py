@@ -27,6 +27,11 @@ from airflow_provider_shardyfusion.core.secrets import redact_values
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.submission.connect import ConnectPlan
 
+__all__ = [
+    "CONNECT_CONN_TYPE", "KILL_GRACE_SECONDS", "OUTPUT_TAIL_LINES", "PLAINTEXT_PROBE_SECONDS", "PREFLIGHT_TIMEOUT_SECONDS",
+    "ShardyfusionConnectJobHook", "check_connect_server", "connect_url", "is_connect_connection",
+]
+
 CONNECT_CONN_TYPE = "spark_connect"
 OUTPUT_TAIL_LINES = 40
 KILL_GRACE_SECONDS = 30.0

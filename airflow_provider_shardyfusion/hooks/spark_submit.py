@@ -39,6 +39,8 @@ from airflow_provider_shardyfusion.submission.plan import SparkTarget
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
 
+__all__ = ["OUTPUT_TAIL_LINES", "ShardyfusionSparkSubmitHook", "resolve_spark_connection"]
+
 OUTPUT_TAIL_LINES = 40
 
 

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+__all__ = ["DeferredCleanupOperator"]
+
 
 class DeferredCleanupOperator(WithShardyfusionHook, BaseOperator):
     """Delete failed, abandoned, orphaned and expired snapshot data under ``output_uri``.

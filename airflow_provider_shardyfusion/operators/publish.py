@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+__all__ = ["PublishSnapshotOperator"]
+
 
 class PublishSnapshotOperator(WithShardyfusionHook, BaseOperator):
     """Move ``_CURRENT`` of ``output_uri`` to a run: publish a staged write, or roll back.

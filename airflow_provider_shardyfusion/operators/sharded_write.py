@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from airflow_provider_shardyfusion.core.config import InputFormat, WriteConfig
+    from airflow_provider_shardyfusion.core.encoding import KeyEncoding, ValueFormat
+    from airflow_provider_shardyfusion.core.manifest import WriteMode
     from airflow_provider_shardyfusion.core.run_record import RunRecord
     from airflow_provider_shardyfusion.submission.bundle import Bundle
     from airflow_provider_shardyfusion.submission.launcher import SparkJobLauncher
@@ -172,21 +174,21 @@ class ShardedWriteOperator(SparkJobOperator):
         *,
         output_uri: str,
         input_path: str | None = _D.input_path,
-        input_format: str = _D.input_format,
+        input_format: InputFormat = _D.input_format,
         input_options: Mapping[str, Any] | None = _D.input_options,
         input_table: str | None = _D.input_table,
         input_sql: str | None = _D.input_sql,
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
-        value_format: str | None = _D.value_format,
+        value_format: ValueFormat | None = _D.value_format,
         num_dbs: int | None = _D.num_dbs,
         max_keys_per_shard: int | None = _D.max_keys_per_shard,
         cel_expr: str | None = _D.cel_expr,
         cel_columns: Mapping[str, str] | Sequence[str] | None = _D.cel_columns,
         routing_values: Sequence[Any] | None = _D.routing_values,
         infer_routing_values: bool = _D.infer_routing_values,
-        key_encoding: str | None = _D.key_encoding,
+        key_encoding: KeyEncoding | None = _D.key_encoding,
         run_id: str | None = _D.run_id,
         batch_size: int = _D.batch_size,
         verify_routing: bool = _D.verify_routing,
@@ -198,7 +200,7 @@ class ShardedWriteOperator(SparkJobOperator):
         shard_retry: int | Mapping[str, Any] | None = _D.shard_retry,
         allow_duplicate_keys: bool = _D.allow_duplicate_keys,
         publish: bool = _D.publish,
-        write_mode: str = _D.write_mode,
+        write_mode: WriteMode = _D.write_mode,
         delete_column: str | None = _D.delete_column,
         base_run_id: str | None = _D.base_run_id,
         max_chain_depth: int = _D.max_chain_depth,

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.stream_job import StreamSettings
+    from airflow_provider_shardyfusion.core.encoding import KeyEncoding, ValueFormat
+    from airflow_provider_shardyfusion.core.stream_job import StreamSettings, StreamTrigger
     from airflow_provider_shardyfusion.submission.bundle import Bundle
 
 __all__ = ["StreamingSnapshotOperator"]
@@ -167,21 +168,21 @@ class StreamingSnapshotOperator(SparkJobOperator):
         source_schema: str | None = None,
         source_options: Mapping[str, Any] | None = None,
         stream_id: str | None = None,
-        trigger: str = "available_now",
+        trigger: StreamTrigger = "available_now",
         processing_time: str | None = None,
         stream_reset: bool = False,
         accept_live_run: str | None = None,
         key_column: str = _D.key_column,
         value_column: str | None = _D.value_column,
         value_columns: Sequence[str] | None = _D.value_columns,
-        value_format: str | None = _D.value_format,
+        value_format: ValueFormat | None = _D.value_format,
         num_dbs: int | None = _D.num_dbs,
         max_keys_per_shard: int | None = _D.max_keys_per_shard,
         cel_expr: str | None = _D.cel_expr,
         cel_columns: Mapping[str, str] | Sequence[str] | None = _D.cel_columns,
         routing_values: Sequence[Any] | None = _D.routing_values,
         infer_routing_values: bool = _D.infer_routing_values,
-        key_encoding: str | None = _D.key_encoding,
+        key_encoding: KeyEncoding | None = _D.key_encoding,
         batch_size: int = _D.batch_size,
         verify_routing: bool = _D.verify_routing,
         sample_size: int = _D.sample_size,

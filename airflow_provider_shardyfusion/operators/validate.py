@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.validation import ValidationReport
 
+__all__ = ["ValidateManifestOperator"]
+
 
 class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
     """Check a snapshot's manifest, files, run record, data-quality thresholds and sample look-ups.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import PokeReturnValue
 from airflow.sdk.configuration import conf
@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from airflow.sdk import Context
+
+    from airflow_provider_shardyfusion.core.pointer import WaitMode
+
+__all__ = ["CurrentSnapshotSensor"]
 
 _UNSET = object()
 
@@ -54,14 +58,14 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
         self,
         *,
         output_uri: str,
-        mode: str = "exists",
+        mode: WaitMode = "exists",
         run_id: str | None = None,
         previous_run_id: str | None = None,
         previous_manifest_ref: str | None = None,
         aws_conn_id: str | None = "aws_default",
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 10.0,
-        sensor_mode: str = "poke",
+        sensor_mode: Literal["poke", "reschedule"] = "poke",
         **kwargs: Any,
     ):
         kwargs.setdefault("poke_interval", poll_interval)
@@ -86,7 +90,7 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
                 "(a DAG's default_args 'mode' also lands here)"
             )
         try:
-            PointerWait(self.snapshot_mode, self.run_id).validate()  # type: ignore[arg-type]
+            PointerWait(self.snapshot_mode, self.run_id).validate()
             root = layout.normalize_root(self.output_uri)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
@@ -125,7 +129,7 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
         baseline_ref = self.previous_manifest_ref if self._has_explicit_baseline() else self._baseline
         if self._baseline is _UNSET and not self._has_explicit_baseline():
             baseline_ref = None
-        wait = PointerWait(self.snapshot_mode, self.run_id, self.previous_run_id, baseline_ref)  # type: ignore[arg-type]
+        wait = PointerWait(self.snapshot_mode, self.run_id, self.previous_run_id, baseline_ref)
         if not wait.satisfied_by(pointer):
             self.log.info("_CURRENT names run %r; mode=%r not satisfied yet", pointer.run_id, self.snapshot_mode)
             return False

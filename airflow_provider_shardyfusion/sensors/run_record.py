@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+__all__ = ["RunRecordSensor"]
+
 
 class RunRecordSensor(PokeThenDeferSensor):
     """Wait until the run record of a shardyfusion write is terminal.

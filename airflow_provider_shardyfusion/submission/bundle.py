@@ -18,6 +18,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "ENTRY_SCRIPT", "STREAMING_SCRIPT", "Bundle", "build_bundle", "bundle_entries", "default_cache_dir", "find_spark_jobs_dir",
+    "package_dir", "zip_bytes",
+]
+
 ENTRY_SCRIPT = "sharded_write_job.py"
 STREAMING_SCRIPT = "streaming_job.py"
 # Every application the cache entry holds a copy of (submitted from there, next to the zip).

@@ -19,6 +19,8 @@ from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.write_attempts import connect_launcher
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, SparkSettings, encode_config
 
+__all__ = ["ConnectPlan", "build_connect_plan", "check_connect_settings"]
+
 # Cluster resources belong to the Connect server (it owns its executors); a client cannot size them.
 _SERVER_SIDE = ("driver_memory", "executor_memory", "executor_cores", "num_executors", "total_executor_cores")
 

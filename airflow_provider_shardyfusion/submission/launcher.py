@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+__all__ = ["SparkJobLauncher"]
+
 
 class SparkJobLauncher(Protocol):
     """A started-on-demand Spark job: run it, ask whether it still runs, read its output, stop it."""

@@ -21,6 +21,11 @@ from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
 from airflow_provider_shardyfusion.core.write_attempts import SPARK_SUBMIT
 
+__all__ = [
+    "CONFIG_ARG", "DEFAULT_ENV_ALIAS", "DEFAULT_SPARK_LOG_LEVEL", "Host", "SparkSettings", "SparkTarget", "SubmitPlan",
+    "build_submit_plan", "encode_config",
+]
+
 DEFAULT_ENV_ALIAS = "shardyfusion_env"
 CONFIG_ARG = "--config-b64"
 DEFAULT_SPARK_LOG_LEVEL = "WARN"

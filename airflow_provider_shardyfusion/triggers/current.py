@@ -9,8 +9,10 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-from airflow_provider_shardyfusion.core.pointer import PointerWait
+from airflow_provider_shardyfusion.core.pointer import PointerWait, WaitMode
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
+
+__all__ = ["CurrentSnapshotTrigger"]
 
 
 class CurrentSnapshotTrigger(PollingTrigger):
@@ -40,7 +42,7 @@ class CurrentSnapshotTrigger(PollingTrigger):
     def __init__(
         self,
         output_uri: str,
-        mode: str = "exists",
+        mode: WaitMode = "exists",
         run_id: str | None = None,
         previous_run_id: str | None = None,
         previous_manifest_ref: str | None = None,
@@ -75,7 +77,7 @@ class CurrentSnapshotTrigger(PollingTrigger):
         )
 
     def _wait(self) -> PointerWait:
-        return PointerWait(self.mode, self.run_id, self.previous_run_id, self.previous_manifest_ref)  # type: ignore[arg-type]
+        return PointerWait(self.mode, self.run_id, self.previous_run_id, self.previous_manifest_ref)
 
     def _key(self) -> str:
         self._wait().validate()

@@ -11,6 +11,8 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
+__all__ = ["RunRecordTrigger"]
+
 
 class RunRecordTrigger(PollingTrigger):
     """Poll ``<output_uri>/runs/run_id=<run_id>/run.json`` until the run is over.

@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.encoding import KeyText, key_from_text
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
 from airflow_provider_shardyfusion.core.history import (
     RootHistory,
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+
+__all__ = [
+    "KEY_LOOKUP_BYTE_BUDGET", "KEY_LOOKUP_RUNS", "MAX_KEY_LOOKUP_RUNS", "ROOT_DEADLINE_S", "SAMPLE_SHARDS", "HistorySource",
+    "Unanswered", "create_app", "within",
+]
 
 T = TypeVar("T")
 
@@ -254,7 +260,7 @@ class HistorySource:
             data["samples"] = self.samples(uri, data["manifest_a"], data["manifest_b"], changed)
         return data
 
-    def key_data(self, uri: str, key: str, limit: int = KEY_LOOKUP_RUNS) -> dict[str, Any]:
+    def key_data(self, uri: str, key: str, limit: int = KEY_LOOKUP_RUNS, key_type: KeyText = "auto") -> dict[str, Any]:
         """``key`` in the newest ``limit`` retained runs (not deleted, failed or running), until the
         shards downloaded for it reach ``key_byte_budget``."""
         # Each run's manifest is the one its record names: no listing of manifests per run.
@@ -268,7 +274,7 @@ class HistorySource:
                            "ask again to go on (downloaded shards are cached) or lower &limit")
                 break
             looked = within(self.deadline_s, {r.run_id: functools.partial(_look_up, self.open_reader, uri,
-                                                                          str(r.manifest_ref), key)})
+                                                                          str(r.manifest_ref), key, key_type)})
             result = looked[r.run_id]
             if isinstance(result, Exception):
                 if not isinstance(result, Unanswered):
@@ -327,23 +333,20 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
 
     @app.get("/key")
     def key_view(uri: str, key: str, format: str = Query("html"),
-                 limit: int = Query(KEY_LOOKUP_RUNS, ge=1, le=MAX_KEY_LOOKUP_RUNS)) -> Any:
-        return respond(source.key_data(source.known(uri), key, limit), format, render.key_page)
+                 limit: int = Query(KEY_LOOKUP_RUNS, ge=1, le=MAX_KEY_LOOKUP_RUNS),
+                 key_type: KeyText = "auto") -> Any:
+        return respond(source.key_data(source.known(uri), key, limit, key_type), format, render.key_page)
 
     return app
 
 
 def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: str,
-             text: str) -> tuple[dict[str, Any], int]:
-    """What run ``manifest_ref`` holds for ``text``, and the shard bytes its reader downloaded."""
+             text: str, key_type: KeyText) -> tuple[dict[str, Any], int]:
+    """What run ``manifest_ref`` holds for ``text`` read as ``key_type``, and the shard bytes its reader downloaded."""
     downloaded = 0
     try:
         with open_reader(root, manifest_ref) as reader:
-            key: Any = text
-            if reader.manifest.key_encoding in ("u64be", "u32be") and text.lstrip("-").isdigit():
-                key = int(text)
-            elif reader.manifest.key_encoding == "raw":
-                key = text.encode()
+            key = key_from_text(text, reader.manifest.key_encoding, key_type)
             try:
                 value = reader.get(key)
             finally:

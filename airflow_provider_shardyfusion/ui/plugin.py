@@ -35,6 +35,11 @@ from airflow_provider_shardyfusion.ui.app import ROOT_DEADLINE_S, HistorySource,
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.reader import ShardedReader
 
+__all__ = [
+    "CLAIM_CHECK_DEADLINE_S", "HISTORY_S3_RETRY", "HISTORY_S3_TIMEOUTS_S", "SNAPSHOT_OPERATORS", "ShardyfusionHistoryPlugin",
+    "all_roots", "app", "cache_dir", "configured_roots", "event_claims", "event_roots", "open_reader", "open_root",
+]
+
 log = logging.getLogger(__name__)
 
 # How long the roots list waits to check new events against their roots: with the page's own

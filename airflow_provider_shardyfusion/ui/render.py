@@ -21,6 +21,12 @@ from airflow_provider_shardyfusion.core.history import signed
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
+__all__ = [
+    "CONTENT_SECURITY_POLICY", "LEGEND", "PREFIX", "as_json", "bar_chart", "diff_page", "error_page", "esc", "external_link",
+    "fmt_age", "fmt_bytes", "key_link", "key_page", "link", "page", "roots_page", "run_page", "safe_href", "samples_html",
+    "state", "table", "timeline_page", "value_html", "when",
+]
+
 PREFIX = "/shardyfusion"
 
 _STYLE = """
@@ -61,6 +67,13 @@ def esc(value: Any) -> str:
 def link(path: str, text: Any, **params: Any) -> str:
     query = urlencode({k: v for k, v in params.items() if v is not None})
     return f'<a href="{esc(PREFIX + path + ("?" + query if query else ""))}">{esc(text)}</a>'
+
+
+def key_link(root: str, key: Any) -> str:
+    """A shown key (``encoding.key_to_show``) linked to its history page; bytes are looked up as hex."""
+    if isinstance(key, dict):
+        return link("/key", f"hex {key['hex']}", uri=root, key=key["hex"], key_type="hex")
+    return link("/key", key, uri=root, key=key)
 
 
 def page(title: str, body: str) -> str:
@@ -341,7 +354,7 @@ def samples_html(root: str, samples: dict[str, Any], run_a: str, run_b: str) -> 
     rows = []
     for shard in samples.get("shards", []):
         for c in shard["changes"]:
-            rows.append([esc(shard["db_id"]), link("/key", c["key"], uri=root, key=c["key"]),
+            rows.append([esc(shard["db_id"]), key_link(root, c["key"]),
                          f"<span class='{ {'inserted': 'ins', 'updated': 'upd', 'deleted': 'del'}[c['kind']] }'>"
                          f"{esc(c['kind'])}</span>", value_html(c["before"], c["fields"]),
                          value_html(c["after"], c["fields"])])

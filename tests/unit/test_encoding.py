@@ -227,3 +227,36 @@ def test_decode_key_of_the_wrong_width_is_a_clear_error():
 
     with pytest.raises(KeyEncodingError, match="3 bytes; u64be keys are 8"):
         decode_key(b"abc", "u64be")
+
+
+@pytest.mark.parametrize(
+    ("text", "enc", "how", "key"),
+    [
+        ("42", "u64be", "auto", 42), ("-3", "u32be", "auto", -3), ("x1", "u64be", "auto", "x1"),
+        ("1_0", "u64be", "auto", "1_0"), ("42", "utf8", "auto", "42"), ("ab", "raw", "auto", b"ab"),
+        ("7", "utf8", "int", 7), ("42", "u64be", "str", "42"), ("é", "utf8", "bytes", "é".encode()),
+        ("00ff", "raw", "hex", b"\x00\xff"),
+    ],
+)
+def test_key_from_text_reads_text_as_the_snapshots_key_type(text, enc, how, key):
+    got = encoding.key_from_text(text, enc, how)
+    assert got == key and type(got) is type(key)
+
+
+def test_key_from_text_names_text_that_is_not_the_forced_type():
+    with pytest.raises(KeyEncodingError, match="'x' is not an integer"):
+        encoding.key_from_text("x", "u64be", "int")
+    with pytest.raises(KeyEncodingError, match="'zz' is not hex"):
+        encoding.key_from_text("zz", "raw", "hex")
+    with pytest.raises(ConfigError, match="key type 'octal' is not supported"):
+        encoding.key_from_text("1", "u64be", "octal")
+
+
+@pytest.mark.parametrize(("key", "enc"), [(2**64 - 1, "u64be"), ("ü key", "utf8"), (b"\xff\x00", "raw"), (b"", "raw")])
+def test_a_shown_key_reads_back_as_the_same_key(key, enc):
+    shown = encoding.key_to_show(decode_key(encode_key(key, enc), enc))
+    json.dumps(shown)  # JSON carries it
+    if isinstance(shown, dict):
+        assert shown == {"hex": key.hex()} and encoding.key_from_text(shown["hex"], enc, "hex") == key
+    else:
+        assert encoding.key_from_text(str(shown), enc) == key

@@ -56,3 +56,17 @@ def test_a_keys_fate_in_each_run_against_the_run_before_it():
         ("r5", "deleted", []), ("r4", "updated", ["a"]), ("r3", "unchanged", []), ("r2", "inserted", []),
         ("r1", "unknown", []), ("r0", "unknown", [])]
     assert fates[1]["before"] == {"a": 1, "b": 1} and fates[1]["compared_with"] == "r3"
+
+
+def test_raw_keys_in_a_sample_are_shown_as_hex_and_link_to_a_hex_look_up():
+    from airflow_provider_shardyfusion.ui.render import key_link
+
+    before = [(b"\xff\x00", b"a")]
+    after = [(b"\xff\x00", b"b"), (b"ok", b"c")]
+    sample = sample_changes(0, before, after, key_encoding="raw", value_format="binary")
+    assert [c["key"] for c in sample.changes] == [{"hex": "ff00"}, {"hex": "6f6b"}]
+    assert "key=ff00&amp;key_type=hex" in key_link("file:///r", sample.changes[0]["key"])
+    assert "key=7&amp;" not in key_link("file:///r", 7) and key_link("file:///r", 7).endswith(">7</a>")
+    # A stored key that does not decode with the key encoding is shown as its bytes.
+    odd = sample_changes(0, [], [(b"\x01", b"v")], key_encoding="u64be", value_format="binary")
+    assert odd.changes[0]["key"] == {"hex": "01"}

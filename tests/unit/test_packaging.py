@@ -136,6 +136,8 @@ def test_install_requirements_are_ranges_with_the_tested_floors(wheel):
     assert floors["apache-airflow"] == "3.3.0"
     assert floors["apache-airflow-providers-apache-spark"] == compat.SPARK_PROVIDER_FLOOR == "5.6.0"
     assert floors["apache-airflow-providers-amazon"] == "9.4.0"
+    # The hook builds sessions with the amazon provider's SessionFactory (not its public API): capped.
+    assert {str(s) for r in reqs["apache-airflow-providers-amazon"] for s in r.specifier if s.operator == "<"} == {"<10"}
     spark_extra = [r for r in reqs["pyspark"] if r.marker and r.marker.evaluate({"extra": "spark"})]
     assert spark_extra and str(spark_extra[0].specifier) in ("<5,>=4.1", ">=4.1,<5")
     connect_extra = [r for r in reqs["apache-airflow-providers-apache-spark"]

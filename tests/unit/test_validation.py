@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.encoding import encode_key
+from airflow_provider_shardyfusion.core.encoding import encode_key, key_from_text
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
 from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardingInfo
 from airflow_provider_shardyfusion.core.validation import (
@@ -18,7 +18,6 @@ from airflow_provider_shardyfusion.core.validation import (
     Lookup,
     ValidationReport,
     _limit,
-    coerce_key,
     sample_keys,
     threshold_checks,
     value_digest,
@@ -117,8 +116,8 @@ def test_a_key_that_does_not_decode_is_a_manifest_problem():
 
 
 def test_expected_keys_from_templates_become_the_key_type():
-    assert coerce_key("42", "u64be") == 42 and coerce_key("x", "u32be") == "x"
-    assert coerce_key("ab", "raw") == b"ab" and coerce_key("ab", "utf8") == "ab" and coerce_key(7, "u64be") == 7
+    assert key_from_text("42", "u64be") == 42 and key_from_text("x", "u32be") == "x"
+    assert key_from_text("ab", "raw") == b"ab" and key_from_text("ab", "utf8") == "ab"
 
 
 def test_limits_accept_numbers_and_numeric_text_only():

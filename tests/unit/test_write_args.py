@@ -120,11 +120,19 @@ def test_declaration_is_well_formed():
     assert all(a.doc.strip() and a.doc.rstrip().endswith(".") for a in WRITE_ARGS)
     assert [a.name for a in WRITE_ARGS if a.required] == ["output_uri"]
     assert all(not a.templated for a in WRITE_ARGS if not a.operator)  # Airflow renders operator fields only
-    with pytest.raises(AttributeError, match="no default"):
-        _ = write_args.DEFAULTS.output_uri
-    with pytest.raises(AttributeError, match="no write argument"):
-        _ = write_args.DEFAULTS.not_an_argument
     assert repr(REQUIRED) == "REQUIRED"
+
+
+def test_write_defaults_are_typed_as_declared_and_frozen():
+    """``DEFAULTS`` is a frozen ``WriteDefaults``: one field per optional argument, annotated exactly as the
+    declaration spells the type, holding the declared default; a required argument has none."""
+    fields = dataclasses.fields(write_args.WriteDefaults)
+    optional = [a for a in WRITE_ARGS if not a.required]
+    assert [(f.name, f.type) for f in fields] == [(a.name, a.type) for a in optional]
+    assert all(getattr(write_args.DEFAULTS, a.name) == a.default for a in optional)
+    assert not hasattr(write_args.DEFAULTS, "output_uri")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        write_args.DEFAULTS.batch_size = 1  # type: ignore[misc]
 
 
 def test_deferrable_defaults_to_the_airflow_option():

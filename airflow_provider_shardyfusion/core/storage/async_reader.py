@@ -9,27 +9,15 @@ owns the retry policy.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 from typing import Any
 
 from .. import layout
 from ..errors import ConfigError, ObjectNotFoundError
-from .base import StorageOptions
+from .base import AsyncObjectReader, StorageOptions
 from .local import LocalStore
 
-
-class AsyncObjectReader(abc.ABC):
-    """Reads small objects under one output root from async code; close it with ``aclose()``."""
-
-    root: str
-
-    @abc.abstractmethod
-    async def read(self, key: str) -> bytes | None:
-        """The object's bytes, or ``None`` if it does not exist. Other failures raise ``StorageError``."""
-
-    async def aclose(self) -> None:  # noqa: B027 - nothing to release by default
-        """Release the client (if any)."""
+__all__ = ["AsyncLocalReader", "AsyncObjectReader", "open_async_reader"]
 
 
 class AsyncLocalReader(AsyncObjectReader):

@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 from .. import layout
-from .async_reader import AsyncObjectReader
-from .base import StorageOptions, check_key
+from .base import AsyncObjectReader, StorageOptions, check_key
 from .s3 import client_config, credential_kwargs, is_not_found, split_root, storage_error
+
+__all__ = ["READ_MAX_ATTEMPTS", "AsyncS3Reader", "open_async_s3_reader"]
 
 # One request and one quick repeat per read: the caller polls again on its own schedule, and a
 # long botocore retry would hold up its loop's view of an outage.

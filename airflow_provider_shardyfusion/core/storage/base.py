@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     import builtins
     from collections.abc import Iterable, Iterator
 
+__all__ = ["AsyncObjectReader", "ObjectInfo", "ObjectStore", "StorageOptions", "StoredObject", "check_key"]
+
 
 @dataclass(frozen=True)
 class StorageOptions:
@@ -182,3 +184,18 @@ def _check_endpoint_url(url: object) -> None:
         raise ConfigError(f"{what} {url!r} is not a valid URL: {exc}") from None
     if not parts.hostname:
         raise ConfigError(f"{what} {url!r} names no host")
+
+
+# Beside ObjectStore, not in async_reader: async_reader picks the back ends (async_s3 among them), and
+# the back ends subclass this, so the base class living there made the two modules import each other.
+class AsyncObjectReader(abc.ABC):
+    """Reads small objects under one output root from async code; close it with ``aclose()``."""
+
+    root: str
+
+    @abc.abstractmethod
+    async def read(self, key: str) -> bytes | None:
+        """The object's bytes, or ``None`` if it does not exist. Other failures raise ``StorageError``."""
+
+    async def aclose(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release the client (if any)."""

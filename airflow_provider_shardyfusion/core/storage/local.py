@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import builtins
     from collections.abc import Iterable, Iterator
 
+__all__ = ["LocalStore"]
+
 
 def _etag(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()

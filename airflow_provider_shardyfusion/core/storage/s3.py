@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     import builtins
     from collections.abc import Callable, Iterable, Iterator
 
+__all__ = [
+    "DEFAULT_RETRY", "S3Store", "client_config", "credential_kwargs", "is_not_found", "is_transient", "make_s3_client",
+    "split_root", "storage_error",
+]
+
 T = TypeVar("T")
 
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
