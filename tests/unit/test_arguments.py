@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core.arguments import as_bool, as_duration, as_int, as_list, as_literal, as_number
-from airflow_provider_shardyfusion.core.cleanup import check_settings
+from airflow_provider_shardyfusion.core.cleanup_plan import check_settings
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 HINT = r"render_template_as_native_obj=True"

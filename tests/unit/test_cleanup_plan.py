@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import (
+from airflow_provider_shardyfusion.core.cleanup_plan import (
     RULES,
     PlanContext,
     RunData,
