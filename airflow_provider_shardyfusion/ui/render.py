@@ -125,11 +125,12 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | 
     every = max(1, n // 12, math.ceil(_LABEL_PX / slot))
     parts = [f'<line x1="{left}" y1="{head}" x2="{left}" y2="{head + plot_h}" stroke="#52606d"/>',
              f'<line x1="{left}" y1="{zero:.1f}" x2="{left + plot_w}" y2="{zero:.1f}" stroke="#52606d"/>',
-             f'<text x="{left - 4}" y="{head + 10}" text-anchor="end" font-size="10">{esc(_short(top))}</text>',
              f'<text x="{left - 4}" y="{zero + 3:.1f}" text-anchor="end" font-size="10">0</text>',
              f'<text x="10" y="{head + plot_h / 2:.0f}" font-size="11" text-anchor="middle" '
              f'transform="rotate(-90 10 {head + plot_h / 2:.0f})">{esc(y_axis)}</text>',
              f'<text x="{left + plot_w / 2:.0f}" y="{height - 4}" font-size="11" text-anchor="middle">{esc(x_axis)}</text>']
+    if top > 0:  # a top of 0 is the zero line's own label
+        parts.append(f'<text x="{left - 4}" y="{head + 10}" text-anchor="end" font-size="10">{esc(_short(top))}</text>')
     if bottom < 0:
         parts.append(f'<text x="{left - 4}" y="{head + plot_h}" text-anchor="end" font-size="10">{esc(_short(bottom))}</text>')
     for i, (label, value, raw) in enumerate(zip(labels, numbers, values, strict=True)):

@@ -80,3 +80,15 @@ def test_chart_labels_of_run_ids_do_not_overlap():
         # Date and time, then the run id's suffix.
         assert all(len(label) == 2 and label[0][:4] in {lab[4:8] for lab in labels} and label[1][0] == "…"
                    for label in lines), lines[:3]
+
+
+def test_a_chart_of_zeros_labels_its_zero_once():
+    """A chart whose top is 0 (no growth, e.g. net changes of 0 and below) has one "0" on its axis,
+    not two drawn over each other."""
+    import re
+
+    from airflow_provider_shardyfusion.ui.render import bar_chart
+
+    for values in ([0, None], [0, -3], [4, 0]):
+        svg = bar_chart("net", ["a", "b"], values, x_axis="run", y_axis="change")
+        assert len(re.findall(r'text-anchor="end" font-size="10">0</text>', svg)) == 1, (values, svg)
