@@ -16,6 +16,7 @@ Adding a DAG: every ``dags_example/*.py`` is deployed already; running one is on
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -644,18 +645,19 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
 def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str, Any], delta: dict[str, Any]) -> None:
     """Issue 28's walk, clicks only after the first page: Snapshots (Airflow's page, ours in its
     frame) → the delta root's timeline → the live delta → diff against base → an updated key's
-    history → the delta again → its diff → a deleted key's history. Each page is checked, fits the frame, and is photographed."""
+    history → the delta again → its diff → a deleted key's history. Each page is checked, must fit
+    the frame, and is photographed."""
     from selenium.webdriver.common.by import By
 
     root, base_id, delta_id = base["output_uri"], base["run_id"], delta["run_id"]
-    shots = iter(range(1, 100))
+    shots = itertools.count(1)
 
     def page(title_starts: str, name: str) -> str:
         """Wait for the frame's page titled ``title_starts``; check it fits; screenshot; its text."""
         wait.until(lambda b: b.find_element(By.TAG_NAME, "h1").text.startswith(title_starts))
         # The frame's width is the window's less Airflow's navigation bar: no sideways scrolling in it.
         widths = browser.execute_script("return [document.documentElement.scrollWidth, "
-                                        "document.documentElement.clientWidth, window.innerWidth]")
+                                        "document.documentElement.clientWidth]")
         assert widths[0] <= widths[1] < WINDOW[0], (name, widths)
         assert browser.execute_script(BROKEN_WORDS_JS) == [], name
         browser.save_screenshot(str(ARTIFACTS / f"{next(shots):02d}-{name}.png"))
@@ -752,7 +754,7 @@ def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str
     browser.find_element(By.LINK_TEXT, "diff against base").click()
     page(f"Diff {base_id} → {delta_id}", "diff-again")
     browser.find_element(By.LINK_TEXT, deleted_key).click()
-    text = page(f"Key {deleted_key} in {root}", "key-deleted")
+    page(f"Key {deleted_key} in {root}", "key-deleted")
     key_row = cells(row_of(delta_id))
     assert key_row[2].text == "deleted here" and key_row[3].text == "", [c.text for c in key_row]
     assert cells(row_of(base_id))[3].text == f'"value-{deleted_key}-b0"'
