@@ -11,6 +11,7 @@ import base64
 import hashlib
 import html
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -32,7 +33,8 @@ PREFIX = "/shardyfusion"
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1rem;color:#1f2933;max-width:100%}
 table{border-collapse:collapse;margin:1rem 0;max-width:100%}
-th,td{padding:.25rem .45rem;border-bottom:1px solid #d9e2ec;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th,td{padding:.25rem .45rem;border-bottom:1px solid #d9e2ec;text-align:left;vertical-align:top;overflow-wrap:break-word}
+td a,td code,td .problem{overflow-wrap:anywhere}
 th{background:#f0f4f8}.state{padding:.1rem .4rem;border-radius:.3rem;font-size:.85em;white-space:nowrap}
 .live{background:#c6f6d5}.failed,.unreadable,.missing{background:#fed7d7}.staged,.running{background:#feebc8}
 .base_of_live{background:#bee3f8}.superseded,.rolled_back,.deleted{background:#e2e8f0}
@@ -132,14 +134,16 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | 
     zero = head + plot_h * top / span
     n = max(len(numbers), 1)
     slot = plot_w / n
-    every = max(1, n // 12)
+    # Every few bars, so that no label runs into the next (a label line is at most 9 characters).
+    every = max(1, n // 12, math.ceil(_LABEL_PX / slot))
     parts = [f'<line x1="{left}" y1="{head}" x2="{left}" y2="{head + plot_h}" stroke="#52606d"/>',
              f'<line x1="{left}" y1="{zero:.1f}" x2="{left + plot_w}" y2="{zero:.1f}" stroke="#52606d"/>',
-             f'<text x="{left - 4}" y="{head + 10}" text-anchor="end" font-size="10">{esc(_short(top))}</text>',
              f'<text x="{left - 4}" y="{zero + 3:.1f}" text-anchor="end" font-size="10">0</text>',
              f'<text x="10" y="{head + plot_h / 2:.0f}" font-size="11" text-anchor="middle" '
              f'transform="rotate(-90 10 {head + plot_h / 2:.0f})">{esc(y_axis)}</text>',
              f'<text x="{left + plot_w / 2:.0f}" y="{height - 4}" font-size="11" text-anchor="middle">{esc(x_axis)}</text>']
+    if top > 0:  # a top of 0 is the zero line's own label
+        parts.append(f'<text x="{left - 4}" y="{head + 10}" text-anchor="end" font-size="10">{esc(_short(top))}</text>')
     if bottom < 0:
         parts.append(f'<text x="{left - 4}" y="{head + plot_h}" text-anchor="end" font-size="10">{esc(_short(bottom))}</text>')
     for i, (label, value, raw) in enumerate(zip(labels, numbers, values, strict=True)):
@@ -153,8 +157,10 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float | int | 
             parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" height="{h:.1f}" '
                          f'fill="{"#4c7bd9" if value >= 0 else "#d9822b"}"><title>{esc(label)}: {esc(value)}</title></rect>')
         if i % every == 0:
-            parts.append(f'<text x="{x + slot * 0.4:.1f}" y="{head + plot_h + 14}" font-size="9" text-anchor="middle">'
-                         f'{esc(_short_label(label))}</text>')
+            cx = f"{x + slot * 0.4:.1f}"
+            lines = "".join(f'<tspan x="{cx}" dy="{10 if j else 0}">{esc(line)}</tspan>'
+                            for j, line in enumerate(_short_label(label)))
+            parts.append(f'<text x="{cx}" y="{head + plot_h + 12}" font-size="9" text-anchor="middle">{lines}</text>')
     return (f'<figure><figcaption>{esc(title)}</figcaption>'
             f'<svg class="chart" role="img" aria-label="{esc(title)}" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}">{"".join(parts)}</svg></figure>')
@@ -167,10 +173,15 @@ def _short(n: float) -> str:
     return f"{n:g}"
 
 
-def _short_label(label: str) -> str:
-    """A run id's date and suffix (``0101 1200 …ab12``); anything else cut to 12 characters."""
+# Room for one bar label: 9 characters at font-size 9 and a gap.
+_LABEL_PX = 58
+
+
+def _short_label(label: str) -> tuple[str, ...]:
+    """A run id as two lines, date and time, then its suffix (``0101 1200``, ``…ab12``); anything
+    else cut to 9 characters."""
     m = re.fullmatch(r"\d{4}(\d{4})T(\d{4})\d*Z-(.*)", label)
-    return f"{m[1]} {m[2]} …{m[3][-4:]}" if m else label[:12]
+    return (f"{m[1]} {m[2]}", f"…{m[3][-4:]}") if m else (label[:9],)
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -248,11 +259,12 @@ def timeline_page(data: dict[str, Any]) -> str:
             diffs.append(link("/diff", "vs live", uri=root, a=live, b=r["run_id"]))
         label = state(r["state"])
         if r.get("replaced_by") and r["state"] in ("superseded", "rolled_back"):
-            label += f" <span class='muted'>by {esc(r['replaced_by'])}</span>"
+            label += f" <span class='muted'>by {link('/run', r['replaced_by'], uri=root, run_id=r['replaced_by'])}</span>"
         rows.append([link("/run", r["run_id"], uri=root, run_id=r["run_id"]), label, esc(r.get("write_mode") or ""),
                      _change_cell(r), when(r.get("started_at")), when(r.get("published_at")), esc(r.get("rows")),
-                     esc(fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")), esc(_validation_text(r.get("validation"))),
-                     esc(r.get("error") or ""), " · ".join(diffs)])
+                     esc(fmt_bytes(r.get("bytes"))), esc(r.get("duration_s")),
+                     _validation_summary(r["validation"]) if r.get("validation") else "",
+                     f"<span class='problem'>{esc(r.get('error') or '')}</span>", " · ".join(diffs)])
     labels = [r["run_id"] for r in runs]
     charts = ""
     if runs:
@@ -275,12 +287,6 @@ def timeline_page(data: dict[str, Any]) -> str:
     return page(root, head + form + LEGEND + charts + table(
         ["run", "state", "write mode", "changes", "started", "published", "rows", "bytes", "duration s", "validation",
          "error", "diff"], rows))
-
-
-def _validation_text(validation: dict[str, Any] | None) -> str:
-    if not validation:
-        return ""
-    return ("passed" if validation.get("ok") else "FAILED") + f" at {validation.get('validated_at')}"
 
 
 def run_page(data: dict[str, Any]) -> str:
@@ -429,7 +435,7 @@ def key_page(data: dict[str, Any]) -> str:
                      (value_html(r.get("before"), r["fields"]) + " → " if fate == "updated" else "")
                      + (value_html(r.get("value"), r.get("fields") or []) if r.get("found") else ""),
                      link("/run", r["compared_with"], uri=root, run_id=r["compared_with"]) if r.get("compared_with") else "",
-                     esc(r.get("error") or "")])
+                     f"<span class='problem'>{esc(r.get('error') or '')}</span>"])
     shown, retained = len(data["runs"]), data.get("retained_runs", len(data["runs"]))
     note = (f"<p>The newest {shown} of {retained} retained runs (add <code>&amp;limit=N</code> for more, up to "
             f"{esc(data.get('max_limit'))}).</p>" if shown < retained else f"<p>All {retained} retained runs.</p>")

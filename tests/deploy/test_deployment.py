@@ -16,6 +16,7 @@ Adding a DAG: every ``dags_example/*.py`` is deployed already; running one is on
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -72,11 +73,19 @@ WRITE_RUNS = (
     WriteRun("shardyfusion_quickstart_s3", 4_000, "s3"),
     # Staged write → validate → publish (the asset event comes from publish_snapshot) → consumer → cleanup.
     WriteRun("shardyfusion_snapshot_lifecycle", 2_000, "file"),
+    # The full snapshot a delta (DELTA_DAG, started once this one succeeded) is written on.
+    WriteRun("shardyfusion_delta_full", 2_000, "file", write_task="write_full"),
 )
+# Batch 1 of 100 changes on the 2000 rows above (delta_snapshots.batch_changes): 50 keys updated,
+# 25 deleted, 25 inserted, one never-written key deleted; (puts + deletes) / rows passes its gate.
+DELTA_DAG = "shardyfusion_delta_hourly"
+DELTA_CONF = {"rows": 2_000, "changes": 100, "batch": 1}
+DELTA_CHANGES = {"inserted": 25, "updated": 50, "deleted": 25}
 # Triggered before the writes, so they find nothing, defer, and are completed by the triggerer.
 SENSOR_DAGS = ("shardyfusion_sensors_example",)
 DEFERRING_TASKS = {"shardyfusion_sensors_example": "wait_for_current"}
-RUN_TIMEOUT_S = 240.0
+# Five writes at once (five local Spark drivers), then a delta: minutes on a small shared machine.
+RUN_TIMEOUT_S = 600.0
 
 
 def free_port() -> int:
@@ -292,6 +301,9 @@ def deploy(s3_server: str, *, connect_port: int | None = None) -> Iterator[Deplo
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           # Only the runs a test triggers: unpausing the @daily / @hourly delta DAGs must not add
+           # a scheduled run of their own (default params) to the root the history test reads.
+           "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
            "SHARDYFUSION_DEMO_DIR": str(demo),
@@ -416,8 +428,14 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
 
     write_runs = [(spec, trigger(d, spec.dag_id, {"rows": spec.rows, **dict(spec.conf)})) for spec in WRITE_RUNS]
     every_run = [(spec.dag_id, run_id) for spec, run_id in write_runs] + list(sensor_runs.items())
+    (delta_full_run,) = [run_id for spec, run_id in write_runs if spec.dag_id == "shardyfusion_delta_full"]
+    delta_run: list[str] = []  # triggered once its base is published; then waited for as every run
 
     def finished() -> bool:
+        if not delta_run and d.request("GET", f"/api/v2/dags/shardyfusion_delta_full/dagRuns/{delta_full_run}"
+                                       )["state"] == "success":
+            delta_run.append(trigger(d, DELTA_DAG, DELTA_CONF))
+            every_run.append((DELTA_DAG, delta_run[0]))
         for dag_id, run_id in every_run:
             state = d.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
             if dag_id in DEFERRING_TASKS:
@@ -515,17 +533,36 @@ def test_wheel_deployed_with_postgres_and_separate_services(deployment: Deployme
     assert any("Spark-Submit cmd" in p.read_text(errors="replace") for p in task_logs), "task logs not where expected"
     quickstart_runs = [summaries[r] for s, r in write_runs if s.dag_id == "shardyfusion_quickstart"]
     (s3_run,) = [summaries[r] for s, r in write_runs if s.output == "s3"]
-    check_history_ui(d, quickstart_runs, s3_run)
+    (delta_base,) = [summaries[r] for s, r in write_runs if s.dag_id == "shardyfusion_delta_full"]
+    assert delta_run, "the delta was never triggered"
+    delta = xcom(d, DELTA_DAG, delta_run[0], "write_delta")
+    assert xcom(d, DELTA_DAG, delta_run[0], "read_back")["run_id"] == delta["run_id"]
+    check_history_ui(d, quickstart_runs, s3_run, delta_base, delta)
     print(f"deployment timings: {d.timings}, runs: {round(time.monotonic() - started, 1)}s")  # type: ignore[attr-defined]
 
 
-ARTIFACTS = REPO / "test-artifacts" / "history-ui"
+# Screenshots of the browser test; docs/history-timeline.png is refreshed from its timeline.png.
+ARTIFACTS = Path(os.environ.get("SHARDYFUSION_ARTIFACTS") or REPO / "test-artifacts") / "history-ui"
+WINDOW = (1280, 1000)  # the issue's width: every page fits Airflow's frame without scrolling sideways
+# Cells (links, code and errors aside: those may break anywhere) whose text takes more lines than it
+# has words (a hyphen is a place to break): a header or a number broken inside a word to squeeze
+# a table into the frame.
+BROKEN_WORDS_JS = """return [...document.querySelectorAll('th, td')].filter(c => !c.querySelector('a, code, .problem, svg'))
+  .filter(c => { const words = c.textContent.trim().split(/\\s+|-/).filter(Boolean).length; const lines = new Set();
+    const walk = document.createTreeWalker(c, NodeFilter.SHOW_TEXT); let n;
+    while ((n = walk.nextNode())) { const r = document.createRange(); r.selectNodeContents(n);
+      for (const x of r.getClientRects()) lines.add(Math.round(x.bottom)); }
+    return lines.size > words; }).map(c => c.textContent.trim())"""
 
 
-def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: dict[str, Any]) -> None:
-    """Issue 21: a real headless chromium logs in to the API server through its login page, opens the
-    Snapshots pages of a quickstart root (written by two runs), and reads what they show."""
+def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: dict[str, Any],
+                     delta_base: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Issues 21 and 28: a real headless chromium logs in to the API server through its login page,
+    opens "Snapshots" in Airflow and, by clicks only, goes from the roots to the delta root's timeline,
+    the live delta, its diff against its base and a changed key's history; then reads the quickstart
+    root's pages."""
     from selenium import webdriver
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -541,15 +578,17 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
     live = d.request("GET", "/api/v2/assets/events?limit=100")  # any event of the root proves it is listed
     assert any((e.get("uri") or "").rstrip("/") == root.rstrip("/") for e in live["asset_events"]), live
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    print(f"history UI screenshots: {ARTIFACTS}")
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size={},{}".format(*WINDOW),
+                "--force-device-scale-factor=1", "--hide-scrollbars"):
         options.add_argument(arg)
     chromedriver = shutil.which("chromedriver")
     assert chromedriver, "chromedriver is missing: make install (system-tools) installs Debian's chromium-driver"
     browser = webdriver.Chrome(service=Service(chromedriver), options=options)
     try:
-        wait = WebDriverWait(browser, 60)
+        wait = WebDriverWait(browser, 60, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
         browser.get(f"{d.api}/shardyfusion/")
         assert "Not authenticated" in browser.page_source  # no session yet: refused
         browser.get(f"{d.api}/auth/login/?next=/")
@@ -560,6 +599,8 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         browser.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
         wait.until(lambda b: b.get_cookie("_token"))
 
+        click_through_a_delta(browser, wait, d, delta_base, delta)
+
         browser.get(f"{d.api}/shardyfusion/")
         wait.until(lambda b: "Snapshot roots" in b.page_source)
         assert root in browser.page_source
@@ -567,7 +608,6 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         s3_row = next(r.text for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr") if s3_run["output_uri"] in r.text)
         assert s3_run["run_id"].split("-")[-1] in s3_row, s3_row
         assert FAKE_SECRET not in browser.page_source
-        browser.save_screenshot(str(ARTIFACTS / "roots.png"))
 
         live_run_id = SnapshotRoot(open_store(root)).current().run_id  # the pointer itself, read here
         assert live_run_id in {q["run_id"] for q in quickstart}
@@ -577,7 +617,6 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         assert f"Live: {live_run_id}" in text, text[:2000]
         assert all(q["run_id"] in text for q in quickstart)
         assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 3  # rows, net change, bytes
-        browser.save_screenshot(str(ARTIFACTS / "timeline.png"))
 
         browser.get(f"{d.api}/shardyfusion/run?uri={root}&run_id={live_run_id}")
         wait.until(lambda b: "Shards" in b.page_source)
@@ -585,16 +624,141 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
                  for row in browser.find_elements(By.CSS_SELECTOR, "table")[0].find_elements(By.CSS_SELECTOR, "tbody tr")}
         assert facts["state"] == "live" and facts["shards"] == "16", facts
         assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart rect")) == 2 * 16
-        browser.save_screenshot(str(ARTIFACTS / "run.png"))
+        # Local mode: the driver's UI ended with the job, so no page links it (a dead localhost:4040).
+        assert not browser.find_elements(By.PARTIAL_LINK_TEXT, "Spark application"), browser.page_source[-3000:]
 
         a, b = sorted(q["run_id"] for q in quickstart)
         rows = {q["run_id"]: q["rows"] for q in quickstart}
         browser.get(f"{d.api}/shardyfusion/diff?uri={root}&a={a}&b={b}")
         wait.until(lambda b_: "Diff" in b_.page_source)
         assert f"rows {rows[a]} → {rows[b]}" in browser.find_element(By.TAG_NAME, "body").text
-        browser.save_screenshot(str(ARTIFACTS / "diff.png"))
+
+        # An unknown run answers a page in the layout, not bare JSON.
+        browser.get(f"{d.api}/shardyfusion/run?uri={root}&run_id=20990101T000000Z-nosuchrun")
+        wait.until(lambda b_: b_.find_elements(By.TAG_NAME, "h1"))
+        assert browser.find_element(By.TAG_NAME, "h1").text == "404 Not found"
+        assert browser.find_element(By.LINK_TEXT, "Snapshot roots")
     finally:
         browser.quit()
+
+
+def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Issue 28's walk, clicks only after the first page: Snapshots (Airflow's page, ours in its
+    frame) → the delta root's timeline → the live delta → diff against base → an updated key's
+    history → the delta again → its diff → a deleted key's history. Each page is checked, must fit
+    the frame, and is photographed."""
+    from selenium.webdriver.common.by import By
+
+    root, base_id, delta_id = base["output_uri"], base["run_id"], delta["run_id"]
+    shots = itertools.count(1)
+
+    def page(title_starts: str, name: str) -> str:
+        """Wait for the frame's page titled ``title_starts``; check it fits; screenshot; its text."""
+        wait.until(lambda b: b.find_element(By.TAG_NAME, "h1").text.startswith(title_starts))
+        # The frame's width is the window's less Airflow's navigation bar: no sideways scrolling in it.
+        widths = browser.execute_script("return [document.documentElement.scrollWidth, "
+                                        "document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1] < WINDOW[0], (name, widths)
+        assert browser.execute_script(BROKEN_WORDS_JS) == [], name
+        browser.save_screenshot(str(ARTIFACTS / f"{next(shots):02d}-{name}.png"))
+        return browser.find_element(By.TAG_NAME, "body").text
+
+    def row_of(first: str) -> Any:
+        """The row whose first cell starts with ``first``."""
+        rows = browser.find_elements(By.CSS_SELECTOR, "tbody tr")
+        found = [r for r in rows if cells(r) and cells(r)[0].text.startswith(first)]
+        assert found, (first, [r.text for r in rows])
+        return found[0]
+
+    def cells(row: Any) -> list[Any]:
+        return row.find_elements(By.TAG_NAME, "td")
+
+    counts = "+{inserted} ~{updated} \u2212{deleted}".format(**DELTA_CHANGES)
+    browser.get(f"{d.api}/plugin/shardyfusion-snapshots")  # the "Snapshots" entry of Airflow's navigation
+    frame = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "iframe[title='Snapshots']"))
+    browser.switch_to.frame(frame)
+    page("Snapshot roots", "roots")
+    row = row_of(root)
+    assert delta_id in row.text and "not validated" not in row.text, row.text  # the live delta's validation
+    browser.find_element(By.LINK_TEXT, root).click()
+
+    text = page(root, "timeline")
+    assert f"Live: {delta_id}" in text, text[:2000]
+    live_row, base_row = cells(row_of(delta_id)), cells(row_of(base_id))
+    # run, state, write mode, changes, ...
+    assert [c.text for c in live_row[1:3]] == ["live", "delta"], [c.text for c in live_row]
+    assert live_row[3].text == f"{counts} (net 0)", live_row[3].text
+    assert [c.text for c in base_row[1:3]] == ["base of live", "full"], [c.text for c in base_row]
+    assert "superseded" not in base_row[1].text
+    assert "vs live" in base_row[-1].text and "vs previous" in live_row[-1].text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 3  # rows, net change, bytes
+    # The docs' picture: the runs table, what each run changed (the charts are above it).
+    browser.execute_script("document.querySelector('table').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "timeline.png"))
+    live_row[0].find_element(By.LINK_TEXT, delta_id).click()
+
+    text = page(f"Run {delta_id}", "run")
+    facts = {cells(r)[0].text: cells(r)[1] for r in browser.find_elements(By.CSS_SELECTOR, "table")[0]
+             .find_elements(By.CSS_SELECTOR, "tbody tr")}
+    assert facts["state"].text == "live" and facts["write mode"].text == "delta", {k: v.text for k, v in facts.items()}
+    assert facts["changes"].text == f"{counts} (net 0)"
+    assert facts["written on run"].text == f"{base_id} · diff against base"
+    assert facts["written on run"].find_element(By.LINK_TEXT, base_id)
+    assert "+inserted ~updated \u2212deleted" in text  # the legend of the notation
+    # Files count every layer: a shard the delta wrote holds the base's files and its own.
+    shards = browser.find_elements(By.CSS_SELECTOR, "table")[-1]
+    two_layers = [cells(r) for r in shards.find_elements(By.CSS_SELECTOR, "tbody tr") if delta_id in r.text]
+    assert two_layers and all(int(c[3].text) >= 2 and base_id in c[4].text for c in two_layers), \
+        [[c.text for c in r] for r in two_layers]
+    # The validation report as JSON, not Python reprs.
+    assert "Validation" in text and "the report as JSON" in text
+    check_rows = [[c.text for c in cells(r)] for r in browser.find_elements(By.CSS_SELECTOR, "table")[-2]
+                  .find_elements(By.CSS_SELECTOR, "tbody tr")]
+    assert check_rows and all(r[1] in ("passed", "skipped") for r in check_rows), check_rows
+    assert not [c for r in check_rows for c in r[2:] if c in ("None", "True", "False") or c.startswith(("(", "'"))], check_rows
+    assert "Changed keys (a sample, against the base)" in text
+    facts["written on run"].find_element(By.LINK_TEXT, "diff against base").click()
+
+    text = page(f"Diff {base_id} → {delta_id}", "diff")
+    assert ("along the chain: {inserted} inserted, {updated} updated, {deleted} deleted (1 deletions of absent "
+            "keys)".format(**DELTA_CHANGES)) in text, text[:3000]
+    chart = browser.find_element(By.CSS_SELECTOR, "svg[aria-label='row change per shard (signed)']")
+    shard_table = browser.find_elements(By.CSS_SELECTOR, "table")[0]
+    changes = [int(cells(r)[3].text.replace("\u2212", "-").lstrip("+") or 0)
+               for r in shard_table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    assert sum(changes) == DELTA_CHANGES["inserted"] - DELTA_CHANGES["deleted"] and any(changes), changes
+    # Signed: a shard that lost rows is a bar below the zero line (its own colour), not a positive one.
+    below = [r for r in chart.find_elements(By.TAG_NAME, "rect") if r.get_attribute("fill") == "#d9822b"]
+    assert len(below) == sum(c < 0 for c in changes) > 0, (changes, chart.get_attribute("outerHTML")[:2000])
+    samples = browser.find_elements(By.CSS_SELECTOR, "table")[-1]
+    sampled = [cells(r) for r in samples.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    kinds = {c[2].text for c in sampled}
+    assert {"updated", "deleted"} <= kinds, kinds
+    updated = next(c for c in sampled if c[2].text == "updated")
+    deleted = next(c for c in sampled if c[2].text == "deleted")
+    updated_key, deleted_key = updated[1].text, deleted[1].text
+    assert updated[3].text == f'"value-{updated_key}-b0"' and updated[4].text == f'"value-{updated_key}-b1"'
+    assert updated[4].find_elements(By.TAG_NAME, "mark"), updated[4].get_attribute("innerHTML")
+    updated[1].find_element(By.LINK_TEXT, updated_key).click()
+
+    text = page(f"Key {updated_key} in {root}", "key-updated")
+    key_row = cells(row_of(delta_id))
+    assert key_row[2].text == "updated here", [c.text for c in key_row]
+    assert key_row[3].text == f'"value-{updated_key}-b0" → "value-{updated_key}-b1"', key_row[3].text
+    assert key_row[3].find_elements(By.TAG_NAME, "mark")  # the value that differs, highlighted
+    assert key_row[4].find_element(By.LINK_TEXT, base_id)  # compared with the base, a link
+    assert cells(row_of(base_id))[2].text == "inserted here"
+    key_row[0].find_element(By.LINK_TEXT, delta_id).click()  # run ids are links: back to the delta
+
+    page(f"Run {delta_id}", "run-again")
+    browser.find_element(By.LINK_TEXT, "diff against base").click()
+    page(f"Diff {base_id} → {delta_id}", "diff-again")
+    browser.find_element(By.LINK_TEXT, deleted_key).click()
+    page(f"Key {deleted_key} in {root}", "key-deleted")
+    key_row = cells(row_of(delta_id))
+    assert key_row[2].text == "deleted here" and key_row[3].text == "", [c.text for c in key_row]
+    assert cells(row_of(base_id))[3].text == f'"value-{deleted_key}-b0"'
+    browser.switch_to.default_content()
 
 
 CONNECT_DAG = "shardyfusion_snapshot_lifecycle_connect"

@@ -57,7 +57,10 @@ def test_roots_and_timeline_pages_and_their_json_twins(ui):
     bars = re.findall(r"<title>([^<:]+): ([^<]+)</title></rect>", html)[:8]
     assert [b[0] for b in bars] == [r["run_id"] for r in data["runs"]]  # the table's order
     assert dict(bars)["20260107T000000Z-failed00"] == "wrote nothing"  # failed runs are shown
-    assert "InputDataError: duplicate key 4" in html and "passed at" in html  # failed run's error, validation
+    assert "InputDataError: duplicate key 4" in html  # the failed run's error
+    # The staged run's validation, at a time people read (the exact one in its tooltip), as on the roots page.
+    validated_at = data["runs"][[r["run_id"] for r in data["runs"]].index(runs["staged"])]["validation"]["validated_at"]
+    assert f'passed <time datetime="{validated_at}" title="{validated_at}">' in html
     by_id = {r["run_id"]: r for r in data["runs"]}
     assert [by_id[runs[n]]["rows_change"] for n in ("v1", "v2", "v3", "staged")] == [10, 10, 10, 10]
     assert {by_id[runs[n]]["write_mode"] for n in ("v1", "v2", "v3", "staged")} == {"full"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from airflow_provider_shardyfusion.core.history import (
@@ -70,3 +71,38 @@ def test_raw_keys_in_a_sample_are_shown_as_hex_and_link_to_a_hex_look_up():
     # A stored key that does not decode with the key encoding is shown as its bytes.
     odd = sample_changes(0, [], [(b"\x01", b"v")], key_encoding="u64be", value_format="binary")
     assert odd.changes[0]["key"] == {"hex": "01"}
+
+
+def test_chart_labels_of_run_ids_do_not_overlap():
+    """Issue 28: the charts' run labels are readable: no label runs into the next one."""
+    import re
+
+    from airflow_provider_shardyfusion.ui.render import bar_chart
+
+    # A label glyph at font-size 9 is at most ~5.6 px wide in the sans-serif fonts browsers use.
+    glyph_px = 5.6
+    for n in (3, 8, 12, 30, 200):
+        labels = [f"202601{1 + i % 28:02d}T{i % 24:02d}0000Z-{i:08x}" for i in range(n)]
+        svg = bar_chart("rows", labels, list(range(n)), x_axis="run", y_axis="rows")
+        shown = re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="9" text-anchor="middle">(.*?)</text>', svg)
+        assert shown and len(shown) >= min(n, 6), (n, len(shown))  # a label every few bars at most
+        xs = [float(x) for x, _ in shown]
+        lines = [re.findall(r"<tspan[^>]*>(.*?)</tspan>", text) for _, text in shown]
+        widest = max(len(line) for label in lines for line in label) * glyph_px
+        gaps = [b - a for a, b in itertools.pairwise(xs)]
+        assert not gaps or min(gaps) > widest, (n, min(gaps), widest, shown[:3])
+        # Date and time, then the run id's suffix.
+        assert all(len(label) == 2 and label[0][:4] in {lab[4:8] for lab in labels} and label[1][0] == "…"
+                   for label in lines), lines[:3]
+
+
+def test_a_chart_of_zeros_labels_its_zero_once():
+    """A chart whose top is 0 (no growth, e.g. net changes of 0 and below) has one "0" on its axis,
+    not two drawn over each other."""
+    import re
+
+    from airflow_provider_shardyfusion.ui.render import bar_chart
+
+    for values in ([0, None], [0, -3], [4, 0]):
+        svg = bar_chart("net", ["a", "b"], values, x_axis="run", y_axis="change")
+        assert len(re.findall(r'text-anchor="end" font-size="10">0</text>', svg)) == 1, (values, svg)
