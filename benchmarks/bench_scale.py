@@ -140,7 +140,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.config import build_write_config
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     work = Path(tempfile.mkdtemp(prefix="shardyfusion-scale-"))
     spark = (SparkSession.builder.master("local[2]").appName("bench-scale")

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql.window import Window
 
     from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
     from airflow_provider_shardyfusion.streaming import foreach_batch_writer
-    from spark_jobs.driver import run_write
 
     rng = np.random.default_rng(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-stream-"))

@@ -18,7 +18,7 @@ from airflow_provider_shardyfusion.core.storage import open_store
 
 
 def run(spark, faults=None, **kwargs):
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     return run_write(spark, build_write_config(**kwargs), faults=faults or {})
 

@@ -160,7 +160,7 @@ def _check_exact(manifest: Manifest, shard_pairs: dict[int, list[tuple[bytes, by
 
 
 def _write(spark, tmp_path: Path, table: pa.Table, **kwargs) -> str:
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     src = str(tmp_path / "input.parquet")
     pq.write_table(table, src)
@@ -240,7 +240,7 @@ def test_rocksdb_7_tools_are_the_old_release():
 def test_every_layer_of_a_delta_chain_reads_back_with_rocksdb_7_tools(spark, tmp_path):
     """SPEC §13: each layer is a plain SST (puts and point tombstones); RocksDB 7.8's ``ldb``
     ingests a shard's layers oldest first into a new database and reads exactly the chain's data."""
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     ids = list(range(0, 3000, 3))
     model = {i: b"v0-%d" % i for i in ids}

@@ -10,8 +10,8 @@ import pytest
 from airflow_provider_shardyfusion.core.errors import InputDataError
 from airflow_provider_shardyfusion.core.manifest import ShardingInfo
 from airflow_provider_shardyfusion.core.routing import route_key
-from spark_jobs.errors import translate
-from spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
+from airflow_provider_shardyfusion.spark_jobs.errors import translate
+from airflow_provider_shardyfusion.spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
 
 pytestmark = pytest.mark.spark
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

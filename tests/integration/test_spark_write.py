@@ -329,13 +329,13 @@ def test_csv_with_options_writer_sort_runs_rate_limit_and_conf_overrides(spark, 
     csv.write_text("id;payload\n" + "".join(f"{k};row {k}\n" for k in keys))
     before = spark.conf.get("spark.sql.shuffle.partitions")
     seen_overrides = []
-    real_write = __import__("spark_jobs.driver", fromlist=["_write_sharded"])._write_sharded
+    real_write = __import__("airflow_provider_shardyfusion.spark_jobs.driver", fromlist=["_write_sharded"])._write_sharded
 
     def spy(df, plan, write_plan):
         seen_overrides.append(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
         return real_write(df, plan, write_plan)
 
-    monkeypatch.setattr("spark_jobs.driver._write_sharded", spy)
+    monkeypatch.setattr("airflow_provider_shardyfusion.spark_jobs.driver._write_sharded", spy)
     root = f"file://{tmp_path}/csv"
     record = run(spark, output_uri=root, key_column="id", input_path=str(csv), input_format="csv",
                  input_options={"header": "true", "sep": ";", "inferSchema": "true"}, value_column="payload",
@@ -404,7 +404,7 @@ def test_spark_submit_entry_script_success_and_failure(tmp_path):
     path = write_parquet(tmp_path, table)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    entry = str(ROOT / "spark_jobs" / "sharded_write_job.py")
+    entry = str(ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts" / "sharded_write_job.py")
 
     def submit(**kwargs):
         cfg = build_write_config(input_path=path, key_column="id", value_column="payload", **kwargs)

@@ -104,7 +104,7 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
 
     # Batch 2 is written and recorded succeeded but never published (the driver died between the
     # manifest and _CURRENT): simulated by the same write with publish=False.
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     path = stream.add_file({k: f"v2-{k}" for k in range(50, 150)}, [0, 3])
     staged_id = batch_run_id(STREAM, 2)

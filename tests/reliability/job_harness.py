@@ -38,7 +38,7 @@ from tests.polling import wait_for
 from tests.snapshot_factory import build_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ROOT / "spark_jobs" / "sharded_write_job.py"
+ENTRY = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts" / "sharded_write_job.py"
 
 
 def write_input(directory: Path, keys: range, tag: str) -> tuple[str, dict[int, bytes]]:

@@ -17,8 +17,8 @@ def main(root: str, source: str, checkpoint: str, stream_id: str) -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.spark_jobs import faults
     from airflow_provider_shardyfusion.streaming import foreach_batch_writer
-    from spark_jobs import faults
 
     spark = (SparkSession.builder.master("local[2]").appName("shardyfusion-stream-runner")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())

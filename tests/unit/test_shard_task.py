@@ -8,7 +8,7 @@ import pytest
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardWriteError
 from airflow_provider_shardyfusion.core.storage import open_store
-from spark_jobs.shard_task import WritePlan, write_one_shard
+from airflow_provider_shardyfusion.spark_jobs.shard_task import WritePlan, write_one_shard
 
 
 def plan(root: str, **kw) -> WritePlan:

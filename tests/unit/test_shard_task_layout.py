@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
-from spark_jobs.shard_task import (
+from airflow_provider_shardyfusion.spark_jobs.shard_task import (
     WritePlan,
     shard_runs,
     shards_of_task,

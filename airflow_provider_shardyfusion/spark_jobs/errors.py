@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NoReturn
 
-from airflow_provider_shardyfusion.core.errors import (
+from ..core.errors import (
     ShardWriteError,
     ShardyfusionError,
     SparkConnectError,

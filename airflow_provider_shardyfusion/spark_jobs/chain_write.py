@@ -21,17 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_shardyfusion.core import encoding, layout
-from airflow_provider_shardyfusion.core.errors import ConfigError
-
+from ..core import encoding, layout
+from ..core.errors import ConfigError
 from .shard_task import RESULT_DDL, RESULT_SCHEMA
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.manifest import Manifest
-    from airflow_provider_shardyfusion.core.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.config import WriteConfig
+    from ..core.manifest import Manifest
+    from ..core.snapshot import ResolvedManifest, SnapshotRoot
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -61,10 +60,10 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
     Checked before any input is read: a base cleanup deleted is named so, and a run meant to go
     live (``publish=True``) on a base that is not live is refused, as its publish would be.
     """
-    from airflow_provider_shardyfusion.core.errors import BaseNotLiveError
-    from airflow_provider_shardyfusion.core.integrity import deletion_problems
-    from airflow_provider_shardyfusion.core.publish import resolve_manifest
-    from airflow_provider_shardyfusion.core.snapshot import base_not_live
+    from ..core.errors import BaseNotLiveError
+    from ..core.integrity import deletion_problems
+    from ..core.publish import resolve_manifest
+    from ..core.snapshot import base_not_live
 
     mode = config.delta.write_mode
     pointer = snapshots.current()
@@ -123,14 +122,14 @@ def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # n
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
-    from airflow_provider_shardyfusion.core.arrow_codec import (
+    from ..core.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
         delete_flags,
         encode_values,
         first_null_row,
     )
-    from airflow_provider_shardyfusion.core.delta import sorted_changes
+    from ..core.delta import sorted_changes
 
     keys: list[Any] = []
     values: list[bytes | None] = []
@@ -154,10 +153,10 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
                 task_attempt_id: int | None) -> dict[str, Any]:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
-    from airflow_provider_shardyfusion.core.delta import LayerResult, write_compacted_layer, write_delta_layer
-    from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.storage import open_store
+    from ..core.delta import LayerResult, write_compacted_layer, write_delta_layer
+    from ..core.errors import ShardWriteError, ShardyfusionError
+    from ..core.reader import ShardedReader
+    from ..core.storage import open_store
 
     changes = _changes_of(plan, batches) if plan.has_input else []
     if not changes and not plan.compact:

@@ -1,4 +1,6 @@
-"""Entry point: ``spark-submit [--py-files bundle.zip] streaming_job.py --config-b64 <base64 JSON>``.
+"""The streaming job: ``spark-submit --py-files bundle.zip streaming_job.py --config-b64 <base64 JSON>``.
+
+``streaming_job.py`` at the bundle's root is ``scripts/streaming_job.py``, which calls ``run_script``.
 
 A Structured Streaming query (SPEC §14): ``readStream`` over a file source (``source_path``,
 ``source_format``, ``source_schema`` or the schema of the files present) or any source by format
@@ -35,11 +37,6 @@ import signal
 import sys
 import threading
 import time
-
-try:
-    import spark_jobs  # noqa: F401  (from the --py-files bundle)
-except ImportError:  # run from a source checkout without a bundle
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 RESULT_MARKER = "SHARDYFUSION_STREAM_RESULT"
 STOP_POLL_S = 2.0
@@ -106,6 +103,8 @@ class RemoteBatches:
         path = os.path.join(tempfile.mkdtemp(prefix="shardyfusion-stream-"), "bundle.zip")
         with open(path, "wb") as fh:
             fh.write(self.bundle)
+        # The server's Python process has no other way to the bundle than its search path; after
+        # this the imports are the same package-absolute modules as on the client.
         sys.path.insert(0, path)
         from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
         from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
@@ -121,7 +120,7 @@ class RemoteBatches:
 
 def stream_writer(config, stream):
     """The micro-batch writer of the job's stream settings."""
-    from airflow_provider_shardyfusion.streaming import foreach_batch_writer
+    from airflow_provider_shardyfusion.spark_jobs.foreach_batch import foreach_batch_writer
 
     return foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
                                 stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
@@ -129,12 +128,12 @@ def stream_writer(config, stream):
 
 def remote_batches(job_json: str) -> RemoteBatches:
     """The Connect micro-batch function, with the bundle the operator shipped (``SHARDYFUSION_BUNDLE``)."""
-    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from pyspark import cloudpickle
 
-    if __name__ != "__main__":  # imported (not run as the script): still pickled by value, not by name
-        from pyspark import cloudpickle
+    from ..core import job_environment as job_env
 
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # By value: the server's process cannot import this module by name before the bundle is on its path.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with open(os.environ[job_env.BUNDLE], "rb") as fh:
         return RemoteBatches(fh.read(), job_json)
 
@@ -218,17 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streaming_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the streaming job JSON")
     args = parser.parse_args(argv)
-    from spark_jobs import job_logging
+    from . import job_logging
 
     job_logging.configure()
 
-    from airflow_provider_shardyfusion.core.errors import ShardyfusionError
-    from airflow_provider_shardyfusion.core.stream_job import decode_job_config
+    from ..core.errors import ShardyfusionError
+    from ..core.stream_job import decode_job_config
 
     try:
         job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
         config, stream = decode_job_config(job_json)
-        from airflow_provider_shardyfusion.streaming import check_stream_options
+        from .foreach_batch import check_stream_options
 
         check_stream_options(stream.source_options)
         writer = stream_writer(config, stream)
@@ -239,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(config, stream, writer, job_json: str) -> int:
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-    from airflow_provider_shardyfusion.core.stream_job import report_key, stop_key
-    from spark_jobs import connect_session
-    from spark_jobs.orphan_guard import exit_when_orphaned
-    from spark_jobs.sharded_write_job import _classic_session
+    from ..core.snapshot import SnapshotRoot
+    from ..core.stream_job import report_key, stop_key
+    from . import connect_session
+    from .orphan_guard import exit_when_orphaned
+    from .sharded_write_job import _classic_session
 
     remote = connect_session.requested()
     store = SnapshotRoot.open(config.output_uri, config.storage_options).store
@@ -282,5 +281,6 @@ def run(config, stream, writer, job_json: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_script() -> None:
+    """Run ``main`` as the application and exit with its code."""
     sys.exit(main())

@@ -1,4 +1,6 @@
-"""Entry point: ``spark-submit [--py-files bundle.zip] sharded_write_job.py --config-b64 <base64 JSON>``.
+"""The batch write job: ``spark-submit --py-files bundle.zip sharded_write_job.py --config-b64 <base64 JSON>``.
+
+``sharded_write_job.py`` at the bundle's root is ``scripts/sharded_write_job.py``, which calls ``run_script``.
 
 Exit codes: 0 written (published, or staged: ``publish=False`` or superseded by a run that started
 later and is live already); 1 the write failed (error in the run record and on stderr);
@@ -13,12 +15,6 @@ import logging
 import os
 import sys
 
-try:
-    import spark_jobs  # noqa: F401  (from the --py-files bundle)
-except ImportError:  # run from a source checkout without a bundle
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 _FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
 
 
@@ -26,12 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sharded_write_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the WriteConfig JSON")
     args = parser.parse_args(argv)
-    from spark_jobs import job_logging
+    from . import job_logging
 
     job_logging.configure()
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+    from ..core.config import WriteConfig
+    from ..core.errors import ShardyfusionError
 
     try:
         config = WriteConfig.from_json(base64.urlsafe_b64decode(args.config_b64.encode()).decode()).validate()
@@ -39,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    from airflow_provider_shardyfusion.compat import check_pyspark_install
-    from airflow_provider_shardyfusion.core.job_environment import REMOTE_URL
+    from ..compat import check_pyspark_install
+    from ..core.job_environment import REMOTE_URL
 
     try:
         # Before pyspark is imported: a pyspark / pyspark-client mix may fail on import with an
@@ -50,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    from spark_jobs import connect_session
-    from spark_jobs.driver import run_write
-    from spark_jobs.errors import one_line, translate
-    from spark_jobs.orphan_guard import exit_when_orphaned
+    from . import connect_session
+    from .driver import run_write
+    from .errors import one_line, translate
+    from .orphan_guard import exit_when_orphaned
 
     exit_when_orphaned()
     remote = connect_session.requested()
@@ -93,7 +89,8 @@ def _classic_session(run_id: str):
     return builder.getOrCreate()
 
 
-if __name__ == "__main__":
+def run_script() -> None:
+    """Run ``main`` as the application and end the process with its exit code."""
     code = main()
     # The verdict is printed: exit now. A Connect client's exit-time cleanup (RPCs to a server that
     # may be gone, gRPC's threads) could otherwise keep this process alive for minutes after it.

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_shardyfusion.core.encoding import KeyKind
-from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+from ..core.encoding import KeyKind
+from ..core.manifest import ShardingInfo
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -39,16 +39,16 @@ class RoutingPlan:
     wrong_router: bool = False  # test-only fault: proves verify_routing catches a broken router
 
     def cel_router(self) -> Any:
-        from airflow_provider_shardyfusion.core.routing import CelRouter
+        from ..core.routing import CelRouter
 
         return CelRouter(self.sharding.cel_spec(self.num_dbs))
 
 
 def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None) -> np.ndarray:
-    from airflow_provider_shardyfusion.core import routing
-    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
-    from airflow_provider_shardyfusion.core.encoding import null_key_error
-    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
+    from ..core import routing
+    from ..core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
+    from ..core.encoding import null_key_error
+    from ..core.errors import ShardAssignmentError
 
     key_column = plan.sharding.key_column
     if plan.sharding.strategy == "hash":
@@ -125,8 +125,7 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
     """
     from pyspark.sql import functions as F
 
-    from airflow_provider_shardyfusion.core.encoding import null_key_error
-
+    from ..core.encoding import null_key_error
     from .conf_overrides import spark_conf_overrides
     from .errors import error_line
 
@@ -172,7 +171,7 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
     """Inferred categorical routing: distinct CEL tokens per partition (one extra pass)."""
 
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
+        from ..core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
 
         router = plan.cel_router()
         names = plan.sharding.routing_columns()

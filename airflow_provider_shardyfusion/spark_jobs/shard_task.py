@@ -85,20 +85,20 @@ def unsample_value(v: Any) -> Any:
 def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,  # noqa: C901 - the write hot path of one Spark task, step by step as SPEC §6.8 lists it
                     task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
     """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
-    from airflow_provider_shardyfusion.core import layout, scratch
-    from airflow_provider_shardyfusion.core.arrow_codec import (
+    from ..core import layout, scratch
+    from ..core.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
         encode_values,
     )
-    from airflow_provider_shardyfusion.core.errors import (
+    from ..core.errors import (
         ShardWriteError,
         ShardyfusionError,
     )
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
-    from airflow_provider_shardyfusion.core.storage import open_store
-    from airflow_provider_shardyfusion.core.winner import ShardResult
+    from ..core.rate_limit import WriteLimiter
+    from ..core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
+    from ..core.storage import open_store
+    from ..core.winner import ShardResult
 
     started = time.perf_counter()
     first = None
@@ -182,10 +182,9 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
 def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
                       task_attempt_id: int | None) -> Iterator[dict[str, Any]]:
     """Write the shards of one partition, in id order, one after another; one result each."""
-    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-    from airflow_provider_shardyfusion.core.storage import open_store
-
+    from ..core.errors import ShardAssignmentError
+    from ..core.rate_limit import WriteLimiter
+    from ..core.storage import open_store
     from . import faults
 
     assert plan.shard_id_column is not None

@@ -13,26 +13,25 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-import airflow_provider_shardyfusion as provider
-from airflow_provider_shardyfusion.core import encoding, layout, routing
-from airflow_provider_shardyfusion.core.errors import (
+from .. import __version__ as provider_version
+from ..core import encoding, layout, routing
+from ..core.errors import (
     ConfigError,
     InputDataError,
     ShardAssignmentError,
     show_value,
 )
-from airflow_provider_shardyfusion.core.manifest import (
+from ..core.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
     Manifest,
     ShardingInfo,
 )
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
-from airflow_provider_shardyfusion.core.retry import NO_RETRY, call_with_retry
-from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
-from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
-
+from ..core.publish import delete_losing_attempts, publish
+from ..core.retry import NO_RETRY, call_with_retry
+from ..core.run_record import RunRecordLifecycle
+from ..core.storage import open_store
+from ..core.winner import ShardResult, WinnerSelection, select_winners
 from . import errors as job_errors
 from . import faults as fault_injection
 from . import session_info, spark_types
@@ -41,7 +40,7 @@ from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_i
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from ..core.config import WriteConfig
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -84,7 +83,7 @@ def read_input(spark, config: WriteConfig):
 
 def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
     return {
-        "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
+        "provider": "airflow-provider-shardyfusion", "provider_version": provider_version,
         "spark_version": spark.version, "python_version": platform.python_version(),
         "spark_app_id": session_info.app_id(spark), "spark_ui_url": session_info.ui_url(spark),
         "airflow": config.airflow_context, "publish": config.options.publish is True,
@@ -188,9 +187,8 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
                  faults: dict[str, Any], source: Any = None) -> Manifest:
     """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
-    from airflow_provider_shardyfusion.core.delta import chain_shards, chain_stats, select_layer_winners
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-
+    from ..core.delta import chain_shards, chain_stats, select_layer_winners
+    from ..core.snapshot import SnapshotRoot
     from .chain_write import ChainPlan, check_against_base, resolve_base, write_layers
 
     run_id, mode = config.run_id, config.delta.write_mode
@@ -226,7 +224,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind, wrong_router=bool(faults.get("wrong_router")))
     with _Step(run_id, durations, "route_shuffle_write_layers"):
         results = write_layers(spark, df, routing_plan, plan, base.num_dbs)
-    from airflow_provider_shardyfusion.core.delta import LayerResult
+    from ..core.delta import LayerResult
 
     winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
     shards = chain_shards(base, run_id, winners, compact=compact)
@@ -396,7 +394,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
 def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
                      durations: dict[str, float]) -> list[dict[str, Any]]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+    from ..core.rate_limit import WriteLimiter
 
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
@@ -482,7 +480,7 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encod
         "attempts_seen": selection.attempts_seen,
         "durations_s": dict(durations), "task_time_totals_s": task_totals, "shard_sort": shard_sort,
     }
-    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
+    from ..core.shard_builder import WRITER_SHARD_LAYOUT
 
     try:
         import rocksdict

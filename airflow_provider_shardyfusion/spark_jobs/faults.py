@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_shardyfusion.core import layout
+from ..core import layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable

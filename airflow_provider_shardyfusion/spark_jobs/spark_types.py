@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import types as T
 
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.encoding import KeyKind
-    from airflow_provider_shardyfusion.core.routing import CelType
+    from ..core.encoding import KeyKind
+    from ..core.routing import CelType
 
 _INT_TYPES = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
 # Spark type → (key kind, CEL type); None where the type cannot serve in that role.
