@@ -155,7 +155,7 @@ def main() -> None:
                                  num_dbs=num_dbs, sort_run_rows=args.sort_run_rows)
         with PeakRss() as rss:
             t = time.perf_counter()
-            record = run_write(spark, cfg, faults={})
+            record = run_write(spark, cfg)
             took = time.perf_counter() - t
         stats = record["stats"]
         return {"num_dbs": num_dbs, "seconds": round(took, 2), "rows_per_s": round(rows / took),

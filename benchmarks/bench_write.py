@@ -81,7 +81,7 @@ def main() -> None:
                                  sort_within_partitions=args.sort_within_partitions == "true",
                                  spark_conf_overrides=dict(c.split("=", 1) for c in args.conf))
         t = time.perf_counter()
-        record = run_write(spark, cfg, faults={})
+        record = run_write(spark, cfg)
         return time.perf_counter() - t, record["stats"]
 
     rounds = []

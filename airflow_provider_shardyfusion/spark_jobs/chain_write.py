@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..core import encoding, layout
 from ..core.errors import ConfigError
+from .faults import NO_FAULTS, Faults
 from .shard_task import RESULT_DDL, RESULT_SCHEMA
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ class ChainPlan:
     allow_duplicate_keys: bool
     compact: bool
     has_input: bool
-    faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
@@ -197,27 +197,26 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
         shutil.rmtree(work, ignore_errors=True)
 
 
-def make_layer_fn(plan: ChainPlan):
+def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-
-        from . import faults
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
         db_id, attempt = tc.partitionId(), tc.attemptNumber()
-        faults.before_shard_write(plan.faults or {}, db_id, attempt)
+        faults.before_shard_write(db_id, attempt)
         out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)
-        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
+        faults.after_shard_write(db_id, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition
 
 
-def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) -> list[dict[str, Any]]:
+def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int,
+                 faults: Faults = NO_FAULTS) -> list[dict[str, Any]]:
     """Run one task per shard (partition index == shard id) and collect their results."""
     from .routing_task import SHARD_ID_COL, with_shard_id
 
@@ -225,7 +224,7 @@ def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) ->
         partitioned = spark.range(0, num_dbs, 1, num_dbs)
     else:
         keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]
-        routed = with_shard_id(df, routing_plan)
+        routed = with_shard_id(df, routing_plan, faults)
         partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
-    rows = partitioned.mapInArrow(make_layer_fn(plan), RESULT_DDL).collect()
+    rows = partitioned.mapInArrow(make_layer_fn(plan, faults), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]

@@ -33,9 +33,9 @@ from ..core.run_record import RunRecordLifecycle
 from ..core.storage import open_store
 from ..core.winner import ShardResult, WinnerSelection, select_winners
 from . import errors as job_errors
-from . import faults as fault_injection
 from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
+from .faults import NO_FAULTS, Faults
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
 from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
@@ -90,15 +90,15 @@ def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
     }
 
 
-def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = None, df: Any = None,
+def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any = None,
               writer_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the whole write; return the succeeded run record as a dict. Raises provider errors.
 
+    ``faults``: test-only (``spark_jobs.faults``), resolved by the job's entry script.
     ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
     ``writer_extra``: merged into the ``writer`` info of the run record and the manifest.
     """
     config.validate()
-    faults = fault_injection.load() if faults is None else faults
     store = open_store(config.output_uri, config.storage_options)
     run_id = config.run_id
     durations: dict[str, float] = {}
@@ -106,7 +106,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
         store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
         num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(),
         writer={**writer_info(spark, config), **(writer_extra or {})},
-        clock=fault_injection.driver_clock(faults),
+        clock=faults.clock(),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
     persisted: list[Any] = []  # the input, if persisted: unpersisted however the write ends
@@ -120,11 +120,10 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
             if writer_extra:
                 manifest = replace(manifest, writer={**manifest.writer, **writer_extra})
             stats = dict(manifest.stats, durations_s=dict(durations))
-            fault_injection.before_publish(faults, run_id)
+            faults.hold_point("hold_before_publish", run_id)
             with _Step(run_id, durations, "publish"):
                 record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish,
-                                 before_pointer_move=lambda: fault_injection.hold_point(faults, "hold_before_pointer",
-                                                                                        run_id))
+                                 before_pointer_move=lambda: faults.hold_point("hold_before_pointer", run_id))
         except BaseException as exc:
             job_errors.raise_translated(exc)
         finally:
@@ -137,7 +136,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
 
 
 def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                faults: dict[str, Any], persisted: list[Any], source: Any = None) -> Manifest:
+                faults: Faults, persisted: list[Any], source: Any = None) -> Manifest:
     """A full write: read, route, write every shard, verify, select winners; the manifest to publish."""
     run_id = config.run_id
     with _Step(run_id, durations, "read_input"):
@@ -162,15 +161,15 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
         with _Step(run_id, durations, "count_rows"):
             rows = df.count()
     with _Step(run_id, durations, "plan_routing"):
-        plan = _routing_plan(df, config, key_kind, faults, rows)
+        plan = _routing_plan(df, config, key_kind, rows)
     lifecycle.update(num_dbs=plan.num_dbs)
     spark_sorts = _spark_sorts_shards(config, plan, rows)
-    write_plan = _write_plan(config, key_encoding, plan, faults, spark_sorts)
+    write_plan = _write_plan(config, key_encoding, plan, spark_sorts)
     if plan.num_dbs == 1:
         results = _write_single_db(df, config, plan, write_plan, faults, durations)
     else:
         with _Step(run_id, durations, "route_shuffle_write"):
-            results = _write_sharded(df, plan, write_plan)
+            results = _write_sharded(df, plan, write_plan, faults)
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
     selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
@@ -185,7 +184,7 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
 
 
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                 faults: dict[str, Any], source: Any = None) -> Manifest:
+                 faults: Faults, source: Any = None) -> Manifest:
     """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
     from ..core.delta import chain_shards, chain_stats, select_layer_winners
     from ..core.snapshot import SnapshotRoot
@@ -219,11 +218,11 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         base_manifest_ref=base_ref, key_column=config.key_column, key_encoding=base.key_encoding,
         value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
-        compact=compact, has_input=df is not None, faults=faults,
+        compact=compact, has_input=df is not None,
     )
-    routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind, wrong_router=bool(faults.get("wrong_router")))
+    routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
-        results = write_layers(spark, df, routing_plan, plan, base.num_dbs)
+        results = write_layers(spark, df, routing_plan, plan, base.num_dbs, faults)
     from ..core.delta import LayerResult
 
     winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
@@ -292,9 +291,8 @@ def _spark_sorts_shards(config: WriteConfig, plan: RoutingPlan, rows: int | None
     return not in_memory
 
 
-def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: dict[str, Any], rows: int | None) -> RoutingPlan:
+def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, rows: int | None) -> RoutingPlan:
     sharding = config.sharding
-    wrong = bool(faults.get("wrong_router"))
     if sharding.strategy == "hash":
         num_dbs = sharding.num_dbs
         if num_dbs is None:
@@ -306,8 +304,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: d
             )
             log.info("run %s: %d rows, max_keys_per_shard %d -> num_dbs %d", config.run_id, count,
                      sharding.max_keys_per_shard, num_dbs)
-        return RoutingPlan(ShardingInfo(strategy="hash", key_column=config.key_column), num_dbs, key_kind,
-                           wrong_router=wrong)
+        return RoutingPlan(ShardingInfo(strategy="hash", key_column=config.key_column), num_dbs, key_kind)
     columns = sharding.resolved_cel_columns(config.key_column)
     typed = {c: t or spark_types.cel_type(df.schema, c) for c, t in columns.items()}
     for c in typed:
@@ -329,10 +326,10 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: d
         resolved = replace(resolved, routing_values=values)
     cel_num_dbs = len(resolved.routing_values) if resolved.routing_values is not None else sharding.num_dbs
     assert cel_num_dbs is not None  # ShardingSpec.validate: direct CEL needs num_dbs
-    return RoutingPlan(resolved, cel_num_dbs, key_kind, wrong_router=wrong)
+    return RoutingPlan(resolved, cel_num_dbs, key_kind)
 
 
-def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan, faults: dict[str, Any],
+def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan,
                 spark_sorts: bool) -> WritePlan:
     opts = config.options
     sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
@@ -343,7 +340,7 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
         allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
         max_write_bytes_per_second=opts.max_write_bytes_per_second,
         sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,
-        sample_columns=sample_cols, faults=faults, num_dbs=plan.num_dbs,
+        sample_columns=sample_cols, num_dbs=plan.num_dbs,
         # Spark's order on non-negative ints, strings and binary equals the encoded-key byte order.
         presorted=spark_sorts or plan.num_dbs == 1,
     )
@@ -359,11 +356,11 @@ def _num_tasks(spark, num_dbs: int) -> int:
     return min(num_dbs, session_info.default_parallelism(spark) * TASKS_PER_CORE)
 
 
-def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[dict[str, Any]]:
     from pyspark.sql import functions as F
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
-    routed = with_shard_id(df, plan)
+    routed = with_shard_id(df, plan, faults)
     if num_tasks < plan.num_dbs:
         # Partition t holds the contiguous ids shards_of_task(t); sorted by id the shards of a
         # partition arrive one after another (and in key order when Spark sorts the shards).
@@ -375,7 +372,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
                  session_info.default_parallelism(df.sparkSession), TASKS_PER_CORE)
-        writing = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+        writing = partitioned.mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     else:
         # Partition index == shard id: one task per shard, never a hash partitioner on the id.
         partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
@@ -383,7 +380,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
             partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
         # The id is the partition index now; not shipping it to Python saved ~1 s per 10M rows.
-        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     try:
         rows = writing.collect()
     except Exception as exc:  # a dead Python worker's error names the shards its task was writing
@@ -391,7 +388,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
     return [json.loads(r.result) for r in rows]
 
 
-def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
+def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: Faults,
                      durations: dict[str, float]) -> list[dict[str, Any]]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
     from ..core.rate_limit import WriteLimiter
@@ -399,13 +396,12 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
         # pruning the routing UDF away, as it would for a column that is only dropped.
-        df = with_shard_id(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
+        df = with_shard_id(df, plan, faults).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
     # The range-partitioned sort's partitions, streamed in index order, are the global order. No
     # coalesce: its partition coalescer groups parents by locality, not by index, and interleaved
     # them (caught by the writer's order check). AQE already merges small sorted partitions, and
     # only contiguous ones.
     ordered = df.orderBy(config.key_column)
-    fail_first = int(faults.get("single_db_fail_attempts", 0))
     limiter = WriteLimiter(config.options.max_writes_per_second, config.options.max_write_bytes_per_second)
     attempts = itertools.count()
 
@@ -413,8 +409,7 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
         attempt = next(attempts)  # each retry writes into a fresh attempt=NN
         try:
             with _Step(config.run_id, durations, "single_db_write"):
-                if attempt < fail_first:
-                    raise fault_injection.InjectedFault(f"injected failure of single-db attempt {attempt}")
+                faults.before_single_db_attempt(attempt)
                 return [write_one_shard(write_plan, _stream_batches(ordered), db_id=0, attempt=attempt,
                                         task_attempt_id=None, limiter=limiter)]
         except Exception as exc:

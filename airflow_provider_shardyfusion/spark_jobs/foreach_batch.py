@@ -29,6 +29,7 @@ from ..core.snapshot import SnapshotRoot
 from ..core.storage import open_store
 from ..core.stream_batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
 from ..core.stream_owner import DEFAULT_LEASE, StreamOwner, claim
+from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -89,7 +90,7 @@ class BatchWriter:
 
     config: WriteConfig
     stream_id: str
-    faults: dict[str, Any] | None = None
+    faults: Faults = NO_FAULTS
     checkpoint_location: str | None = None
     stream_reset: bool = False
     accept_live_run: str | None = None
@@ -167,10 +168,8 @@ class BatchWriter:
 
     def _hold_after_batch(self, run_id: str | None) -> None:
         """Test-only: hold where the batch is live and Spark has not committed it to the checkpoint."""
-        if self.faults and run_id is not None:
-            from . import faults
-
-            faults.hold_point(self.faults, "hold_after_batch", run_id)
+        if run_id is not None:
+            self.faults.hold_point("hold_after_batch", run_id)
 
     def _abandon(self, snapshots: SnapshotRoot, decision: Decision) -> None:
         for run_id in decision.abandon:
@@ -223,7 +222,7 @@ def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
 def foreach_batch_writer(config: WriteConfig, *, stream_id: str, checkpoint_location: str | None = None,
                          stream_reset: bool = False, accept_live_run: str | None = None,
                          lease_seconds: float = DEFAULT_LEASE.total_seconds(),
-                         faults: dict[str, Any] | None = None) -> BatchWriter:
+                         faults: Faults = NO_FAULTS) -> BatchWriter:
     """The function for ``DataStreamWriter.foreachBatch``: one published snapshot per micro-batch.
 
     ``stream_id`` must stay the same across restarts of the query (same checkpoint); it starts
@@ -233,7 +232,7 @@ def foreach_batch_writer(config: WriteConfig, *, stream_id: str, checkpoint_loca
     which continues the stream from the new checkpoint after the newest batch on the root. A batch
     is refused while ``_CURRENT`` names another run than the stream's last published batch, unless
     it names ``accept_live_run``. ``lease_seconds``: how long the writer's claim on the stream holds
-    without a batch (renewed at each batch). ``faults`` is for tests (``spark_jobs.faults``).
+    without a batch (renewed at each batch). ``faults`` is for tests (``spark_jobs.faults.Faults``).
     """
     validate_stream_id(stream_id)
     if not isinstance(stream_reset, bool):

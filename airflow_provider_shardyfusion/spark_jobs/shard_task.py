@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from .faults import NO_FAULTS, Faults
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -49,7 +51,6 @@ class WritePlan:
     max_write_bytes_per_second: float | None
     sample_per_shard: int
     sample_columns: tuple[str, ...]
-    faults: dict[str, Any]
     presorted: bool = False
     local_dir: str | None = None
     num_dbs: int = 0
@@ -180,12 +181,11 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
 
 
 def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
-                      task_attempt_id: int | None) -> Iterator[dict[str, Any]]:
+                      task_attempt_id: int | None, faults: Faults = NO_FAULTS) -> Iterator[dict[str, Any]]:
     """Write the shards of one partition, in id order, one after another; one result each."""
     from ..core.errors import ShardAssignmentError
     from ..core.rate_limit import WriteLimiter
     from ..core.storage import open_store
-    from . import faults
 
     assert plan.shard_id_column is not None
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
@@ -203,30 +203,28 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
         previous = db_id
         if store is None:  # one client per task (an S3 client costs far more than a small shard)
             store = open_store(plan.output_uri, plan.storage_options)
-        faults.before_shard_write(plan.faults, db_id, attempt)
+        faults.before_shard_write(db_id, attempt)
         out = write_one_shard(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id,
                               limiter=limiter, store=store)
-        faults.after_shard_write(plan.faults, db_id, attempt, plan.run_id)
+        faults.after_shard_write(db_id, attempt, plan.run_id)
         yield out
 
 
-def make_write_fn(plan: WritePlan):
+def make_write_fn(plan: WritePlan, faults: Faults = NO_FAULTS):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-
-        from . import faults
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
         part, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         if plan.several_shards_per_task:
             outs = [json.dumps(out) for out in write_task_shards(plan, batches, task=part, attempt=attempt,
-                                                                  task_attempt_id=tid)]
+                                                                  task_attempt_id=tid, faults=faults)]
             yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
             return
-        faults.before_shard_write(plan.faults, part, attempt)
+        faults.before_shard_write(part, attempt)
         out = write_one_shard(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tid)
-        faults.after_shard_write(plan.faults, part, attempt, plan.run_id)
+        faults.after_shard_write(part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    from . import connect_session
+    from . import connect_session, faults
     from .driver import run_write
     from .errors import one_line, translate
     from .orphan_guard import exit_when_orphaned
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if remote:
         connect_session.stop_on_terminate(spark)
     try:
-        record = run_write(spark, config)
+        record = run_write(spark, config, faults=faults.from_environment())
         done = "published" if record.get("published_at") else "staged"
         print(f"shardyfusion job {done} run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
         return 0

@@ -37,6 +37,10 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .faults import Faults
 
 RESULT_MARKER = "SHARDYFUSION_STREAM_RESULT"
 STOP_POLL_S = 2.0
@@ -88,8 +92,9 @@ class RemoteBatches:
     ``sys.path`` and builds the writer and its ``Reporter`` there; they live as long as the query.
     """
 
-    def __init__(self, bundle: bytes, job_json: str):
-        self.bundle, self.job_json = bundle, job_json
+    def __init__(self, bundle: bytes, job_json: str, faults: Faults):
+        # The faults as plain data: their class can be unpickled only once the bundle is on the path.
+        self.bundle, self.job_json, self.fault_spec = bundle, job_json, dict(faults.spec)
         self.reporter: Reporter | None = None
 
     def __call__(self, batch_df, batch_id: int) -> None:
@@ -108,25 +113,27 @@ class RemoteBatches:
         sys.path.insert(0, path)
         from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
         from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
+        from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 
         config, stream = decode_job_config(self.job_json)
         store = SnapshotRoot.open(config.output_uri, config.storage_options).store
         # This process has no logging set up; its stderr goes to the server's log.
         print(f"micro-batch writer of stream {stream.stream_id} started on the Connect server from {path}",
               file=sys.stderr, flush=True)
-        return Reporter(stream_writer(config, stream), store,
+        return Reporter(stream_writer(config, stream, Faults(self.fault_spec)), store,
                         report_key(stream.stream_id, stream.report_id), stream.stream_id)
 
 
-def stream_writer(config, stream):
+def stream_writer(config, stream, faults: Faults):
     """The micro-batch writer of the job's stream settings."""
     from airflow_provider_shardyfusion.spark_jobs.foreach_batch import foreach_batch_writer
 
     return foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
-                                stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
+                                stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run,
+                                faults=faults)
 
 
-def remote_batches(job_json: str) -> RemoteBatches:
+def remote_batches(job_json: str, faults: Faults) -> RemoteBatches:
     """The Connect micro-batch function, with the bundle the operator shipped (``SHARDYFUSION_BUNDLE``)."""
     from pyspark import cloudpickle
 
@@ -135,7 +142,7 @@ def remote_batches(job_json: str) -> RemoteBatches:
     # By value: the server's process cannot import this module by name before the bundle is on its path.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with open(os.environ[job_env.BUNDLE], "rb") as fh:
-        return RemoteBatches(fh.read(), job_json)
+        return RemoteBatches(fh.read(), job_json, faults)
 
 
 class Stopper:
@@ -227,17 +234,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
         config, stream = decode_job_config(job_json)
+        from .faults import from_environment
         from .foreach_batch import check_stream_options
 
         check_stream_options(stream.source_options)
-        writer = stream_writer(config, stream)
+        faults = from_environment()
+        writer = stream_writer(config, stream, faults)
     except (ShardyfusionError, ValueError) as exc:
         print(f"shardyfusion streaming job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    return run(config, stream, writer, job_json)
+    return run(config, stream, writer, job_json, faults)
 
 
-def run(config, stream, writer, job_json: str) -> int:
+def run(config, stream, writer, job_json: str, faults: Faults) -> int:
     from ..core.snapshot import SnapshotRoot
     from ..core.stream_job import report_key, stop_key
     from . import connect_session
@@ -252,7 +261,7 @@ def run(config, stream, writer, job_json: str) -> int:
     try:
         batch_fn: Reporter | RemoteBatches = reporter
         if remote:
-            spark, batch_fn = connect_session.open_session(), remote_batches(job_json)
+            spark, batch_fn = connect_session.open_session(), remote_batches(job_json, faults)
         else:
             spark = _classic_session(f"stream-{stream.stream_id}")
     except Exception as exc:

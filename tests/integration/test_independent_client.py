@@ -165,7 +165,7 @@ def _write(spark, tmp_path: Path, table: pa.Table, **kwargs) -> str:
     src = str(tmp_path / "input.parquet")
     pq.write_table(table, src)
     root = f"file://{tmp_path / 'out'}"
-    run_write(spark, build_write_config(output_uri=root, input_path=src, **kwargs), faults={})
+    run_write(spark, build_write_config(output_uri=root, input_path=src, **kwargs))
     return root
 
 
@@ -255,7 +255,7 @@ def test_every_layer_of_a_delta_chain_reads_back_with_rocksdb_7_tools(spark, tmp
                                  "payload": pa.array([upserts.get(k) for k in keys], pa.binary()),
                                  "gone": [k in deletes for k in keys]}), src)
         run_write(spark, build_write_config(output_uri=root, input_path=src, key_column="id", value_column="payload",
-                                            write_mode="delta", delete_column="gone"), faults={})
+                                            write_mode="delta", delete_column="gone"))
         model.update(upserts)
         for k in deletes:
             model.pop(k, None)

@@ -15,7 +15,7 @@ def plan(root: str, **kw) -> WritePlan:
     base = dict(output_uri=root, storage_options={}, run_id="run-t", key_column="id", key_encoding="u64be",
                 value_format="binary", value_columns=("v",), batch_size=100, sort_run_rows=250,
                 allow_duplicate_keys=False, max_writes_per_second=None, max_write_bytes_per_second=None,
-                sample_per_shard=3, sample_columns=("id",), faults={})
+                sample_per_shard=3, sample_columns=("id",))
     base.update(kw)
     return WritePlan(**base)
 

@@ -45,7 +45,7 @@ def plan(root: str) -> WritePlan:
     return WritePlan(output_uri=root, storage_options={}, run_id="run-m", key_column="id", key_encoding="u64be",
                      value_format="binary", value_columns=("v",), batch_size=100, sort_run_rows=1_000,
                      allow_duplicate_keys=False, max_writes_per_second=None, max_write_bytes_per_second=None,
-                     sample_per_shard=1, sample_columns=("id",), faults={}, num_dbs=10, num_tasks=3,
+                     sample_per_shard=1, sample_columns=("id",), num_dbs=10, num_tasks=3,
                      shard_id_column=ID)
 
 
