@@ -21,6 +21,7 @@ from ..core.errors import (
     ShardAssignmentError,
     show_value,
 )
+from ..core.job_contract import RunStats, TaskTry, WriterIdentity
 from ..core.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
@@ -31,13 +32,13 @@ from ..core.publish import delete_losing_attempts, publish
 from ..core.retry import NO_RETRY, call_with_retry
 from ..core.run_record import RunRecordLifecycle
 from ..core.storage import open_store
-from ..core.winner import ShardResult, WinnerSelection, select_winners
+from ..core.winner import WinnerSelection, select_winners
 from . import errors as job_errors
 from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
 from .faults import NO_FAULTS, Faults
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
-from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
+from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
     from ..core.config import WriteConfig
@@ -81,31 +82,35 @@ def read_input(spark, config: WriteConfig):
         raise ConfigError(f"{what} cannot be read: {detail}") from exc
 
 
-def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
-    return {
-        "provider": "airflow-provider-shardyfusion", "provider_version": provider_version,
-        "spark_version": spark.version, "python_version": platform.python_version(),
-        "spark_app_id": session_info.app_id(spark), "spark_ui_url": session_info.ui_url(spark),
-        "airflow": config.airflow_context, "publish": config.options.publish is True,
-    }
+def writer_info(spark, config: WriteConfig) -> WriterIdentity:
+    return WriterIdentity(
+        provider="airflow-provider-shardyfusion", provider_version=provider_version, spark_version=spark.version,
+        python_version=platform.python_version(), spark_app_id=session_info.app_id(spark),
+        spark_ui_url=session_info.ui_url(spark), publish=config.options.publish is True,
+        airflow=TaskTry.from_dict(config.airflow_context) if config.airflow_context else None,
+    )
 
 
 def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any = None,
-              writer_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              stream_batch: tuple[str, int] | None = None) -> dict[str, Any]:
     """Run the whole write; return the succeeded run record as a dict. Raises provider errors.
 
     ``faults``: test-only (``spark_jobs.faults``), resolved by the job's entry script.
     ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
-    ``writer_extra``: merged into the ``writer`` info of the run record and the manifest.
+    ``stream_batch``: ``(stream_id, batch_id)`` of a micro-batch, named in the ``writer`` of the run record
+    and the manifest.
     """
     config.validate()
     store = open_store(config.output_uri, config.storage_options)
     run_id = config.run_id
     durations: dict[str, float] = {}
+    writer = writer_info(spark, config)
+    if stream_batch is not None:
+        writer = replace(writer, stream_id=stream_batch[0], batch_id=stream_batch[1])
     lifecycle = RunRecordLifecycle(
         store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
         num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(),
-        writer={**writer_info(spark, config), **(writer_extra or {})},
+        writer=writer.to_dict(),
         clock=faults.clock(),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
@@ -117,8 +122,8 @@ def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any
                 manifest = _write_chain(spark, config, store, lifecycle, durations, faults, df)
             else:
                 manifest = _write_full(spark, config, lifecycle, durations, faults, persisted, df)
-            if writer_extra:
-                manifest = replace(manifest, writer={**manifest.writer, **writer_extra})
+            if stream_batch is not None:
+                manifest = replace(manifest, writer=writer.to_dict())
             stats = dict(manifest.stats, durations_s=dict(durations))
             faults.hold_point("hold_before_publish", run_id)
             with _Step(run_id, durations, "publish"):
@@ -172,7 +177,7 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
             results = _write_sharded(df, plan, write_plan, faults)
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
-    selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+    selection = select_winners((r.shard for r in results), plan.num_dbs)
     # The shards' own lines are logged by the executors (not in the task log of a cluster run).
     winners = selection.winners.values()
     log.info("run %s: shards written %d/%d (%d rows, %d bytes; %d empty)", run_id, len(selection.winners),
@@ -235,7 +240,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         run_id=run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=base.num_dbs,
         sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
         value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
-        writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
+        writer=writer_info(spark, config).to_dict(), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
         chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
         # A delta stores only its change, naming its base's manifest (SPEC §17); a compaction is whole.
         format_version=CHAIN_FORMAT_VERSION if compact else CHAIN_DOCUMENT_FORMAT_VERSION,
@@ -356,7 +361,7 @@ def _num_tasks(spark, num_dbs: int) -> int:
     return min(num_dbs, session_info.default_parallelism(spark) * TASKS_PER_CORE)
 
 
-def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[dict[str, Any]]:
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[TaskResult]:
     from pyspark.sql import functions as F
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
@@ -385,11 +390,11 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
         rows = writing.collect()
     except Exception as exc:  # a dead Python worker's error names the shards its task was writing
         job_errors.raise_translated(exc, shards_of_task=lambda t: shards_of_task(t, plan.num_dbs, num_tasks))
-    return [json.loads(r.result) for r in rows]
+    return [TaskResult.from_dict(json.loads(r.result)) for r in rows]
 
 
 def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: Faults,
-                     durations: dict[str, float]) -> list[dict[str, Any]]:
+                     durations: dict[str, float]) -> list[TaskResult]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
     from ..core.rate_limit import WriteLimiter
 
@@ -405,7 +410,7 @@ def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: Wri
     limiter = WriteLimiter(config.options.max_writes_per_second, config.options.max_write_bytes_per_second)
     attempts = itertools.count()
 
-    def write_attempt() -> list[dict[str, Any]]:
+    def write_attempt() -> list[TaskResult]:
         attempt = next(attempts)  # each retry writes into a fresh attempt=NN
         try:
             with _Step(config.run_id, durations, "single_db_write"):
@@ -434,7 +439,7 @@ def _stream_batches(df):
         yield from pa.ipc.open_stream(row.ipc)
 
 
-def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[str, Any]]) -> None:
+def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[TaskResult]) -> None:
     """Recompute the shard of sampled stored keys with the reader's routing (step 6)."""
     if not config.options.verify_routing:
         log.info("run %s: verify_routing disabled", config.run_id)
@@ -447,8 +452,8 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
     router = plan.cel_router() if cel else None
     checked = 0
     for item in results:
-        db_id = item["result"]["db_id"]
-        for row in item["sample"]:
+        db_id = item.shard.db_id
+        for row in item.sample:
             values = {k: unsample_value(v) for k, v in row.items()}
             key = values[config.key_column]
             expected = router.route(values) if router else routing.route_key(key, plan.num_dbs)
@@ -462,19 +467,18 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
 
 
 def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encoding.KeyEncoding, selection: WinnerSelection,
-              lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[dict[str, Any]], *,
+              lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[TaskResult], *,
               shard_sort: str) -> Manifest:
     task_totals: dict[str, float] = {}
     for item in results:
-        for k, v in (item["result"].get("timings") or {}).items():
+        for k, v in (item.shard.timings or {}).items():
             task_totals[k] = round(task_totals.get(k, 0.0) + v, 3)
     entries = selection.entries()
-    stats = {
-        "rows": sum(e.row_count for e in entries), "bytes": sum(e.byte_size for e in entries),
-        "num_dbs": plan.num_dbs, "empty_shards": len(selection.empty_db_ids), "shards_written": len(entries),
-        "attempts_seen": selection.attempts_seen,
-        "durations_s": dict(durations), "task_time_totals_s": task_totals, "shard_sort": shard_sort,
-    }
+    stats = RunStats(
+        rows=sum(e.row_count for e in entries), bytes=sum(e.byte_size for e in entries), num_dbs=plan.num_dbs,
+        empty_shards=len(selection.empty_db_ids), shards_written=len(entries), attempts_seen=selection.attempts_seen,
+        durations_s=dict(durations), other={"task_time_totals_s": task_totals, "shard_sort": shard_sort},
+    ).to_dict()
     from ..core.shard_builder import WRITER_SHARD_LAYOUT
 
     try:
@@ -490,5 +494,5 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encod
         value_columns=config.value.value_columns(),
         storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True,
                         "shard_layout": WRITER_SHARD_LAYOUT},
-        shards=entries, stats=stats, writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at,
+        shards=entries, stats=stats, writer=writer_info(spark, config).to_dict(), run_started_at=lifecycle.record.started_at,
     ).validate()

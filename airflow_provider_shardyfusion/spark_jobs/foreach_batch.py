@@ -24,6 +24,7 @@ from ..core.errors import (
     StorageError,
     StreamOwnershipError,
 )
+from ..core.job_contract import RunStats
 from ..core.run_record import mark_failed
 from ..core.snapshot import SnapshotRoot
 from ..core.storage import open_store
@@ -200,13 +201,13 @@ class BatchWriter:
         if mode == "full" and delete_column is not None:
             df = batch_df.where(f"NOT coalesce(`{delete_column}`, false)").drop(delete_column)
         record = run_write(spark, config, faults=self.faults, df=df,
-                           writer_extra={"stream_id": self.stream_id, "batch_id": batch_id})
+                           stream_batch=(self.stream_id, batch_id))
         if record.get("published_at") is None:
             raise PublishManifestError(
                 f"stream {self.stream_id!r} batch {batch_id}: run {run_id!r} was written but is not live "
                 "(another writer moved _CURRENT?); the batch is not committed and will be retried"
             )
-        rows = (record.get("stats") or {}).get("rows")
+        rows = RunStats.from_dict(record.get("stats")).rows
         self.outcomes.append(BatchOutcome(batch_id, "written", run_id, f"written ({mode})", rows=rows))
         log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
 

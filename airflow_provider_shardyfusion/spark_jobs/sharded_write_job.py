@@ -28,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..core.config import WriteConfig
     from ..core.errors import ShardyfusionError
+    from ..core.job_contract import done_line, failed_line
 
     try:
         config = WriteConfig.from_json(base64.urlsafe_b64decode(args.config_b64.encode()).decode()).validate()
     except (ShardyfusionError, ValueError) as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc)), file=sys.stderr)
         return 2
 
     from ..compat import check_pyspark_install
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         # error that names neither distribution.
         check_pyspark_install(connect_client=bool(os.environ.get(REMOTE_URL)))
     except ShardyfusionError as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc)), file=sys.stderr)
         return 2
 
     from . import connect_session, faults
@@ -57,18 +58,18 @@ def main(argv: list[str] | None = None) -> int:
         spark = connect_session.open_session() if remote else _classic_session(config.run_id)
     except Exception as exc:  # e.g. the Connect server cannot be reached: no run record exists yet
         failed = translate(exc)
-        print(f"shardyfusion job failed: {type(failed).__name__}: could not open the Spark session: "
-              f"{one_line(str(failed))}", file=sys.stderr)
+        print(failed_line(type(failed).__name__, f"could not open the Spark session: {one_line(str(failed))}"),
+              file=sys.stderr)
         return 2
     if remote:
         connect_session.stop_on_terminate(spark)
     try:
         record = run_write(spark, config, faults=faults.from_environment())
-        done = "published" if record.get("published_at") else "staged"
-        print(f"shardyfusion job {done} run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
+        print(done_line("published" if record.get("published_at") else "staged", config.run_id,
+                        record.get("manifest_ref")), file=sys.stderr)
         return 0
     except Exception as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {one_line(str(exc))}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, one_line(str(exc))), file=sys.stderr)
         return 1
     finally:
         if remote:

@@ -11,7 +11,7 @@ new since the last run and stops; ``processing_time`` runs until stopped.
 The JSON is ``core.stream_job.encode_job_config``: the WriteConfig and the stream settings. The
 batches handled are reported in ``runs/_streams/<stream_id>/<report_id>.json`` under the root
 (``core.stream_job``), rewritten after every micro-batch and when the query ended, and printed as
-one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans.
+one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.job_contract``).
 
 Stopping: SIGTERM, or the operator's stop object (``stop_key``), stops the query after the
 micro-batch in progress (a batch interrupted anyway is rewritten by the next run: exactly once).
@@ -39,10 +39,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..core.job_contract import STREAMING_JOB, failed_line, stream_result_line
+
 if TYPE_CHECKING:
     from .faults import Faults
 
-RESULT_MARKER = "SHARDYFUSION_STREAM_RESULT"
 STOP_POLL_S = 2.0
 log = logging.getLogger("shardyfusion.streaming_job")
 
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         faults = from_environment()
         writer = stream_writer(config, stream, faults)
     except (ShardyfusionError, ValueError) as exc:
-        print(f"shardyfusion streaming job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc), job=STREAMING_JOB), file=sys.stderr)
         return 2
     return run(config, stream, writer, job_json, faults)
 
@@ -265,10 +266,10 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
         else:
             spark = _classic_session(f"stream-{stream.stream_id}")
     except Exception as exc:
-        print(f"shardyfusion streaming job failed: {type(exc).__name__}: could not open the Spark session: {exc}",
+        print(failed_line(type(exc).__name__, f"could not open the Spark session: {exc}", job=STREAMING_JOB),
               file=sys.stderr)
         return 2
-    error = None
+    failure: tuple[str, str] | None = None
     try:
         stopper.watch()
         stopper.query = query = start_query(spark, stream, batch_fn)
@@ -277,15 +278,16 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
                 query.stop()
         query.awaitTermination()
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        failure = (type(exc).__name__, str(exc))
     finally:
         if not remote:  # over Connect the writer lives on the server; its lease runs out
             _release(writer)
-        result = reporter.write(finished=True, error=error, batches=reporter.stored_batches() if remote else None)
-        print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", file=sys.stderr)
+        result = reporter.write(finished=True, error=": ".join(failure) if failure else None,
+                                batches=reporter.stored_batches() if remote else None)
+        print(stream_result_line(result), file=sys.stderr)
         spark.stop()
-    if error is not None:
-        print(f"shardyfusion streaming job failed: {error}", file=sys.stderr)
+    if failure is not None:
+        print(failed_line(*failure, job=STREAMING_JOB), file=sys.stderr)
         return 1
     return 0
 

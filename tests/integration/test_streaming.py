@@ -112,7 +112,7 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     config = batch_config(stream.config, staged_id, "delta")
     config = replace(config, options=replace(config.options, publish=False))
     staged = run_write(spark, config, df=batch_df(spark, path),
-                       writer_extra={"stream_id": STREAM, "batch_id": 2})
+                       stream_batch=(STREAM, 2))
     assert staged["status"] == "succeeded" and staged["published_at"] is None
     assert stream.snapshots().current().run_id == batch_run_id(STREAM, 1, 1)
 
