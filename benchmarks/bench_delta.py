@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.config import build_write_config
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     rng = np.random.default_rng(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-delta-"))
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     def write(output_uri: str, **kw) -> tuple[float, dict]:
         cfg = build_write_config(output_uri=output_uri, key_column="id", value_column="payload", **kw)
         t0 = time.perf_counter()
-        record = run_write(spark, cfg, faults={})
+        record = run_write(spark, cfg)
         return time.perf_counter() - t0, record
 
     def write_delta(output_uri: str, table: pa.Table, name: str, run_id: str) -> tuple[float, dict]:

@@ -140,7 +140,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.config import build_write_config
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     work = Path(tempfile.mkdtemp(prefix="shardyfusion-scale-"))
     spark = (SparkSession.builder.master("local[2]").appName("bench-scale")
@@ -155,7 +155,7 @@ def main() -> None:
                                  num_dbs=num_dbs, sort_run_rows=args.sort_run_rows)
         with PeakRss() as rss:
             t = time.perf_counter()
-            record = run_write(spark, cfg, faults={})
+            record = run_write(spark, cfg)
             took = time.perf_counter() - t
         stats = record["stats"]
         return {"num_dbs": num_dbs, "seconds": round(took, 2), "rows_per_s": round(rows / took),

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql.window import Window
 
     from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
     from airflow_provider_shardyfusion.streaming import foreach_batch_writer
-    from spark_jobs.driver import run_write
 
     rng = np.random.default_rng(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-stream-"))
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"base: full write of {args.rows} rows in {args.num_dbs} shards (untimed)")
     t0 = time.perf_counter()
     run_write(spark, build_write_config(output_uri=stream_root, input_path=src, key_column="id",
-                                        value_column="payload", num_dbs=args.num_dbs, run_id="base"), faults={})
+                                        value_column="payload", num_dbs=args.num_dbs, run_id="base"))
     base_write_s = time.perf_counter() - t0
 
     # -- 2. streamed deltas -------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     def full_write(upto: int, run_id: str) -> None:
         cfg = build_write_config(output_uri=full_root, input_path=src, key_column="id", value_column="payload",
                                  num_dbs=args.num_dbs, run_id=run_id)
-        run_write(spark, cfg, faults={}, df=applied(upto))
+        run_write(spark, cfg, df=applied(upto))
 
     _log("full: initial snapshot = base + warm-up changes (untimed)")
     t0 = time.perf_counter()

@@ -41,7 +41,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.config import build_write_config
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def main() -> None:
     def noop_pass(stage: str) -> float:
         """The sharded job's Spark side up to the writer, into Spark's noop sink (per-phase split)."""
         from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-        from spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
+        from airflow_provider_shardyfusion.spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
 
         df = spark.read.parquet(src)
         if stage == "shuffle":
@@ -81,7 +81,7 @@ def main() -> None:
                                  sort_within_partitions=args.sort_within_partitions == "true",
                                  spark_conf_overrides=dict(c.split("=", 1) for c in args.conf))
         t = time.perf_counter()
-        record = run_write(spark, cfg, faults={})
+        record = run_write(spark, cfg)
         return time.perf_counter() - t, record["stats"]
 
     rounds = []

@@ -18,9 +18,10 @@ from airflow_provider_shardyfusion.core.storage import open_store
 
 
 def run(spark, faults=None, **kwargs):
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS, Faults
 
-    return run_write(spark, build_write_config(**kwargs), faults=faults or {})
+    return run_write(spark, build_write_config(**kwargs), faults=Faults(faults) if faults else NO_FAULTS)
 
 
 def write_parquet(tmp_path, table: pa.Table, name="input") -> str:

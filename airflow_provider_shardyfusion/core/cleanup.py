@@ -21,6 +21,7 @@ from .errors import (
     RunRecordError,
     StorageError,
 )
+from .job_contract import RunStats
 from .run_record import FAILED, PUBLISH_CLAIM_HONOURED, RUNNING, RunError, RunRecord, check_storage_clock
 from .snapshot import SnapshotRoot
 
@@ -124,8 +125,8 @@ def chain_reads(snapshots: SnapshotRoot, run_id: str, runs: Mapping[str, RunReco
         why = f"run {run_id} has no manifest"
     except (StorageError, ManifestValidationError) as exc:
         why = f"the manifest of run {run_id} cannot be read: {exc}"
-    base = record.stats.get("base_run_id") if record is not None else None
-    if isinstance(base, str) and base != run_id and base not in seen:
+    base = RunStats.from_dict(record.stats).base_run_id if record is not None else None
+    if base is not None and base != run_id and base not in seen:
         return {base} | chain_reads(snapshots, base, runs, seen=seen | {run_id})
     if record is not None and record.status == RUNNING:
         return set()  # a full write, or a chain not yet on its base: no layer of another run written on yet

@@ -31,6 +31,7 @@ from .errors import (
     WriterLost,
     error_type_by_name,
 )
+from .job_contract import RunStats, WriterIdentity
 from .run_record import FAILED, SUCCEEDED, RunRecord
 from .snapshot import REWRITE_ON_LIVE, base_not_live
 
@@ -97,7 +98,7 @@ def read_live_state(snapshots: SnapshotRoot, record: RunRecord) -> LiveState:
 def meant_to_publish(record: RunRecord, publish: bool | None = None) -> bool:
     """Whether the writer was to move ``_CURRENT``: ``publish`` when the caller knows, else the
     record's ``writer.publish`` (records written before it was kept say nothing: treated as staged)."""
-    return bool(publish) if publish is not None else (record.writer or {}).get("publish") is True
+    return bool(publish) if publish is not None else WriterIdentity.from_dict(record.writer).publish is True
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,8 @@ class RunOutcome:
         if pointer is None:
             raise ValueError(f"run {run_id!r}: the outcome of a run meant to go live needs its LiveState")
         where += f"names run {pointer.live_run_id!r}" if pointer.live_run_id else "does not exist"
-        base = record.stats.get("base_run_id")
-        if isinstance(base, str) and pointer.state != "live" and pointer.live_run_id != base:
+        base = RunStats.from_dict(record.stats).base_run_id
+        if base is not None and pointer.state != "live" and pointer.live_run_id != base:
             # Publish would refuse it (SPEC §13): no advice to publish it, and none to roll back over the live run.
             return cls("not_live", run_id, record, pointer,
                        f"{base_not_live(run_id, base, pointer.live_run_id)}. {REWRITE_ON_LIVE}",
@@ -294,18 +295,18 @@ class RunOutcome:
 def snapshot_summary(record: RunRecord, *, published: bool) -> dict[str, Any]:
     """``{"published", "run_id", "output_uri", "manifest_ref", "run_record_ref", "num_dbs", "rows",
     "bytes", "empty_shards", "spark_app_id"}`` of a succeeded run."""
-    stats = record.stats or {}
+    stats = RunStats.from_dict(record.stats)
     return {
         "published": record.published_at is not None or published,
         "run_id": record.run_id,
         "output_uri": record.output_uri,
         "manifest_ref": record.manifest_ref,
         "run_record_ref": layout.join(record.output_uri, layout.run_record_key(record.run_id)),
-        "num_dbs": record.num_dbs if record.num_dbs is not None else stats.get("num_dbs"),
-        "rows": stats.get("rows"),
-        "bytes": stats.get("bytes"),
-        "empty_shards": stats.get("empty_shards"),
-        "spark_app_id": record.writer.get("spark_app_id"),
+        "num_dbs": record.num_dbs if record.num_dbs is not None else stats.num_dbs,
+        "rows": stats.rows,
+        "bytes": stats.bytes,
+        "empty_shards": stats.empty_shards,
+        "spark_app_id": WriterIdentity.from_dict(record.writer).spark_app_id,
     }
 
 

@@ -16,25 +16,26 @@ an earlier try's run (that run's own lease decides its fate).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import layout
 from .errors import ConfigError, RunRecordError, SparkConnectError, SparkSubmitError
+from .job_contract import TaskTry, WriterIdentity, parse_failure
 from .run_outcome import RunOutcome
 from .run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 __all__ = [
-    "DEFAULT_DEFERRAL_TIMEOUT", "SPARK_SUBMIT", "TASK_INSTANCE_KEYS", "RunChoice", "abandon_reason", "candidate_run_ids",
-    "choose_run", "connect_launcher", "describe_writer", "job_failure_line", "owned_by_another", "resolve_deferral_timeout",
+    "DEFAULT_DEFERRAL_TIMEOUT", "SPARK_SUBMIT", "RunChoice", "abandon_reason", "candidate_run_ids",
+    "choose_run", "connect_launcher", "describe_writer", "owned_by_another", "resolve_deferral_timeout",
     "retry_run_id", "same_task_instance", "same_try", "short_submit_error", "submission_outcome", "writer_identity",
 ]
 
-TASK_INSTANCE_KEYS = ("dag_id", "task_id", "run_id", "map_index")
 DEFAULT_DEFERRAL_TIMEOUT = timedelta(hours=24)
-_JOB_FAILED_RE = re.compile(r"shardyfusion job failed: (?P<type>[A-Za-z_][A-Za-z0-9_]*): (?P<message>.*)")
 _EXIT_CODE_RE = re.compile(r"Error code is: (-?\d+)")
 SPARK_SUBMIT = "spark-submit"
 
@@ -47,18 +48,18 @@ def connect_launcher(conn_id: str) -> str:
 # ---- identity ----------------------------------------------------------------------------------
 
 
-def writer_identity(record: RunRecord) -> Mapping[str, Any] | None:
+def writer_identity(record: RunRecord) -> TaskTry | None:
     """The Airflow try that wrote ``record`` (``writer.airflow``), if it says."""
-    ident = (record.writer or {}).get("airflow")
-    return ident if isinstance(ident, Mapping) else None
+    return WriterIdentity.from_dict(record.writer).airflow
 
 
-def same_task_instance(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool:
-    return ident is not None and all(ident.get(k) == me.get(k) for k in TASK_INSTANCE_KEYS)
+def same_task_instance(ident: TaskTry | None, me: Mapping[str, Any]) -> bool:
+    """``me``: this try as the operator records it (``airflow_context``)."""
+    return ident is not None and ident.same_task_instance(TaskTry.from_dict(me))
 
 
-def same_try(ident: Mapping[str, Any] | None, me: Mapping[str, Any]) -> bool:
-    return same_task_instance(ident, me) and ident is not None and ident.get("try_number") == me.get("try_number")
+def same_try(ident: TaskTry | None, me: Mapping[str, Any]) -> bool:
+    return ident is not None and ident.same_try(TaskTry.from_dict(me))
 
 
 def owned_by_another(record: RunRecord, me: Mapping[str, Any]) -> bool:
@@ -71,8 +72,8 @@ def describe_writer(record: RunRecord) -> str:
     ident = writer_identity(record)
     if ident is None:
         return "a writer outside Airflow (its run record names no task)"
-    return (f"task {ident.get('dag_id')}.{ident.get('task_id')} of DAG run {ident.get('run_id')!r} "
-            f"(map index {ident.get('map_index')}, try {ident.get('try_number')})")
+    return (f"task {ident.dag_id}.{ident.task_id} of DAG run {ident.run_id!r} "
+            f"(map index {ident.map_index}, try {ident.try_number})")
 
 
 # ---- retries of a fixed run id -----------------------------------------------------------------
@@ -120,7 +121,8 @@ def choose_run(base_run_id: str, records: Mapping[str, RunRecord | None], me: Ma
     if not existing:
         return RunChoice("start", base_run_id, "no earlier run of this task")
     rid, rec = existing[-1]
-    by = f"try {(writer_identity(rec) or {}).get('try_number')}"
+    ident = writer_identity(rec)
+    by = f"try {ident.try_number if ident is not None else None}"
     if rec.status == RUNNING and not rec.lease_expired(now):
         return RunChoice("attach", rid, f"run {rid!r} of {by} is still running (lease valid until "
                                         f"{layout.format_ts(rec.lease_expires_at)})")
@@ -135,15 +137,6 @@ def choose_run(base_run_id: str, records: Mapping[str, RunRecord | None], me: Ma
 
 
 # ---- outcome of a run ----------------------------------------------------------------------------
-
-
-def job_failure_line(tail: str) -> tuple[str, str] | None:
-    """The job's one-line verdict (``shardyfusion job failed: Type: message``), newest first."""
-    for line in reversed(tail.splitlines()):
-        m = _JOB_FAILED_RE.search(line)
-        if m:
-            return m["type"], m["message"]
-    return None
 
 
 def short_submit_error(exc: BaseException) -> str:
@@ -187,7 +180,7 @@ def submission_outcome(
     its ``writer.airflow`` names another writer (one that raced us for the run id). ``launcher``: as
     in ``abandon_reason``; with Spark Connect the failure is a ``SparkConnectError``.
     """
-    job_line = job_failure_line(tail)
+    job_line = parse_failure(tail)
     if record is not None and owned_by_another(record, me):
         if job_line is not None:
             return RunOutcome.failure(run_id, job_line[0], job_line[1])

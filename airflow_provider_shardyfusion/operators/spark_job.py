@@ -262,8 +262,10 @@ class SparkJobOperator(WithShardyfusionHook, BaseOperator):
         return self._launcher.tail_text() if self._launcher is not None else ""
 
     def _persist_link(self, context: Context, record: RunRecord) -> None:
-        app_id = record.writer.get("spark_app_id")
-        url = record.writer.get("spark_ui_url")
+        from airflow_provider_shardyfusion.core.job_contract import WriterIdentity
+
+        writer = WriterIdentity.from_dict(record.writer)
+        app_id, url = writer.spark_app_id, writer.spark_ui_url
         spark_conf = self.spark_conf if isinstance(self.spark_conf, Mapping) else {}
         history = spark_conf.get("spark.yarn.historyServer.address")
         if app_id and history:

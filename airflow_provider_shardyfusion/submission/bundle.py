@@ -1,10 +1,13 @@
 """The PySpark application bundle handed to ``spark-submit`` (SPEC §2).
 
-``--py-files`` gets one zip holding ``spark_jobs/`` and the pure-Python parts of this package
-(``airflow_provider_shardyfusion/__init__.py``, ``compat.py``, ``streaming.py`` + ``core/``), so
-executors never need the provider installed. The zip is deterministic (sorted entries, fixed timestamps and permissions): the same
-sources give the same bytes, so it is cached by content hash and rebuilt only when code changes,
-and two workers building it at once agree on the result.
+``--py-files`` gets one zip holding the parts of this package the job imports
+(``airflow_provider_shardyfusion/__init__.py``, ``compat.py``, ``streaming.py``, ``core/`` and
+``spark_jobs/``) under their package names, so driver and executors import the same modules and
+never need the provider installed. The application spark-submit runs is a two-line script from
+``spark_jobs/scripts/`` that imports the job from the zip. The zip is deterministic (sorted
+entries, fixed timestamps and permissions): the same sources give the same bytes, so it is cached
+by content hash and rebuilt only when code changes, and two workers building it at once agree on
+the result.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "ENTRY_SCRIPT", "STREAMING_SCRIPT", "Bundle", "build_bundle", "bundle_entries", "default_cache_dir", "find_spark_jobs_dir",
+    "ENTRY_SCRIPT", "STREAMING_SCRIPT", "Bundle", "build_bundle", "bundle_entries", "default_cache_dir",
     "package_dir", "zip_bytes",
 ]
 
@@ -31,7 +34,10 @@ _PACKAGE = "airflow_provider_shardyfusion"
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest timestamp a zip can hold
 _FILE_MODE = 0o100644  # regular file, rw-r--r--
 # Bump when the bundle layout changes, so old cache entries are never reused for a new layout.
-_BUNDLE_FORMAT = b"shardyfusion-bundle-v2\n"
+_BUNDLE_FORMAT = b"shardyfusion-bundle-v3\n"
+# The package's modules the job imports, besides core/ and spark_jobs/.
+_MODULES = ("__init__.py", "compat.py", "streaming.py")
+_SCRIPTS = "spark_jobs/scripts"
 
 
 @dataclass(frozen=True)
@@ -54,20 +60,6 @@ def package_dir() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def find_spark_jobs_dir() -> Path:
-    """``spark_jobs/`` of an installed wheel (inside the package) or of a source checkout (repo root)."""
-    pkg = package_dir()
-    candidates = [pkg / "spark_jobs", pkg.parent / "spark_jobs"]
-    for candidate in candidates:
-        if (candidate / ENTRY_SCRIPT).is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"the PySpark application {ENTRY_SCRIPT} was not found in any of "
-        f"{[str(c) for c in candidates]}; the provider installation is incomplete "
-        "(reinstall the airflow-provider-shardyfusion wheel)"
-    )
-
-
 def _python_files(base: Path, arc_prefix: str) -> list[tuple[str, Path]]:
     out = []
     for path in base.rglob("*.py"):
@@ -78,15 +70,12 @@ def _python_files(base: Path, arc_prefix: str) -> list[tuple[str, Path]]:
     return out
 
 
-def bundle_entries(spark_jobs_dir: Path | None = None) -> list[tuple[str, bytes]]:
+def bundle_entries(package: Path | None = None) -> list[tuple[str, bytes]]:
     """``(name in the zip, content)`` of every file of the bundle, sorted by name."""
-    jobs = spark_jobs_dir or find_spark_jobs_dir()
-    pkg = package_dir()
-    files = _python_files(jobs, "spark_jobs")
-    files.append((f"{_PACKAGE}/__init__.py", pkg / "__init__.py"))
-    files.append((f"{_PACKAGE}/compat.py", pkg / "compat.py"))  # the job's installation check
-    files.append((f"{_PACKAGE}/streaming.py", pkg / "streaming.py"))  # the streaming job's foreachBatch writer
+    pkg = package or package_dir()
+    files = [(f"{_PACKAGE}/{name}", pkg / name) for name in _MODULES]
     files += _python_files(pkg / "core", f"{_PACKAGE}/core")
+    files += _python_files(pkg / "spark_jobs", f"{_PACKAGE}/spark_jobs")
     names = [name for name, _ in files]
     if len(set(names)) != len(names):
         raise RuntimeError(f"bundle would contain duplicate entries: {sorted(names)}")
@@ -132,22 +121,25 @@ def _private_dir(root: Path) -> None:
         )
 
 
-def build_bundle(cache_dir: str | os.PathLike[str] | None = None, spark_jobs_dir: Path | None = None) -> Bundle:
+def build_bundle(cache_dir: str | os.PathLike[str] | None = None, package: Path | None = None) -> Bundle:
     """Return the cached bundle for the current sources, building it on first use.
 
     The cache entry ``<cache_dir>/<sha256>/`` holds ``bundle.zip`` and a copy of each entry
     script. It is assembled in a temporary directory and renamed into place, so a reader never
     sees a half-written entry even with several task processes racing on one machine. The entry
-    script is submitted from that copy (not from ``spark_jobs/``) because Python puts the script's
-    own folder first on ``sys.path``: a private folder keeps sibling modules from shadowing the
-    zipped package, and keeps script and zip from one snapshot of the code.
+    script is submitted from that copy, which keeps script and zip from one snapshot of the code.
+    ``package`` (tests): the package folder to bundle instead of this one.
     """
-    entries = bundle_entries(spark_jobs_dir)
-    if not any(name == f"spark_jobs/{ENTRY_SCRIPT}" for name, _ in entries):
-        raise FileNotFoundError(f"spark_jobs/{ENTRY_SCRIPT} is missing from the bundle sources")
+    pkg = package or package_dir()
+    missing = [name for name in _APPLICATIONS if not (pkg / _SCRIPTS / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the PySpark application {missing[0]} was not found in {pkg / _SCRIPTS}; the provider installation "
+            "is incomplete (reinstall the airflow-provider-shardyfusion wheel)")
+    entries = bundle_entries(pkg)
     sha = _digest(entries)
     by_name = dict(entries)
-    scripts = {n: by_name[f"spark_jobs/{n}"] for n in _APPLICATIONS if f"spark_jobs/{n}" in by_name}
+    scripts = {name: by_name[f"{_PACKAGE}/{_SCRIPTS}/{name}"] for name in _APPLICATIONS}
     data = zip_bytes(entries)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     _private_dir(root)

@@ -95,8 +95,11 @@ for name in modules:
     if name in wanted:
         importlib.import_module(name)
 heavy = [m for m in ("pyspark", "rocksdict", "boto3", "botocore", "py4j") if m in sys.modules]
-from airflow_provider_shardyfusion.submission.bundle import find_spark_jobs_dir
-print(json.dumps({"file": pkg.__file__, "heavy": heavy, "modules": modules, "spark_jobs": str(find_spark_jobs_dir())}))
+import tempfile
+from airflow_provider_shardyfusion.submission.bundle import STREAMING_SCRIPT, build_bundle
+built = build_bundle(tempfile.mkdtemp())
+apps = [built.entry_script, built.application(STREAMING_SCRIPT)]
+print(json.dumps({"file": pkg.__file__, "heavy": heavy, "modules": modules, "apps": [open(a).read() for a in apps]}))
 """
     # Every module the source tree has must import from the wheel (others are not written yet).
     present = [m for m in _provider_modules() if (REPO / (m.replace(".", "/") + ".py")).exists()]
@@ -105,7 +108,9 @@ print(json.dumps({"file": pkg.__file__, "heavy": heavy, "modules": modules, "spa
     site = str(python.parent.parent)
     assert out["file"].startswith(site), out["file"]
     assert out["heavy"] == [], f"importing {present} pulled in {out['heavy']}"
-    assert out["spark_jobs"].startswith(site) and out["spark_jobs"].endswith("airflow_provider_shardyfusion/spark_jobs")
+    # The installed wheel builds the bundle: its applications are the package's two scripts.
+    scripts = REPO / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts"
+    assert out["apps"] == [(scripts / name).read_text() for name in ("sharded_write_job.py", "streaming_job.py")]
 
 
 def _provider_modules() -> list[str]:

@@ -160,12 +160,12 @@ def _check_exact(manifest: Manifest, shard_pairs: dict[int, list[tuple[bytes, by
 
 
 def _write(spark, tmp_path: Path, table: pa.Table, **kwargs) -> str:
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     src = str(tmp_path / "input.parquet")
     pq.write_table(table, src)
     root = f"file://{tmp_path / 'out'}"
-    run_write(spark, build_write_config(output_uri=root, input_path=src, **kwargs), faults={})
+    run_write(spark, build_write_config(output_uri=root, input_path=src, **kwargs))
     return root
 
 
@@ -240,7 +240,7 @@ def test_rocksdb_7_tools_are_the_old_release():
 def test_every_layer_of_a_delta_chain_reads_back_with_rocksdb_7_tools(spark, tmp_path):
     """SPEC §13: each layer is a plain SST (puts and point tombstones); RocksDB 7.8's ``ldb``
     ingests a shard's layers oldest first into a new database and reads exactly the chain's data."""
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     ids = list(range(0, 3000, 3))
     model = {i: b"v0-%d" % i for i in ids}
@@ -255,7 +255,7 @@ def test_every_layer_of_a_delta_chain_reads_back_with_rocksdb_7_tools(spark, tmp
                                  "payload": pa.array([upserts.get(k) for k in keys], pa.binary()),
                                  "gone": [k in deletes for k in keys]}), src)
         run_write(spark, build_write_config(output_uri=root, input_path=src, key_column="id", value_column="payload",
-                                            write_mode="delta", delete_column="gone"), faults={})
+                                            write_mode="delta", delete_column="gone"))
         model.update(upserts)
         for k in deletes:
             model.pop(k, None)

@@ -10,8 +10,9 @@ import pytest
 from airflow_provider_shardyfusion.core.errors import InputDataError
 from airflow_provider_shardyfusion.core.manifest import ShardingInfo
 from airflow_provider_shardyfusion.core.routing import route_key
-from spark_jobs.errors import translate
-from spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
+from airflow_provider_shardyfusion.spark_jobs.errors import translate
+from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS, Faults
+from airflow_provider_shardyfusion.spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
 
 pytestmark = pytest.mark.spark
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -28,13 +29,13 @@ def spark():
     session.stop()
 
 
-def plan(num_dbs: int, **kw) -> RoutingPlan:
-    return RoutingPlan(ShardingInfo(strategy="hash", key_column="k"), num_dbs, "int", **kw)
+def plan(num_dbs: int) -> RoutingPlan:
+    return RoutingPlan(ShardingInfo(strategy="hash", key_column="k"), num_dbs, "int")
 
 
-def routed(spark, keys, ddl: str, num_dbs: int, **kw) -> dict:
+def routed(spark, keys, ddl: str, num_dbs: int, faults: Faults = NO_FAULTS) -> dict:
     df = spark.createDataFrame([(k,) for k in keys], f"k {ddl}")
-    return {r.k: r[SHARD_ID_COL] for r in with_shard_id(df, plan(num_dbs, **kw)).collect()}
+    return {r.k: r[SHARD_ID_COL] for r in with_shard_id(df, plan(num_dbs), faults).collect()}
 
 
 def test_long_keys_route_exactly_like_core(spark):
@@ -72,4 +73,4 @@ def test_a_null_key_is_one_clear_input_error(spark):
 
 def test_the_wrong_router_fault_shifts_every_id(spark):
     keys = list(range(100))
-    assert routed(spark, keys, "long", 4, wrong_router=True) == {k: (route_key(k, 4) + 1) % 4 for k in keys}
+    assert routed(spark, keys, "long", 4, Faults({"wrong_router": True})) == {k: (route_key(k, 4) + 1) % 4 for k in keys}

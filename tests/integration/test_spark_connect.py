@@ -8,7 +8,6 @@ back and compared with the input.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import spark_job
+from tests.fault_env import set_faults
 from tests.operator_helpers import connections, execute_in_thread, make_context, make_op
 from tests.polling import wait_for
 from tests.spark_connect_server import connect_server
@@ -137,8 +137,8 @@ def test_on_kill_mid_write_marks_the_run_killed_and_publishes_nothing(monkeypatc
                                                                       no_spark_submit):
     table, _ = int_table(2_000)
     marker, release = tmp_path / "held.pid", tmp_path / "release"
-    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps({"hold_shard_write": {
-        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(release), "seconds": 120}}))
+    set_faults(monkeypatch, {"hold_shard_write": {
+        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(release), "seconds": 120}})
     connections(monkeypatch, spark=connect_conn)
     root = f"file://{tmp_path}/kill"
     op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=4, run_id="run-killed")

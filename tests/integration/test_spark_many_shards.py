@@ -12,8 +12,8 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.storage import open_store
-from spark_jobs.driver import TASKS_PER_CORE
-from spark_jobs.shard_task import shards_of_task, task_of_shard
+from airflow_provider_shardyfusion.spark_jobs.driver import TASKS_PER_CORE
+from airflow_provider_shardyfusion.spark_jobs.shard_task import shards_of_task, task_of_shard
 from tests.spark_helpers import (
     assert_exact,
     assert_reader_agrees,

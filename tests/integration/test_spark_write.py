@@ -27,6 +27,8 @@ from airflow_provider_shardyfusion.core.errors import (
 )
 from airflow_provider_shardyfusion.core.run_record import read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.spark_jobs.faults import ENABLE_VAR
+from tests.fault_env import fault_env
 from tests.spark_helpers import (
     assert_exact,
     assert_reader_agrees,
@@ -329,13 +331,13 @@ def test_csv_with_options_writer_sort_runs_rate_limit_and_conf_overrides(spark, 
     csv.write_text("id;payload\n" + "".join(f"{k};row {k}\n" for k in keys))
     before = spark.conf.get("spark.sql.shuffle.partitions")
     seen_overrides = []
-    real_write = __import__("spark_jobs.driver", fromlist=["_write_sharded"])._write_sharded
+    real_write = __import__("airflow_provider_shardyfusion.spark_jobs.driver", fromlist=["_write_sharded"])._write_sharded
 
-    def spy(df, plan, write_plan):
+    def spy(df, *args):
         seen_overrides.append(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-        return real_write(df, plan, write_plan)
+        return real_write(df, *args)
 
-    monkeypatch.setattr("spark_jobs.driver._write_sharded", spy)
+    monkeypatch.setattr("airflow_provider_shardyfusion.spark_jobs.driver._write_sharded", spy)
     root = f"file://{tmp_path}/csv"
     record = run(spark, output_uri=root, key_column="id", input_path=str(csv), input_format="csv",
                  input_options={"header": "true", "sep": ";", "inferSchema": "true"}, value_column="payload",
@@ -397,24 +399,28 @@ def test_unreadable_input_is_a_config_error_naming_the_argument(spark, tmp_path,
 
 
 def test_spark_submit_entry_script_success_and_failure(tmp_path):
-    """The real entry script through spark-submit: exit 0 publishes; exit 1 carries the writer's error."""
+    """The real entry script through spark-submit: exit 0 publishes; exit 1 carries the writer's error.
+    A fault in the environment without its test-only switch is ignored (the write is exact)."""
     import base64
 
     table, expected = int_table(2_000, seed=11)
     path = write_parquet(tmp_path, table)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    entry = str(ROOT / "spark_jobs" / "sharded_write_job.py")
+    entry = str(ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts" / "sharded_write_job.py")
 
-    def submit(**kwargs):
+    def submit(job_env=env, **kwargs):
         cfg = build_write_config(input_path=path, key_column="id", value_column="payload", **kwargs)
         b64 = base64.urlsafe_b64encode(cfg.to_json().encode()).decode()
         return subprocess.run([spark_submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", entry,
-                               "--config-b64", b64], env=env, capture_output=True, text=True, timeout=300)
+                               "--config-b64", b64], env=job_env, capture_output=True, text=True, timeout=300)
 
     ok_root = f"file://{tmp_path}/submit"
-    done = submit(output_uri=ok_root, num_dbs=4)
+    stray = dict(env, **fault_env({"wrong_router": True}))
+    del stray[ENABLE_VAR]  # honoured, the fault would fail verify_routing
+    done = submit(stray, output_uri=ok_root, num_dbs=4)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{ENABLE_VAR}=1" in done.stdout + done.stderr  # the warning names the switch
     manifest, shards = read_snapshot(ok_root)
     assert_exact(manifest, shards, expected, "u64be")
     assert manifest.writer["spark_app_id"].startswith("local-")

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_shardyfusion.core.stream_batches import batch_run_id, parse_batch_run_id
+from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 from airflow_provider_shardyfusion.streaming import batch_config, foreach_batch_writer
 from tests.stream_model import SCHEMA, STREAM, Stream
 
@@ -89,7 +90,7 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     # Batch 1's write fails (a shard task fails): the query stops, the batch is not committed.
     stream.add_file({k: f"v1-{k}" for k in range(0, 100, 3)}, [1, 2])
     failing = foreach_batch_writer(stream.config, stream_id=STREAM,
-                                   faults={"fail_shard_attempt": {"db_id": 0, "attempt": 0}})
+                                   faults=Faults({"fail_shard_attempt": {"db_id": 0, "attempt": 0}}))
     assert stream.run_query(failing) is not None
     records = stream.stream_records()
     assert records[batch_run_id(STREAM, 1)].status == "failed"
@@ -104,14 +105,14 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
 
     # Batch 2 is written and recorded succeeded but never published (the driver died between the
     # manifest and _CURRENT): simulated by the same write with publish=False.
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     path = stream.add_file({k: f"v2-{k}" for k in range(50, 150)}, [0, 3])
     staged_id = batch_run_id(STREAM, 2)
     config = batch_config(stream.config, staged_id, "delta")
     config = replace(config, options=replace(config.options, publish=False))
-    staged = run_write(spark, config, faults={}, df=batch_df(spark, path),
-                       writer_extra={"stream_id": STREAM, "batch_id": 2})
+    staged = run_write(spark, config, df=batch_df(spark, path),
+                       stream_batch=(STREAM, 2))
     assert staged["status"] == "succeeded" and staged["published_at"] is None
     assert stream.snapshots().current().run_id == batch_run_id(STREAM, 1, 1)
 

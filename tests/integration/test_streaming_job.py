@@ -32,7 +32,7 @@ from airflow_provider_shardyfusion.operators.streaming_snapshot import Streaming
 from tests.operator_helpers import connections, make_context
 from tests.stream_files import put_changes
 
-JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "streaming_job.py"
+JOB = Path(__file__).resolve().parents[2] / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts" / "streaming_job.py"
 STREAM = "orders.job"
 
 pytestmark = pytest.mark.spark  # the job runs through spark-submit, which no fixture shows

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -34,11 +33,12 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.fault_env import fault_env
 from tests.polling import wait_for
 from tests.snapshot_factory import build_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ROOT / "spark_jobs" / "sharded_write_job.py"
+ENTRY = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts" / "sharded_write_job.py"
 
 
 def write_input(directory: Path, keys: range, tag: str) -> tuple[str, dict[int, bytes]]:
@@ -89,7 +89,7 @@ def submit(config, log_dir: Path, *, master: str = "local[2]", faults: dict[str,
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("SHARDYFUSION_TEST_FAULTS", None)
     if faults:
-        env["SHARDYFUSION_TEST_FAULTS"] = json.dumps(faults)
+        env.update(fault_env(faults))
     b64 = base64.urlsafe_b64encode(config.to_json().encode()).decode()
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
     log_path = log_dir / f"job-{config.run_id}.log"

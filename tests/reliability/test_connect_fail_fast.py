@@ -7,7 +7,6 @@ real run records and snapshot folders. Nothing listens on the "down" server's po
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.submission.bundle import build_bundle
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
+from tests.fault_env import set_faults
 from tests.operator_helpers import connections, execute_in_thread, make_context, make_op
 from tests.polling import wait_for
 from tests.processes import free_port
@@ -115,8 +115,8 @@ def test_a_server_killed_mid_write_fails_the_run_within_a_minute(monkeypatch, tm
     port, server = doomed_server
     table, _ = int_table(2_000)
     marker = tmp_path / "held.pid"
-    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps({"hold_shard_write": {
-        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(tmp_path / "never"), "seconds": 600}}))
+    set_faults(monkeypatch, {"hold_shard_write": {
+        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(tmp_path / "never"), "seconds": 600}})
     connections(monkeypatch, spark={"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
     root = f"file://{tmp_path}/killed"
     op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=4, run_id="run-lost")

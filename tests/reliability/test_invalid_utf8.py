@@ -87,7 +87,7 @@ def test_stored_utf8_keys_that_are_not_text_are_a_key_encoding_error():
 
 def test_routing_a_batch_names_the_key_column():
     from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-    from spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
+    from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
     batch = pa.RecordBatch.from_arrays([text_array([b"alice", BAD, b"bob"])], names=["user"])
     with pytest.raises(InputDataError) as info:
@@ -105,13 +105,13 @@ def test_routing_a_batch_names_the_key_column():
 
 def test_the_single_shard_writer_names_the_key_column(tmp_path):
     """num_dbs == 1 skips the routing pass; the shard writer checks the keys itself."""
-    from spark_jobs.shard_task import WritePlan, write_one_shard
+    from airflow_provider_shardyfusion.spark_jobs.shard_task import WritePlan, write_one_shard
 
     plan = WritePlan(
         output_uri=f"file://{tmp_path}/snap", storage_options={}, run_id="utf8-run", key_column="user",
         key_encoding="utf8", value_format="binary", value_columns=("v",), batch_size=100, sort_run_rows=100,
         allow_duplicate_keys=False, max_writes_per_second=None, max_write_bytes_per_second=None,
-        sample_per_shard=5, sample_columns=("user",), faults={}, presorted=True,
+        sample_per_shard=5, sample_columns=("user",), presorted=True,
     )
     batch = pa.RecordBatch.from_arrays([text_array([b"alice", BAD]), pa.array([b"1", b"2"])], names=["user", "v"])
     with pytest.raises(InputDataError) as info:
@@ -139,7 +139,7 @@ def test_the_spark_job_fails_with_one_clear_error(spark, tmp_path, case, figure)
     from airflow_provider_shardyfusion.core.config import build_write_config
     from airflow_provider_shardyfusion.core.run_record import read_run_record
     from airflow_provider_shardyfusion.core.storage import open_store
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     n = 200
     names = [f"user-{i:04d}".encode() for i in range(n)]
@@ -156,7 +156,7 @@ def test_the_spark_job_fails_with_one_clear_error(spark, tmp_path, case, figure)
     config = build_write_config(output_uri=root, key_column="name", input_path=path, run_id=f"utf8-{case}".replace("_", "-"),
                                 **kwargs)
     with pytest.raises(InputDataError) as info:
-        run_write(spark, config, faults={})
+        run_write(spark, config)
     column = "city" if case == "json_value" else "name"
     assert_clear(info.value, column, "value_format 'json'" if case == "json_value" else "key_encoding 'raw'")
     store = open_store(root)

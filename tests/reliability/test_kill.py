@@ -22,6 +22,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+from tests.fault_env import set_faults
 from tests.reliability.job_harness import wait_for
 
 pytestmark = pytest.mark.spark
@@ -38,7 +39,7 @@ class FakeTI:
 def test_on_kill_leaves_the_driver_dead_and_the_run_never_live(tmp_path, monkeypatch, figure):
     marker = tmp_path / "driver.pid"
     hold = {"hold_before_publish": {"seconds": HOLD_S, "marker": str(marker)}}
-    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps(hold))
+    set_faults(monkeypatch, hold)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     (tmp_path / "input").mkdir()
     keys = list(range(2000))

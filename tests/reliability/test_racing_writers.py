@@ -29,6 +29,7 @@ from airflow_provider_shardyfusion.core.errors import RunRecordError
 from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.fault_env import set_faults
 from tests.reliability.job_harness import (
     Watch,
     job_config,
@@ -147,7 +148,7 @@ def test_two_writers_with_one_run_id(tmp_path, figure, monkeypatch):
     root = f"file://{tmp_path}/snap"
     old_run, old_expected = old_snapshot(root)
     faults, release, reached = hold_all(tmp_path)
-    monkeypatch.setenv("SHARDYFUSION_TEST_FAULTS", json.dumps(faults))
+    set_faults(monkeypatch, faults)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     build_bundle()  # once, before two operators want it at the same moment
     run_id = layout.new_run_id()

@@ -33,6 +33,7 @@ from airflow_provider_shardyfusion.core.reader import ShardedReader
 from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.stream_batches import parse_batch_run_id
+from tests.fault_env import fault_env
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.spark
@@ -100,7 +101,7 @@ def start(tmp_path: Path, faults: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT_DIR))
     env.pop("SHARDYFUSION_TEST_FAULTS", None)
     if faults:
-        env["SHARDYFUSION_TEST_FAULTS"] = json.dumps(faults)
+        env.update(fault_env(faults))
     log = open(tmp_path / f"runner-{len(list(tmp_path.glob('runner-*')))}.log", "wb")  # noqa: SIM115 - kept for the process
     return subprocess.Popen([sys.executable, "-m", "tests.reliability.stream_runner", f"file://{tmp_path}/root",
                              str(tmp_path / "source"), str(tmp_path / "checkpoint"), STREAM],

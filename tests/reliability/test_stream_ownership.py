@@ -131,7 +131,7 @@ def test_a_stream_does_not_build_on_a_rollback_or_a_foreign_snapshot(spark, tmp_
     foreign = {k: f"foreign-{k}" for k in range(500, 530)}
     path = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"id": pa.array(list(foreign), pa.int64()), "payload": list(foreign.values())}), path)
-    from spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     record = run_write(spark, build_write_config(output_uri=stream.root, input_path=str(path), key_column="id",
                                                  value_column="payload", num_dbs=NUM_DBS))

@@ -121,8 +121,8 @@ _SPARK_TEXT = (
     ("ShuffleMapTask", "in task 2 of Spark stage 6"),  # reading / routing input rows: no shard yet
 ])
 def test_worker_death_names_the_shards_of_the_writing_task_only(kind, where):
-    from spark_jobs.errors import translate
-    from spark_jobs.shard_task import shards_of_task
+    from airflow_provider_shardyfusion.spark_jobs.errors import translate
+    from airflow_provider_shardyfusion.spark_jobs.shard_task import shards_of_task
 
     error = translate(RuntimeError(_SPARK_TEXT.format(task=2, kind=kind)),
                       shards_of_task=lambda t: shards_of_task(t, 8, 4))

@@ -16,6 +16,7 @@ from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts"  # the two spark-submit applications
 
 
 def fake_site(root: Path, *, files: str | None, pyspark: str | None = None, client: str | None = None,
@@ -113,7 +114,7 @@ def test_job_entry_refuses_a_mix_before_importing_pyspark(tmp_path):
     b64 = base64.urlsafe_b64encode(cfg.to_json().encode()).decode()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
     # PYTHONPATH comes before the venv's site-packages, so the mixed folder is the pyspark imported.
-    proc = subprocess.run([sys.executable, str(ROOT / "spark_jobs" / "sharded_write_job.py"), "--config-b64", b64],
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "sharded_write_job.py"), "--config-b64", b64],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("shardyfusion job failed:")]

@@ -6,8 +6,8 @@ import pytest
 
 from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-from spark_jobs.driver import _count_is_useful, _spark_sorts_shards
-from spark_jobs.routing_task import RoutingPlan
+from airflow_provider_shardyfusion.spark_jobs.driver import _count_is_useful, _spark_sorts_shards
+from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan
 
 
 def config(**kw):

@@ -84,13 +84,16 @@ def test_wheel_contents(wheel):
         assert "airflow_provider_shardyfusion/core/routing.py" in names
         assert "airflow_provider_shardyfusion/core/storage/s3.py" in names
         assert "airflow_provider_shardyfusion/spark_jobs/__init__.py" in names
-        assert not any(n.startswith("spark_jobs/") for n in names)  # mapped into the package, not top level
+        assert not any(n.startswith("spark_jobs/") for n in names)  # one address: inside the package only
         assert not any(n.startswith("tests/") for n in names)
-        # every source file of spark_jobs/ made it into the wheel
-        for path in (ROOT / "spark_jobs").rglob("*.py"):
+        # every source file of spark_jobs/ made it into the wheel, the two applications included
+        jobs = sorted((ROOT / "airflow_provider_shardyfusion" / "spark_jobs").rglob("*.py"))
+        assert "airflow_provider_shardyfusion/spark_jobs/scripts/sharded_write_job.py" in names
+        assert "airflow_provider_shardyfusion/spark_jobs/scripts/streaming_job.py" in names
+        for path in jobs:
             rel = path.relative_to(ROOT).as_posix()
             if "__pycache__" not in rel:
-                assert f"airflow_provider_shardyfusion/{rel}" in names
+                assert rel in names
         ep_file = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         parser = configparser.ConfigParser()
         parser.read_string(zf.read(ep_file).decode())

@@ -8,7 +8,7 @@ import pytest
 from airflow_provider_shardyfusion.core import routing
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
 from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-from spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
+from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
 
 def hash_plan(kind: str, num_dbs: int) -> RoutingPlan:

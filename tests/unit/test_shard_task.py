@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardWriteError
 from airflow_provider_shardyfusion.core.storage import open_store
-from spark_jobs.shard_task import WritePlan, write_one_shard
+from airflow_provider_shardyfusion.spark_jobs.shard_task import TaskResult, WritePlan, write_one_shard
 
 
 def plan(root: str, **kw) -> WritePlan:
     base = dict(output_uri=root, storage_options={}, run_id="run-t", key_column="id", key_encoding="u64be",
                 value_format="binary", value_columns=("v",), batch_size=100, sort_run_rows=250,
                 allow_duplicate_keys=False, max_writes_per_second=None, max_write_bytes_per_second=None,
-                sample_per_shard=3, sample_columns=("id",), faults={})
+                sample_per_shard=3, sample_columns=("id",))
     base.update(kw)
     return WritePlan(**base)
 
@@ -28,19 +30,21 @@ def batches(start: int, stop: int, step: int = 100):
 
 def test_a_shard_is_uploaded_under_its_attempt_with_sizes_and_checksums(file_root):
     out = write_one_shard(plan(file_root), batches(0, 1_000), db_id=3, attempt=1, task_attempt_id=42)
-    result = out["result"]
-    assert result["row_count"] == 1_000 and result["db_id"] == 3
-    assert result["db_url"] == open_store(file_root).uri(layout.attempt_key("run-t", 3, 1, 42))
+    result = out.shard
+    assert result.row_count == 1_000 and result.db_id == 3
+    assert result.db_url == open_store(file_root).uri(layout.attempt_key("run-t", 3, 1, 42))
     stored = {o.key.rsplit("/", 1)[1]: o.size for o in open_store(file_root).list(layout.shard_db_prefix("run-t", 3))}
-    assert stored == {f["name"]: f["size"] for f in result["files"]}
-    assert [row["id"] for row in out["sample"]] == [0, 1, 2]
+    assert stored == {f.name: f.size for f in result.files}
+    assert [row["id"] for row in out.sample] == [0, 1, 2]
+    # What crosses from the task to the driver reads back the same.
+    assert TaskResult.from_dict(json.loads(json.dumps(out.to_dict()))) == out
 
 
 def test_an_empty_partition_does_no_storage_io(file_root):
     out = write_one_shard(plan(file_root), iter([pa.record_batch({"id": pa.array([], pa.int64()),
                                                                     "v": pa.array([], pa.binary())})]),
                           db_id=0, attempt=0, task_attempt_id=1)
-    assert out["result"]["row_count"] == 0 and out["result"]["db_url"] is None
+    assert out.shard.row_count == 0 and out.shard.db_url is None and out.sample == ()
     assert not list(open_store(file_root).list(""))
 
 

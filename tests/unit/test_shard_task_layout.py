@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
-from spark_jobs.shard_task import (
+from airflow_provider_shardyfusion.spark_jobs.shard_task import (
     WritePlan,
     shard_runs,
     shards_of_task,
@@ -45,7 +45,7 @@ def plan(root: str) -> WritePlan:
     return WritePlan(output_uri=root, storage_options={}, run_id="run-m", key_column="id", key_encoding="u64be",
                      value_format="binary", value_columns=("v",), batch_size=100, sort_run_rows=1_000,
                      allow_duplicate_keys=False, max_writes_per_second=None, max_write_bytes_per_second=None,
-                     sample_per_shard=1, sample_columns=("id",), faults={}, num_dbs=10, num_tasks=3,
+                     sample_per_shard=1, sample_columns=("id",), num_dbs=10, num_tasks=3,
                      shard_id_column=ID)
 
 
@@ -53,9 +53,9 @@ def test_a_task_writes_each_of_its_shards_under_its_own_attempt_folder(file_root
     # 10 shards over 3 tasks: task 1 holds shards 4, 5 and 6.
     outs = list(write_task_shards(plan(file_root), iter([batch([4, 4, 6], [1, 2, 3])]), task=1, attempt=2,
                                   task_attempt_id=77))
-    assert [(o["result"]["db_id"], o["result"]["row_count"]) for o in outs] == [(4, 2), (6, 1)]
-    assert all("/attempt=02-task=77" in o["result"]["db_url"] for o in outs)
-    assert len({o["result"]["db_url"] for o in outs}) == 2
+    assert [(o.shard.db_id, o.shard.row_count) for o in outs] == [(4, 2), (6, 1)]
+    assert all("/attempt=02-task=77" in (o.shard.db_url or "") for o in outs)
+    assert len({o.shard.db_url for o in outs}) == 2
 
 
 @pytest.mark.parametrize("ids", [[4, 7], [5, 4]], ids=["outside-the-range", "out-of-order"])

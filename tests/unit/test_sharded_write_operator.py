@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,6 +44,7 @@ from tests.polling import FakeClock
 from tests.snapshot_helpers import publish_snapshot, publish_written_run, write_run_record
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts"  # the two spark-submit applications
 SECRET = "UnitTestSecretKey/4f1c9e0b7a"
 YARN_CLUSTER = {"conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}
 
@@ -493,17 +495,19 @@ def test_bundle_is_deterministic_sorted_and_complete(tmp_path):
         infos = zf.infolist()
     names = [i.filename for i in infos]
     assert names == sorted(names) and len(set(names)) == len(names)
-    assert "spark_jobs/sharded_write_job.py" in names and "spark_jobs/__init__.py" in names
+    assert "airflow_provider_shardyfusion/spark_jobs/sharded_write_job.py" in names
+    assert "airflow_provider_shardyfusion/spark_jobs/driver.py" in names
+    assert not any(n.startswith("spark_jobs/") for n in names)  # one address, the package's
     assert "airflow_provider_shardyfusion/__init__.py" in names
     assert "airflow_provider_shardyfusion/core/config.py" in names
     assert "airflow_provider_shardyfusion/core/storage/s3.py" in names
     assert all(n.endswith(".py") and "__pycache__" not in n for n in names)
-    # Only core ships to executors: no Airflow side.
+    # Only core and the job ship to executors: no Airflow side.
     assert not any(n.startswith(("airflow_provider_shardyfusion/operators", "airflow_provider_shardyfusion/hooks"))
                    for n in names)
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     assert {i.external_attr >> 16 for i in infos} == {0o100644}
-    assert Path(a.entry_script).read_bytes() == (ROOT / "spark_jobs" / "sharded_write_job.py").read_bytes()
+    assert Path(a.entry_script).read_bytes() == (SCRIPTS / "sharded_write_job.py").read_bytes()
 
 
 def test_bundle_is_cached_by_content(tmp_path):
@@ -521,7 +525,7 @@ def test_a_tampered_cache_entry_is_replaced_not_shipped(tmp_path):
     Path(good.entry_script).write_text("import os; os.system('steal')\n")
     again = bundle_mod.build_bundle(tmp_path)
     assert Path(again.zip_path).read_bytes() == expected
-    assert Path(again.entry_script).read_bytes() == (ROOT / "spark_jobs" / "sharded_write_job.py").read_bytes()
+    assert Path(again.entry_script).read_bytes() == (SCRIPTS / "sharded_write_job.py").read_bytes()
 
 
 def test_bundle_cache_must_be_private(tmp_path):
@@ -533,20 +537,32 @@ def test_bundle_cache_must_be_private(tmp_path):
     assert str(os.getuid()) in str(bundle_mod.default_cache_dir())
 
 
+def _package_copy(where: Path) -> Path:
+    """A copy of the bundled part of the package, to change its code."""
+    pkg = ROOT / "airflow_provider_shardyfusion"
+    for name in ("__init__.py", "compat.py", "streaming.py"):
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pkg / name, where / name)
+    for sub in ("core", "spark_jobs"):
+        shutil.copytree(pkg / sub, where / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    return where
+
+
 def test_bundle_changes_when_the_code_changes(tmp_path):
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    (jobs / "sharded_write_job.py").write_text("print('v1')\n")
-    v1 = bundle_mod.build_bundle(tmp_path / "cache", spark_jobs_dir=jobs)
-    (jobs / "sharded_write_job.py").write_text("print('v2')\n")
-    v2 = bundle_mod.build_bundle(tmp_path / "cache", spark_jobs_dir=jobs)
-    assert v1.sha256 != v2.sha256 and Path(v2.entry_script).read_text() == "print('v2')\n"
+    pkg = _package_copy(tmp_path / "pkg")
+    v1 = bundle_mod.build_bundle(tmp_path / "cache", package=pkg)
+    (pkg / "spark_jobs" / "driver.py").write_text("print('v2')\n")
+    v2 = bundle_mod.build_bundle(tmp_path / "cache", package=pkg)
+    assert v1.sha256 != v2.sha256
+    with zipfile.ZipFile(v2.zip_path) as zf:
+        assert zf.read("airflow_provider_shardyfusion/spark_jobs/driver.py") == b"print('v2')\n"
 
 
-def test_missing_entry_script_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(bundle_mod, "package_dir", lambda: tmp_path / "pkg")
+def test_missing_entry_script_is_a_clear_error(tmp_path):
+    pkg = _package_copy(tmp_path / "pkg")
+    (pkg / "spark_jobs" / "scripts" / "sharded_write_job.py").unlink()
     with pytest.raises(FileNotFoundError, match=r"sharded_write_job\.py was not found"):
-        bundle_mod.find_spark_jobs_dir()
+        bundle_mod.build_bundle(tmp_path / "cache", package=pkg)
 
 
 # ---- import weight ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from airflow_provider_shardyfusion.operators.streaming_snapshot import Streaming
 from tests.operator_helpers import connections, make_context
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts"  # the two spark-submit applications
 
 
 def stream_context():
@@ -193,9 +194,11 @@ def test_the_bundle_carries_the_streaming_job_and_writer(tmp_path):
     from airflow_provider_shardyfusion.submission import bundle as bundle_mod
 
     names = [name for name, _ in bundle_mod.bundle_entries()]
-    assert "spark_jobs/streaming_job.py" in names and "airflow_provider_shardyfusion/streaming.py" in names
+    assert "airflow_provider_shardyfusion/spark_jobs/streaming_job.py" in names
+    assert "airflow_provider_shardyfusion/spark_jobs/foreach_batch.py" in names
+    assert "airflow_provider_shardyfusion/streaming.py" in names
     built = bundle_mod.build_bundle(tmp_path)
     script = built.application(bundle_mod.STREAMING_SCRIPT)
-    assert Path(script).read_bytes() == (ROOT / "spark_jobs" / "streaming_job.py").read_bytes()
+    assert Path(script).read_bytes() == (SCRIPTS / "streaming_job.py").read_bytes()
     with pytest.raises(FileNotFoundError):
         built.application("other_job.py")

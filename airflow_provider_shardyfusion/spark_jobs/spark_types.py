@@ -6,11 +6,15 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import types as T
 
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.encoding import KeyKind
-    from airflow_provider_shardyfusion.core.routing import CelType
+    from ..core.encoding import KeyKind
+    from ..core.routing import CelType
+
+__all__ = [
+    "cel_type", "field_of", "key_kind", "require_boolean",
+]
 
 _INT_TYPES = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
 # Spark type → (key kind, CEL type); None where the type cannot serve in that role.

@@ -1,4 +1,6 @@
-"""Entry point: ``spark-submit [--py-files bundle.zip] streaming_job.py --config-b64 <base64 JSON>``.
+"""The streaming job: ``spark-submit --py-files bundle.zip streaming_job.py --config-b64 <base64 JSON>``.
+
+``streaming_job.py`` at the bundle's root is ``scripts/streaming_job.py``, which calls ``run_script``.
 
 A Structured Streaming query (SPEC §14): ``readStream`` over a file source (``source_path``,
 ``source_format``, ``source_schema`` or the schema of the files present) or any source by format
@@ -9,7 +11,7 @@ new since the last run and stops; ``processing_time`` runs until stopped.
 The JSON is ``core.stream_job.encode_job_config``: the WriteConfig and the stream settings. The
 batches handled are reported in ``runs/_streams/<stream_id>/<report_id>.json`` under the root
 (``core.stream_job``), rewritten after every micro-batch and when the query ended, and printed as
-one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans.
+one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.job_contract``).
 
 Stopping: SIGTERM, or the operator's stop object (``stop_key``), stops the query after the
 micro-batch in progress (a batch interrupted anyway is rewritten by the next run: exactly once).
@@ -35,13 +37,18 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
-try:
-    import spark_jobs  # noqa: F401  (from the --py-files bundle)
-except ImportError:  # run from a source checkout without a bundle
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ..core.job_contract import STREAMING_JOB, failed_line, stream_result_line
 
-RESULT_MARKER = "SHARDYFUSION_STREAM_RESULT"
+if TYPE_CHECKING:
+    from .faults import Faults
+
+__all__ = [
+    "STOP_POLL_S", "RemoteBatches", "Reporter", "Stopper", "build_reader", "main", "remote_batches", "run",
+    "run_script", "start_query", "stream_writer",
+]
+
 STOP_POLL_S = 2.0
 log = logging.getLogger("shardyfusion.streaming_job")
 
@@ -91,8 +98,9 @@ class RemoteBatches:
     ``sys.path`` and builds the writer and its ``Reporter`` there; they live as long as the query.
     """
 
-    def __init__(self, bundle: bytes, job_json: str):
-        self.bundle, self.job_json = bundle, job_json
+    def __init__(self, bundle: bytes, job_json: str, faults: Faults):
+        # The faults as plain data: their class can be unpickled only once the bundle is on the path.
+        self.bundle, self.job_json, self.fault_spec = bundle, job_json, dict(faults.spec)
         self.reporter: Reporter | None = None
 
     def __call__(self, batch_df, batch_id: int) -> None:
@@ -106,37 +114,41 @@ class RemoteBatches:
         path = os.path.join(tempfile.mkdtemp(prefix="shardyfusion-stream-"), "bundle.zip")
         with open(path, "wb") as fh:
             fh.write(self.bundle)
+        # The server's Python process has no other way to the bundle than its search path; after
+        # this the imports are the same package-absolute modules as on the client.
         sys.path.insert(0, path)
         from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
         from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
+        from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 
         config, stream = decode_job_config(self.job_json)
         store = SnapshotRoot.open(config.output_uri, config.storage_options).store
         # This process has no logging set up; its stderr goes to the server's log.
         print(f"micro-batch writer of stream {stream.stream_id} started on the Connect server from {path}",
               file=sys.stderr, flush=True)
-        return Reporter(stream_writer(config, stream), store,
+        return Reporter(stream_writer(config, stream, Faults(self.fault_spec)), store,
                         report_key(stream.stream_id, stream.report_id), stream.stream_id)
 
 
-def stream_writer(config, stream):
+def stream_writer(config, stream, faults: Faults):
     """The micro-batch writer of the job's stream settings."""
-    from airflow_provider_shardyfusion.streaming import foreach_batch_writer
+    from airflow_provider_shardyfusion.spark_jobs.foreach_batch import foreach_batch_writer
 
     return foreach_batch_writer(config, stream_id=stream.stream_id, checkpoint_location=stream.checkpoint_location,
-                                stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
+                                stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run,
+                                faults=faults)
 
 
-def remote_batches(job_json: str) -> RemoteBatches:
+def remote_batches(job_json: str, faults: Faults) -> RemoteBatches:
     """The Connect micro-batch function, with the bundle the operator shipped (``SHARDYFUSION_BUNDLE``)."""
-    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from pyspark import cloudpickle
 
-    if __name__ != "__main__":  # imported (not run as the script): still pickled by value, not by name
-        from pyspark import cloudpickle
+    from ..core import job_environment as job_env
 
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # By value: the server's process cannot import this module by name before the bundle is on its path.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with open(os.environ[job_env.BUNDLE], "rb") as fh:
-        return RemoteBatches(fh.read(), job_json)
+        return RemoteBatches(fh.read(), job_json, faults)
 
 
 class Stopper:
@@ -218,32 +230,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streaming_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the streaming job JSON")
     args = parser.parse_args(argv)
-    from spark_jobs import job_logging
+    from . import job_logging
 
     job_logging.configure()
 
-    from airflow_provider_shardyfusion.core.errors import ShardyfusionError
-    from airflow_provider_shardyfusion.core.stream_job import decode_job_config
+    from ..core.errors import ShardyfusionError
+    from ..core.stream_job import decode_job_config
 
     try:
         job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
         config, stream = decode_job_config(job_json)
-        from airflow_provider_shardyfusion.streaming import check_stream_options
+        from .faults import from_environment
+        from .foreach_batch import check_stream_options
 
         check_stream_options(stream.source_options)
-        writer = stream_writer(config, stream)
+        faults = from_environment()
+        writer = stream_writer(config, stream, faults)
     except (ShardyfusionError, ValueError) as exc:
-        print(f"shardyfusion streaming job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc), job=STREAMING_JOB), file=sys.stderr)
         return 2
-    return run(config, stream, writer, job_json)
+    return run(config, stream, writer, job_json, faults)
 
 
-def run(config, stream, writer, job_json: str) -> int:
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-    from airflow_provider_shardyfusion.core.stream_job import report_key, stop_key
-    from spark_jobs import connect_session
-    from spark_jobs.orphan_guard import exit_when_orphaned
-    from spark_jobs.sharded_write_job import _classic_session
+def run(config, stream, writer, job_json: str, faults: Faults) -> int:
+    from ..core.snapshot import SnapshotRoot
+    from ..core.stream_job import report_key, stop_key
+    from . import connect_session
+    from .orphan_guard import exit_when_orphaned
+    from .sharded_write_job import _classic_session
 
     remote = connect_session.requested()
     store = SnapshotRoot.open(config.output_uri, config.storage_options).store
@@ -253,14 +267,14 @@ def run(config, stream, writer, job_json: str) -> int:
     try:
         batch_fn: Reporter | RemoteBatches = reporter
         if remote:
-            spark, batch_fn = connect_session.open_session(), remote_batches(job_json)
+            spark, batch_fn = connect_session.open_session(), remote_batches(job_json, faults)
         else:
             spark = _classic_session(f"stream-{stream.stream_id}")
     except Exception as exc:
-        print(f"shardyfusion streaming job failed: {type(exc).__name__}: could not open the Spark session: {exc}",
+        print(failed_line(type(exc).__name__, f"could not open the Spark session: {exc}", job=STREAMING_JOB),
               file=sys.stderr)
         return 2
-    error = None
+    failure: tuple[str, str] | None = None
     try:
         stopper.watch()
         stopper.query = query = start_query(spark, stream, batch_fn)
@@ -269,18 +283,20 @@ def run(config, stream, writer, job_json: str) -> int:
                 query.stop()
         query.awaitTermination()
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        failure = (type(exc).__name__, str(exc))
     finally:
         if not remote:  # over Connect the writer lives on the server; its lease runs out
             _release(writer)
-        result = reporter.write(finished=True, error=error, batches=reporter.stored_batches() if remote else None)
-        print(f"{RESULT_MARKER} {json.dumps(result, sort_keys=True)}", file=sys.stderr)
+        result = reporter.write(finished=True, error=": ".join(failure) if failure else None,
+                                batches=reporter.stored_batches() if remote else None)
+        print(stream_result_line(result), file=sys.stderr)
         spark.stop()
-    if error is not None:
-        print(f"shardyfusion streaming job failed: {error}", file=sys.stderr)
+    if failure is not None:
+        print(failed_line(*failure, job=STREAMING_JOB), file=sys.stderr)
         return 1
     return 0
 
 
-if __name__ == "__main__":
+def run_script() -> None:
+    """Run ``main`` as the application and exit with its code."""
     sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NoReturn
 
-from airflow_provider_shardyfusion.core.errors import (
+from ..core.errors import (
     ShardWriteError,
     ShardyfusionError,
     SparkConnectError,
@@ -15,6 +15,11 @@ from airflow_provider_shardyfusion.core.errors import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+__all__ = [
+    "WORKER_CRASHED", "connect_server_gone", "describe_rpc_error", "error_line", "one_line", "raise_translated",
+    "translate",
+]
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
 

@@ -22,9 +22,14 @@ import threading
 import time
 from typing import Any
 
-from airflow_provider_shardyfusion.core import job_environment as job_env
-from airflow_provider_shardyfusion.core.errors import ConfigError, RunKilled
-from spark_jobs.errors import describe_rpc_error
+from ..core import job_environment as job_env
+from ..core.errors import ConfigError, RunKilled
+from .errors import describe_rpc_error
+
+__all__ = [
+    "DEFAULT_ARCHIVE_ALIAS", "KEEPALIVE_OPTIONS", "RETRY_INITIAL_MS", "RETRY_MAX", "RETRY_MAX_BACKOFF_MS",
+    "STOP_WAIT_SECONDS", "open_session", "requested", "retry_policy", "stop", "stop_on_terminate",
+]
 
 log = logging.getLogger(__name__)
 DEFAULT_ARCHIVE_ALIAS = "shardyfusion_env"

@@ -13,35 +13,39 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-import airflow_provider_shardyfusion as provider
-from airflow_provider_shardyfusion.core import encoding, layout, routing
-from airflow_provider_shardyfusion.core.errors import (
+from .. import __version__ as provider_version
+from ..core import encoding, layout, routing
+from ..core.errors import (
     ConfigError,
     InputDataError,
     ShardAssignmentError,
     show_value,
 )
-from airflow_provider_shardyfusion.core.manifest import (
+from ..core.job_contract import RunStats, TaskTry, WriterIdentity
+from ..core.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
     Manifest,
     ShardingInfo,
 )
-from airflow_provider_shardyfusion.core.publish import delete_losing_attempts, publish
-from airflow_provider_shardyfusion.core.retry import NO_RETRY, call_with_retry
-from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
-from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.winner import ShardResult, WinnerSelection, select_winners
-
+from ..core.publish import delete_losing_attempts, publish
+from ..core.retry import NO_RETRY, call_with_retry
+from ..core.run_record import RunRecordLifecycle
+from ..core.storage import open_store
+from ..core.winner import WinnerSelection, select_winners
 from . import errors as job_errors
-from . import faults as fault_injection
 from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
+from .faults import NO_FAULTS, Faults
 from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
-from .shard_task import RESULT_DDL, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
+from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.config import WriteConfig
+    from ..core.config import WriteConfig
+
+__all__ = [
+    "TASKS_PER_CORE", "read_input", "run_write", "writer_info",
+]
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -82,32 +86,36 @@ def read_input(spark, config: WriteConfig):
         raise ConfigError(f"{what} cannot be read: {detail}") from exc
 
 
-def writer_info(spark, config: WriteConfig) -> dict[str, Any]:
-    return {
-        "provider": "airflow-provider-shardyfusion", "provider_version": provider.__version__,
-        "spark_version": spark.version, "python_version": platform.python_version(),
-        "spark_app_id": session_info.app_id(spark), "spark_ui_url": session_info.ui_url(spark),
-        "airflow": config.airflow_context, "publish": config.options.publish is True,
-    }
+def writer_info(spark, config: WriteConfig) -> WriterIdentity:
+    return WriterIdentity(
+        provider="airflow-provider-shardyfusion", provider_version=provider_version, spark_version=spark.version,
+        python_version=platform.python_version(), spark_app_id=session_info.app_id(spark),
+        spark_ui_url=session_info.ui_url(spark), publish=config.options.publish is True,
+        airflow=TaskTry.from_dict(config.airflow_context) if config.airflow_context else None,
+    )
 
 
-def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = None, df: Any = None,
-              writer_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any = None,
+              stream_batch: tuple[str, int] | None = None) -> dict[str, Any]:
     """Run the whole write; return the succeeded run record as a dict. Raises provider errors.
 
+    ``faults``: test-only (``spark_jobs.faults``), resolved by the job's entry script.
     ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
-    ``writer_extra``: merged into the ``writer`` info of the run record and the manifest.
+    ``stream_batch``: ``(stream_id, batch_id)`` of a micro-batch, named in the ``writer`` of the run record
+    and the manifest.
     """
     config.validate()
-    faults = fault_injection.load() if faults is None else faults
     store = open_store(config.output_uri, config.storage_options)
     run_id = config.run_id
     durations: dict[str, float] = {}
+    writer = writer_info(spark, config)
+    if stream_batch is not None:
+        writer = replace(writer, stream_id=stream_batch[0], batch_id=stream_batch[1])
     lifecycle = RunRecordLifecycle(
         store, run_id, lease_seconds=config.options.lease_seconds, heartbeat_seconds=config.options.heartbeat_seconds,
         num_dbs=config.sharding.num_dbs, config_fingerprint=config.fingerprint(),
-        writer={**writer_info(spark, config), **(writer_extra or {})},
-        clock=fault_injection.driver_clock(faults),
+        writer=writer.to_dict(),
+        clock=faults.clock(),
     )
     log.info("run %s: writing %s (config %s)", run_id, config.output_uri, config.fingerprint())
     persisted: list[Any] = []  # the input, if persisted: unpersisted however the write ends
@@ -118,14 +126,13 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
                 manifest = _write_chain(spark, config, store, lifecycle, durations, faults, df)
             else:
                 manifest = _write_full(spark, config, lifecycle, durations, faults, persisted, df)
-            if writer_extra:
-                manifest = replace(manifest, writer={**manifest.writer, **writer_extra})
+            if stream_batch is not None:
+                manifest = replace(manifest, writer=writer.to_dict())
             stats = dict(manifest.stats, durations_s=dict(durations))
-            fault_injection.before_publish(faults, run_id)
+            faults.hold_point("hold_before_publish", run_id)
             with _Step(run_id, durations, "publish"):
                 record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish,
-                                 before_pointer_move=lambda: fault_injection.hold_point(faults, "hold_before_pointer",
-                                                                                        run_id))
+                                 before_pointer_move=lambda: faults.hold_point("hold_before_pointer", run_id))
         except BaseException as exc:
             job_errors.raise_translated(exc)
         finally:
@@ -138,7 +145,7 @@ def run_write(spark, config: WriteConfig, *, faults: dict[str, Any] | None = Non
 
 
 def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                faults: dict[str, Any], persisted: list[Any], source: Any = None) -> Manifest:
+                faults: Faults, persisted: list[Any], source: Any = None) -> Manifest:
     """A full write: read, route, write every shard, verify, select winners; the manifest to publish."""
     run_id = config.run_id
     with _Step(run_id, durations, "read_input"):
@@ -163,18 +170,18 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
         with _Step(run_id, durations, "count_rows"):
             rows = df.count()
     with _Step(run_id, durations, "plan_routing"):
-        plan = _routing_plan(df, config, key_kind, faults, rows)
+        plan = _routing_plan(df, config, key_kind, rows)
     lifecycle.update(num_dbs=plan.num_dbs)
     spark_sorts = _spark_sorts_shards(config, plan, rows)
-    write_plan = _write_plan(config, key_encoding, plan, faults, spark_sorts)
+    write_plan = _write_plan(config, key_encoding, plan, spark_sorts)
     if plan.num_dbs == 1:
         results = _write_single_db(df, config, plan, write_plan, faults, durations)
     else:
         with _Step(run_id, durations, "route_shuffle_write"):
-            results = _write_sharded(df, plan, write_plan)
+            results = _write_sharded(df, plan, write_plan, faults)
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
-    selection = select_winners((ShardResult.from_dict(r["result"]) for r in results), plan.num_dbs)
+    selection = select_winners((r.shard for r in results), plan.num_dbs)
     # The shards' own lines are logged by the executors (not in the task log of a cluster run).
     winners = selection.winners.values()
     log.info("run %s: shards written %d/%d (%d rows, %d bytes; %d empty)", run_id, len(selection.winners),
@@ -186,11 +193,10 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
 
 
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
-                 faults: dict[str, Any], source: Any = None) -> Manifest:
+                 faults: Faults, source: Any = None) -> Manifest:
     """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
-    from airflow_provider_shardyfusion.core.delta import chain_shards, chain_stats, select_layer_winners
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-
+    from ..core.delta import chain_shards, chain_stats, select_layer_winners
+    from ..core.snapshot import SnapshotRoot
     from .chain_write import ChainPlan, check_against_base, resolve_base, write_layers
 
     run_id, mode = config.run_id, config.delta.write_mode
@@ -221,12 +227,12 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         base_manifest_ref=base_ref, key_column=config.key_column, key_encoding=base.key_encoding,
         value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
-        compact=compact, has_input=df is not None, faults=faults,
+        compact=compact, has_input=df is not None,
     )
-    routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind, wrong_router=bool(faults.get("wrong_router")))
+    routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
-        results = write_layers(spark, df, routing_plan, plan, base.num_dbs)
-    from airflow_provider_shardyfusion.core.delta import LayerResult
+        results = write_layers(spark, df, routing_plan, plan, base.num_dbs, faults)
+    from ..core.delta import LayerResult
 
     winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
     shards = chain_shards(base, run_id, winners, compact=compact)
@@ -238,7 +244,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         run_id=run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=base.num_dbs,
         sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
         value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
-        writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
+        writer=writer_info(spark, config).to_dict(), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
         chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
         # A delta stores only its change, naming its base's manifest (SPEC §17); a compaction is whole.
         format_version=CHAIN_FORMAT_VERSION if compact else CHAIN_DOCUMENT_FORMAT_VERSION,
@@ -294,9 +300,8 @@ def _spark_sorts_shards(config: WriteConfig, plan: RoutingPlan, rows: int | None
     return not in_memory
 
 
-def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: dict[str, Any], rows: int | None) -> RoutingPlan:
+def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, rows: int | None) -> RoutingPlan:
     sharding = config.sharding
-    wrong = bool(faults.get("wrong_router"))
     if sharding.strategy == "hash":
         num_dbs = sharding.num_dbs
         if num_dbs is None:
@@ -308,8 +313,7 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: d
             )
             log.info("run %s: %d rows, max_keys_per_shard %d -> num_dbs %d", config.run_id, count,
                      sharding.max_keys_per_shard, num_dbs)
-        return RoutingPlan(ShardingInfo(strategy="hash", key_column=config.key_column), num_dbs, key_kind,
-                           wrong_router=wrong)
+        return RoutingPlan(ShardingInfo(strategy="hash", key_column=config.key_column), num_dbs, key_kind)
     columns = sharding.resolved_cel_columns(config.key_column)
     typed = {c: t or spark_types.cel_type(df.schema, c) for c, t in columns.items()}
     for c in typed:
@@ -331,10 +335,10 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, faults: d
         resolved = replace(resolved, routing_values=values)
     cel_num_dbs = len(resolved.routing_values) if resolved.routing_values is not None else sharding.num_dbs
     assert cel_num_dbs is not None  # ShardingSpec.validate: direct CEL needs num_dbs
-    return RoutingPlan(resolved, cel_num_dbs, key_kind, wrong_router=wrong)
+    return RoutingPlan(resolved, cel_num_dbs, key_kind)
 
 
-def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan, faults: dict[str, Any],
+def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan,
                 spark_sorts: bool) -> WritePlan:
     opts = config.options
     sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
@@ -345,7 +349,7 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
         allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
         max_write_bytes_per_second=opts.max_write_bytes_per_second,
         sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,
-        sample_columns=sample_cols, faults=faults, num_dbs=plan.num_dbs,
+        sample_columns=sample_cols, num_dbs=plan.num_dbs,
         # Spark's order on non-negative ints, strings and binary equals the encoded-key byte order.
         presorted=spark_sorts or plan.num_dbs == 1,
     )
@@ -361,11 +365,11 @@ def _num_tasks(spark, num_dbs: int) -> int:
     return min(num_dbs, session_info.default_parallelism(spark) * TASKS_PER_CORE)
 
 
-def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[str, Any]]:
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[TaskResult]:
     from pyspark.sql import functions as F
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
-    routed = with_shard_id(df, plan)
+    routed = with_shard_id(df, plan, faults)
     if num_tasks < plan.num_dbs:
         # Partition t holds the contiguous ids shards_of_task(t); sorted by id the shards of a
         # partition arrive one after another (and in key order when Spark sorts the shards).
@@ -377,7 +381,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
                  session_info.default_parallelism(df.sparkSession), TASKS_PER_CORE)
-        writing = partitioned.mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+        writing = partitioned.mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     else:
         # Partition index == shard id: one task per shard, never a hash partitioner on the id.
         partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
@@ -385,38 +389,36 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan) -> list[dict[st
             # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
             partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
         # The id is the partition index now; not shipping it to Python saved ~1 s per 10M rows.
-        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan), RESULT_DDL)
+        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     try:
         rows = writing.collect()
     except Exception as exc:  # a dead Python worker's error names the shards its task was writing
         job_errors.raise_translated(exc, shards_of_task=lambda t: shards_of_task(t, plan.num_dbs, num_tasks))
-    return [json.loads(r.result) for r in rows]
+    return [TaskResult.from_dict(json.loads(r.result)) for r in rows]
 
 
-def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: dict[str, Any],
-                     durations: dict[str, float]) -> list[dict[str, Any]]:
+def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: Faults,
+                     durations: dict[str, float]) -> list[TaskResult]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
+    from ..core.rate_limit import WriteLimiter
 
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
         # pruning the routing UDF away, as it would for a column that is only dropped.
-        df = with_shard_id(df, plan).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
+        df = with_shard_id(df, plan, faults).where(f"`{SHARD_ID_COL}` >= 0").drop(SHARD_ID_COL)
     # The range-partitioned sort's partitions, streamed in index order, are the global order. No
     # coalesce: its partition coalescer groups parents by locality, not by index, and interleaved
     # them (caught by the writer's order check). AQE already merges small sorted partitions, and
     # only contiguous ones.
     ordered = df.orderBy(config.key_column)
-    fail_first = int(faults.get("single_db_fail_attempts", 0))
     limiter = WriteLimiter(config.options.max_writes_per_second, config.options.max_write_bytes_per_second)
     attempts = itertools.count()
 
-    def write_attempt() -> list[dict[str, Any]]:
+    def write_attempt() -> list[TaskResult]:
         attempt = next(attempts)  # each retry writes into a fresh attempt=NN
         try:
             with _Step(config.run_id, durations, "single_db_write"):
-                if attempt < fail_first:
-                    raise fault_injection.InjectedFault(f"injected failure of single-db attempt {attempt}")
+                faults.before_single_db_attempt(attempt)
                 return [write_one_shard(write_plan, _stream_batches(ordered), db_id=0, attempt=attempt,
                                         task_attempt_id=None, limiter=limiter)]
         except Exception as exc:
@@ -441,7 +443,7 @@ def _stream_batches(df):
         yield from pa.ipc.open_stream(row.ipc)
 
 
-def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[str, Any]]) -> None:
+def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[TaskResult]) -> None:
     """Recompute the shard of sampled stored keys with the reader's routing (step 6)."""
     if not config.options.verify_routing:
         log.info("run %s: verify_routing disabled", config.run_id)
@@ -454,8 +456,8 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
     router = plan.cel_router() if cel else None
     checked = 0
     for item in results:
-        db_id = item["result"]["db_id"]
-        for row in item["sample"]:
+        db_id = item.shard.db_id
+        for row in item.sample:
             values = {k: unsample_value(v) for k, v in row.items()}
             key = values[config.key_column]
             expected = router.route(values) if router else routing.route_key(key, plan.num_dbs)
@@ -469,20 +471,19 @@ def _verify_routing(config: WriteConfig, plan: RoutingPlan, results: list[dict[s
 
 
 def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encoding.KeyEncoding, selection: WinnerSelection,
-              lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[dict[str, Any]], *,
+              lifecycle: RunRecordLifecycle, durations: dict[str, float], results: list[TaskResult], *,
               shard_sort: str) -> Manifest:
     task_totals: dict[str, float] = {}
     for item in results:
-        for k, v in (item["result"].get("timings") or {}).items():
+        for k, v in (item.shard.timings or {}).items():
             task_totals[k] = round(task_totals.get(k, 0.0) + v, 3)
     entries = selection.entries()
-    stats = {
-        "rows": sum(e.row_count for e in entries), "bytes": sum(e.byte_size for e in entries),
-        "num_dbs": plan.num_dbs, "empty_shards": len(selection.empty_db_ids), "shards_written": len(entries),
-        "attempts_seen": selection.attempts_seen,
-        "durations_s": dict(durations), "task_time_totals_s": task_totals, "shard_sort": shard_sort,
-    }
-    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
+    stats = RunStats(
+        rows=sum(e.row_count for e in entries), bytes=sum(e.byte_size for e in entries), num_dbs=plan.num_dbs,
+        empty_shards=len(selection.empty_db_ids), shards_written=len(entries), attempts_seen=selection.attempts_seen,
+        durations_s=dict(durations), other={"task_time_totals_s": task_totals, "shard_sort": shard_sort},
+    ).to_dict()
+    from ..core.shard_builder import WRITER_SHARD_LAYOUT
 
     try:
         import rocksdict
@@ -497,5 +498,5 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encod
         value_columns=config.value.value_columns(),
         storage_engine={"name": "rocksdb", "library": "rocksdict", "library_version": library_version, "raw_mode": True,
                         "shard_layout": WRITER_SHARD_LAYOUT},
-        shards=entries, stats=stats, writer=writer_info(spark, config), run_started_at=lifecycle.record.started_at,
+        shards=entries, stats=stats, writer=writer_info(spark, config).to_dict(), run_started_at=lifecycle.record.started_at,
     ).validate()

@@ -6,6 +6,10 @@ import logging
 import sys
 import warnings
 
+__all__ = [
+    "configure",
+]
+
 
 def configure() -> None:
     """INFO lines of the job on stderr (the task log), and no pandas-version warnings from PySpark.

@@ -16,11 +16,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_shardyfusion.core.encoding import KeyKind
-from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+from ..core.encoding import KeyKind
+from ..core.manifest import ShardingInfo
+from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+__all__ = [
+    "SHARD_ID_COL", "RoutingPlan", "make_route_fn", "make_token_fn", "shard_id_column", "shard_ids_for_batch",
+    "with_shard_id",
+]
 
 SHARD_ID_COL = "__shardyfusion_db_id"
 
@@ -36,19 +42,19 @@ class RoutingPlan:
     sharding: ShardingInfo
     num_dbs: int
     key_kind: KeyKind
-    wrong_router: bool = False  # test-only fault: proves verify_routing catches a broken router
 
     def cel_router(self) -> Any:
-        from airflow_provider_shardyfusion.core.routing import CelRouter
+        from ..core.routing import CelRouter
 
         return CelRouter(self.sharding.cel_spec(self.num_dbs))
 
 
-def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None) -> np.ndarray:
-    from airflow_provider_shardyfusion.core import routing
-    from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
-    from airflow_provider_shardyfusion.core.encoding import null_key_error
-    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
+def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None,
+                        faults: Faults = NO_FAULTS) -> np.ndarray:
+    from ..core import routing
+    from ..core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
+    from ..core.encoding import null_key_error
+    from ..core.errors import ShardAssignmentError
 
     key_column = plan.sharding.key_column
     if plan.sharding.strategy == "hash":
@@ -66,15 +72,15 @@ def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = 
             check_utf8(batch.column(name), column=name, rule=UTF8_RULE_KEY if name == key_column else UTF8_RULE_ROUTING)
         rows = batch.select(names).to_pylist()
         ids = np.fromiter((router.route(r) for r in rows), dtype=np.int32, count=len(rows))
-    if plan.wrong_router:
-        ids = ((ids + 1) % plan.num_dbs).astype(np.int32)
+    if faults.route_shift:
+        ids = ((ids + faults.route_shift) % plan.num_dbs).astype(np.int32)
     if len(ids) and (ids.min() < 0 or ids.max() >= plan.num_dbs):
         bad = int(ids[(ids < 0) | (ids >= plan.num_dbs)][0])
         raise ShardAssignmentError(f"routing produced shard id {bad}, outside [0, {plan.num_dbs})")
     return ids
 
 
-def make_route_fn(plan: RoutingPlan):
+def make_route_fn(plan: RoutingPlan, faults: Faults = NO_FAULTS):
     """Iterator over column arrays (one array, or a tuple of them) → iterator of int32 ids."""
     names = plan.sharding.routing_columns()
 
@@ -83,12 +89,12 @@ def make_route_fn(plan: RoutingPlan):
         for arrays in batches:
             arrays = list(arrays) if isinstance(arrays, (tuple, list)) else [arrays]
             batch = pa.RecordBatch.from_arrays(arrays, names=names)
-            yield pa.array(shard_ids_for_batch(plan, batch, router), type=pa.int32())
+            yield pa.array(shard_ids_for_batch(plan, batch, router, faults), type=pa.int32())
 
     return route_arrays
 
 
-def with_shard_id(df, plan: RoutingPlan):
+def with_shard_id(df, plan: RoutingPlan, faults: Faults = NO_FAULTS):
     """``df`` plus the shard id column: on the JVM for hashed integer keys, else the Arrow UDF.
 
     Not on the JVM through Spark Connect: there a plan is analyzed only when it runs, under the
@@ -97,8 +103,8 @@ def with_shard_id(df, plan: RoutingPlan):
     from .session_info import is_connect
 
     if plan.sharding.strategy == "hash" and plan.key_kind == "int" and not is_connect(df.sparkSession):
-        return _with_jvm_int_shard_id(df, plan.sharding.key_column, plan.num_dbs, wrong_router=plan.wrong_router)
-    return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
+        return _with_jvm_int_shard_id(df, plan.sharding.key_column, plan.num_dbs, shift=faults.route_shift)
+    return df.withColumn(SHARD_ID_COL, shard_id_column(plan, faults))
 
 
 def _signed(u: int) -> int:
@@ -110,7 +116,7 @@ _JVM_BITFLIP = _signed(0x1CAD21F72C81017C ^ 0xDB979083E96DD4DE)
 _JVM_PRIME_MX2 = _signed(0x9FB21C651E98DF25)
 
 
-def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: bool = False):
+def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, shift: int = 0):
     """``route_key`` of integer keys as Spark expressions, so they never cross to Python for routing
     (the Arrow round trip of the key column cost more than the hash; measured ~3x slower).
 
@@ -125,8 +131,7 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
     """
     from pyspark.sql import functions as F
 
-    from airflow_provider_shardyfusion.core.encoding import null_key_error
-
+    from ..core.encoding import null_key_error
     from .conf_overrides import spark_conf_overrides
     from .errors import error_line
 
@@ -141,7 +146,6 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
         return F.pmod(half * 2 + c.bitwiseAND(F.lit(1)), F.lit(n))
 
     key = F.col(key_column)
-    shift = 1 if wrong_router else 0  # test-only fault, as in shard_ids_for_batch
     with spark_conf_overrides(df.sparkSession, {"spark.sql.ansi.enabled": "false"}):
         h0, h1, h2, h3 = (F.col(n) for n in names)
         out = (df.withColumn(names[0], rotl(key.cast("bigint"), 32).bitwiseXOR(F.lit(_JVM_BITFLIP)))
@@ -154,7 +158,7 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, wrong_router: b
     return out
 
 
-def shard_id_column(plan: RoutingPlan):
+def shard_id_column(plan: RoutingPlan, faults: Faults = NO_FAULTS):
     """The Spark column holding each row's shard id."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -164,7 +168,7 @@ def shard_id_column(plan: RoutingPlan):
         # One function serves one or several routing columns, so the UDF type is given, not
         # inferred from type hints (which PySpark would prefer).
         warnings.simplefilter("ignore", UserWarning)
-        udf = F.arrow_udf(make_route_fn(plan), T.IntegerType(), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
+        udf = F.arrow_udf(make_route_fn(plan, faults), T.IntegerType(), PythonEvalType.SQL_SCALAR_ARROW_ITER_UDF)
     return udf(*[F.col(c) for c in plan.sharding.routing_columns()])
 
 
@@ -172,7 +176,7 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
     """Inferred categorical routing: distinct CEL tokens per partition (one extra pass)."""
 
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from airflow_provider_shardyfusion.core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
+        from ..core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
 
         router = plan.cel_router()
         names = plan.sharding.routing_columns()

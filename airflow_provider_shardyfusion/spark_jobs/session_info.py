@@ -9,6 +9,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+__all__ = [
+    "app_id", "default_parallelism", "is_connect", "ui_url",
+]
+
 # Rows of the probe that reveals the default parallelism: a range without an explicit partition
 # count is split into exactly defaultParallelism slices once it has at least that many rows.
 _PROBE_ROWS = 1 << 20

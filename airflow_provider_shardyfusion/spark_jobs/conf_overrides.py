@@ -6,10 +6,14 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from airflow_provider_shardyfusion.core.errors import ConfigError
+from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
+
+__all__ = [
+    "spark_conf_overrides",
+]
 
 log = logging.getLogger("shardyfusion.job")
 _UNSET = object()

@@ -14,6 +14,10 @@ import os
 import threading
 import time
 
+__all__ = [
+    "EXIT_CODE", "exit_when_orphaned",
+]
+
 log = logging.getLogger("shardyfusion.job")
 
 EXIT_CODE = 143  # as if terminated by SIGTERM

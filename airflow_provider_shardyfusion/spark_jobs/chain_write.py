@@ -21,17 +21,21 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_shardyfusion.core import encoding, layout
-from airflow_provider_shardyfusion.core.errors import ConfigError
-
+from ..core import encoding, layout
+from ..core.errors import ConfigError
+from .faults import NO_FAULTS, Faults
 from .shard_task import RESULT_DDL, RESULT_SCHEMA
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.manifest import Manifest
-    from airflow_provider_shardyfusion.core.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.config import WriteConfig
+    from ..core.manifest import Manifest
+    from ..core.snapshot import ResolvedManifest, SnapshotRoot
+
+__all__ = [
+    "ChainPlan", "check_against_base", "make_layer_fn", "resolve_base", "write_layer", "write_layers",
+]
 
 log = logging.getLogger("shardyfusion.job")
 
@@ -52,7 +56,6 @@ class ChainPlan:
     allow_duplicate_keys: bool
     compact: bool
     has_input: bool
-    faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
@@ -61,10 +64,10 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
     Checked before any input is read: a base cleanup deleted is named so, and a run meant to go
     live (``publish=True``) on a base that is not live is refused, as its publish would be.
     """
-    from airflow_provider_shardyfusion.core.errors import BaseNotLiveError
-    from airflow_provider_shardyfusion.core.integrity import deletion_problems
-    from airflow_provider_shardyfusion.core.publish import resolve_manifest
-    from airflow_provider_shardyfusion.core.snapshot import base_not_live
+    from ..core.errors import BaseNotLiveError
+    from ..core.integrity import deletion_problems
+    from ..core.publish import resolve_manifest
+    from ..core.snapshot import base_not_live
 
     mode = config.delta.write_mode
     pointer = snapshots.current()
@@ -123,14 +126,14 @@ def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # n
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
-    from airflow_provider_shardyfusion.core.arrow_codec import (
+    from ..core.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
         delete_flags,
         encode_values,
         first_null_row,
     )
-    from airflow_provider_shardyfusion.core.delta import sorted_changes
+    from ..core.delta import sorted_changes
 
     keys: list[Any] = []
     values: list[bytes | None] = []
@@ -154,10 +157,10 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
                 task_attempt_id: int | None) -> dict[str, Any]:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
-    from airflow_provider_shardyfusion.core.delta import LayerResult, write_compacted_layer, write_delta_layer
-    from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.storage import open_store
+    from ..core.delta import LayerResult, write_compacted_layer, write_delta_layer
+    from ..core.errors import ShardWriteError, ShardyfusionError
+    from ..core.reader import ShardedReader
+    from ..core.storage import open_store
 
     changes = _changes_of(plan, batches) if plan.has_input else []
     if not changes and not plan.compact:
@@ -198,27 +201,26 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
         shutil.rmtree(work, ignore_errors=True)
 
 
-def make_layer_fn(plan: ChainPlan):
+def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-
-        from . import faults
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
         db_id, attempt = tc.partitionId(), tc.attemptNumber()
-        faults.before_shard_write(plan.faults or {}, db_id, attempt)
+        faults.before_shard_write(db_id, attempt)
         out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)
-        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
+        faults.after_shard_write(db_id, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition
 
 
-def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) -> list[dict[str, Any]]:
+def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int,
+                 faults: Faults = NO_FAULTS) -> list[dict[str, Any]]:
     """Run one task per shard (partition index == shard id) and collect their results."""
     from .routing_task import SHARD_ID_COL, with_shard_id
 
@@ -226,7 +228,7 @@ def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) ->
         partitioned = spark.range(0, num_dbs, 1, num_dbs)
     else:
         keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]
-        routed = with_shard_id(df, routing_plan)
+        routed = with_shard_id(df, routing_plan, faults)
         partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
-    rows = partitioned.mapInArrow(make_layer_fn(plan), RESULT_DDL).collect()
+    rows = partitioned.mapInArrow(make_layer_fn(plan, faults), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]

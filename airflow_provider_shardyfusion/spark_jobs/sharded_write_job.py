@@ -1,4 +1,6 @@
-"""Entry point: ``spark-submit [--py-files bundle.zip] sharded_write_job.py --config-b64 <base64 JSON>``.
+"""The batch write job: ``spark-submit --py-files bundle.zip sharded_write_job.py --config-b64 <base64 JSON>``.
+
+``sharded_write_job.py`` at the bundle's root is ``scripts/sharded_write_job.py``, which calls ``run_script``.
 
 Exit codes: 0 written (published, or staged: ``publish=False`` or superseded by a run that started
 later and is live already); 1 the write failed (error in the run record and on stderr);
@@ -13,11 +15,9 @@ import logging
 import os
 import sys
 
-try:
-    import spark_jobs  # noqa: F401  (from the --py-files bundle)
-except ImportError:  # run from a source checkout without a bundle
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+__all__ = [
+    "main", "run_script",
+]
 
 _FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")
 
@@ -26,34 +26,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sharded_write_job")
     parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the WriteConfig JSON")
     args = parser.parse_args(argv)
-    from spark_jobs import job_logging
+    from . import job_logging
 
     job_logging.configure()
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+    from ..core.config import WriteConfig
+    from ..core.errors import ShardyfusionError
+    from ..core.job_contract import done_line, failed_line
 
     try:
         config = WriteConfig.from_json(base64.urlsafe_b64decode(args.config_b64.encode()).decode()).validate()
     except (ShardyfusionError, ValueError) as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc)), file=sys.stderr)
         return 2
 
-    from airflow_provider_shardyfusion.compat import check_pyspark_install
-    from airflow_provider_shardyfusion.core.job_environment import REMOTE_URL
+    from ..compat import check_pyspark_install
+    from ..core.job_environment import REMOTE_URL
 
     try:
         # Before pyspark is imported: a pyspark / pyspark-client mix may fail on import with an
         # error that names neither distribution.
         check_pyspark_install(connect_client=bool(os.environ.get(REMOTE_URL)))
     except ShardyfusionError as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, str(exc)), file=sys.stderr)
         return 2
 
-    from spark_jobs import connect_session
-    from spark_jobs.driver import run_write
-    from spark_jobs.errors import one_line, translate
-    from spark_jobs.orphan_guard import exit_when_orphaned
+    from . import connect_session, faults
+    from .driver import run_write
+    from .errors import one_line, translate
+    from .orphan_guard import exit_when_orphaned
 
     exit_when_orphaned()
     remote = connect_session.requested()
@@ -61,18 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         spark = connect_session.open_session() if remote else _classic_session(config.run_id)
     except Exception as exc:  # e.g. the Connect server cannot be reached: no run record exists yet
         failed = translate(exc)
-        print(f"shardyfusion job failed: {type(failed).__name__}: could not open the Spark session: "
-              f"{one_line(str(failed))}", file=sys.stderr)
+        print(failed_line(type(failed).__name__, f"could not open the Spark session: {one_line(str(failed))}"),
+              file=sys.stderr)
         return 2
     if remote:
         connect_session.stop_on_terminate(spark)
     try:
-        record = run_write(spark, config)
-        done = "published" if record.get("published_at") else "staged"
-        print(f"shardyfusion job {done} run {config.run_id}: {record['manifest_ref']}", file=sys.stderr)
+        record = run_write(spark, config, faults=faults.from_environment())
+        print(done_line("published" if record.get("published_at") else "staged", config.run_id,
+                        record.get("manifest_ref")), file=sys.stderr)
         return 0
     except Exception as exc:
-        print(f"shardyfusion job failed: {type(exc).__name__}: {one_line(str(exc))}", file=sys.stderr)
+        print(failed_line(type(exc).__name__, one_line(str(exc))), file=sys.stderr)
         return 1
     finally:
         if remote:
@@ -93,7 +94,8 @@ def _classic_session(run_id: str):
     return builder.getOrCreate()
 
 
-if __name__ == "__main__":
+def run_script() -> None:
+    """Run ``main`` as the application and end the process with its exit code."""
     code = main()
     # The verdict is printed: exit now. A Connect client's exit-time cleanup (RPCs to a server that
     # may be gone, gRPC's threads) could otherwise keep this process alive for minutes after it.

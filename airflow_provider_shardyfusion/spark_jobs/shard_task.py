@@ -23,8 +23,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from ..core.winner import ShardResult
+from .faults import NO_FAULTS, Faults
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+__all__ = [
+    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "make_write_fn", "sample_value", "shard_runs",
+    "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
+]
 
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
 RESULT_DDL = "result string"
@@ -49,7 +57,6 @@ class WritePlan:
     max_write_bytes_per_second: float | None
     sample_per_shard: int
     sample_columns: tuple[str, ...]
-    faults: dict[str, Any]
     presorted: bool = False
     local_dir: str | None = None
     num_dbs: int = 0
@@ -62,6 +69,22 @@ class WritePlan:
     @property
     def several_shards_per_task(self) -> bool:
         return self.shard_id_column is not None and 0 < self.num_tasks < self.num_dbs
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a shard's task hands the driver (as JSON): the shard it wrote and, for ``verify_routing``,
+    the keys it sampled (``sample_value`` form)."""
+
+    shard: ShardResult
+    sample: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"result": self.shard.to_dict(), "sample": list(self.sample)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskResult:
+        return cls(ShardResult.from_dict(data["result"]), tuple(data.get("sample") or ()))
 
 
 def task_of_shard(db_id: int, num_dbs: int, num_tasks: int) -> int:
@@ -83,22 +106,21 @@ def unsample_value(v: Any) -> Any:
 
 
 def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,  # noqa: C901 - the write hot path of one Spark task, step by step as SPEC §6.8 lists it
-                    task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> dict[str, Any]:
-    """Write the batches of one shard and return its result (ShardResult dict + routing sample)."""
-    from airflow_provider_shardyfusion.core import layout, scratch
-    from airflow_provider_shardyfusion.core.arrow_codec import (
+                    task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> TaskResult:
+    """Write the batches of one shard and return its result (the shard + routing sample)."""
+    from ..core import layout, scratch
+    from ..core.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
         encode_values,
     )
-    from airflow_provider_shardyfusion.core.errors import (
+    from ..core.errors import (
         ShardWriteError,
         ShardyfusionError,
     )
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-    from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
-    from airflow_provider_shardyfusion.core.storage import open_store
-    from airflow_provider_shardyfusion.core.winner import ShardResult
+    from ..core.rate_limit import WriteLimiter
+    from ..core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
+    from ..core.storage import open_store
 
     started = time.perf_counter()
     first = None
@@ -108,7 +130,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
             break
     if first is None:
         result = ShardResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None, row_count=0)
-        return {"result": result.to_dict(), "sample": []}
+        return TaskResult(result)
 
     if store is None:
         store = open_store(plan.output_uri, plan.storage_options)
@@ -150,7 +172,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
             timings=timings,
         )
         log.info("shard %d attempt %d: %d rows, %d bytes written to %s", db_id, attempt, built.row_count, built.byte_size, db_url)
-        return {"result": result.to_dict(), "sample": sample}
+        return TaskResult(result, tuple(sample))
     except ShardyfusionError as exc:
         # Keep the type users act on (e.g. InputDataError); say where it happened.
         raise type(exc)(f"{exc} [shard {db_id}, attempt {attempt}]") from exc
@@ -180,13 +202,11 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
 
 
 def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
-                      task_attempt_id: int | None) -> Iterator[dict[str, Any]]:
+                      task_attempt_id: int | None, faults: Faults = NO_FAULTS) -> Iterator[TaskResult]:
     """Write the shards of one partition, in id order, one after another; one result each."""
-    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
-    from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-    from airflow_provider_shardyfusion.core.storage import open_store
-
-    from . import faults
+    from ..core.errors import ShardAssignmentError
+    from ..core.rate_limit import WriteLimiter
+    from ..core.storage import open_store
 
     assert plan.shard_id_column is not None
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
@@ -204,30 +224,28 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
         previous = db_id
         if store is None:  # one client per task (an S3 client costs far more than a small shard)
             store = open_store(plan.output_uri, plan.storage_options)
-        faults.before_shard_write(plan.faults, db_id, attempt)
+        faults.before_shard_write(db_id, attempt)
         out = write_one_shard(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id,
                               limiter=limiter, store=store)
-        faults.after_shard_write(plan.faults, db_id, attempt, plan.run_id)
+        faults.after_shard_write(db_id, attempt, plan.run_id)
         yield out
 
 
-def make_write_fn(plan: WritePlan):
+def make_write_fn(plan: WritePlan, faults: Faults = NO_FAULTS):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-
-        from . import faults
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
         part, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
         if plan.several_shards_per_task:
-            outs = [json.dumps(out) for out in write_task_shards(plan, batches, task=part, attempt=attempt,
-                                                                  task_attempt_id=tid)]
+            outs = [json.dumps(out.to_dict()) for out in write_task_shards(plan, batches, task=part, attempt=attempt,
+                                                                  task_attempt_id=tid, faults=faults)]
             yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
             return
-        faults.before_shard_write(plan.faults, part, attempt)
+        faults.before_shard_write(part, attempt)
         out = write_one_shard(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tid)
-        faults.after_shard_write(plan.faults, part, attempt, plan.run_id)
-        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
+        faults.after_shard_write(part, attempt, plan.run_id)
+        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out.to_dict())]}, schema=RESULT_SCHEMA)
 
     return write_partition
