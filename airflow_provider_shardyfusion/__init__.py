@@ -12,7 +12,7 @@ __all__ = ["ShardedReader", "__version__", "get_provider_info"]
 
 __version__ = "0.1.0"
 
-_LAZY = {"ShardedReader": ("airflow_provider_shardyfusion.core.reader", "ShardedReader")}
+_LAZY = {"ShardedReader": ("airflow_provider_shardyfusion.core.read.reader", "ShardedReader")}
 
 
 def __getattr__(name: str) -> Any:

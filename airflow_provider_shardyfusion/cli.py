@@ -23,9 +23,9 @@ import sys
 from typing import Any, NoReturn
 
 from .core import layout
-from .core.encoding import KEY_TEXTS, key_from_text, key_to_show
 from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionError
-from .core.snapshot import SnapshotRoot
+from .core.model.encoding import KEY_TEXTS, key_from_text, key_to_show
+from .core.model.snapshot import SnapshotRoot
 from .core.storage import StorageOptions
 
 __all__ = ["PROG", "main"]
@@ -169,14 +169,14 @@ def _cmd_runs(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 
 def _cmd_publish(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.publish import publish_run
+    from .core.lifecycle.publish import publish_run
 
     result = publish_run(snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, allow_older=args.allow_older)
     return result.to_dict()
 
 
 def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.validation import validate_snapshot
+    from .core.lifecycle.validation import validate_snapshot
 
     report = validate_snapshot(
         snapshots, run_id=args.run_id, manifest_ref=args.manifest_ref, min_rows=args.min_rows,
@@ -208,7 +208,7 @@ def _show_value(value: Any, value_format: str) -> tuple[Any, str | None]:
 
 def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     from .core.arguments import as_duration
-    from .core.cleanup import execute_cleanup, make_plan
+    from .core.lifecycle.cleanup import execute_cleanup, make_plan
 
     grace = as_duration("--grace-period-seconds", args.grace_period_seconds)  # errors name the flag
     plan = make_plan(snapshots, keep_runs=args.keep_runs, grace_period=grace, keep_run_ids=args.keep_run_ids)
@@ -221,7 +221,7 @@ def _cmd_cleanup(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 
 def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.reader import ShardedReader
+    from .core.read.reader import ShardedReader
 
     context = None
     if args.routing_context is not None:
@@ -247,13 +247,13 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 
 def _cmd_history(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.history import root_history
+    from .core.lifecycle.history import root_history
 
     return root_history(snapshots).to_dict()
 
 
 def _cmd_diff(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.history import diff_runs
+    from .core.lifecycle.history import diff_runs
 
     for name in ("run_a", "run_b"):
         layout.validate_run_id(getattr(args, name), what=name.upper())

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from airflow_provider_shardyfusion.core import encoding, layout
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.model import encoding
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    from airflow_provider_shardyfusion.core.manifest import Manifest
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
 __all__ = [
     "PUBLISH_FACET", "PUBLISH_FACET_SCHEMA_URL", "TABLE_FALLBACK_NAMESPACE", "SnapshotSchema", "cleanup_lineage",

@@ -9,7 +9,7 @@ automatically.
 
 Exactly once: the batch id is the idempotency key, with a ``stream_id`` that stays the same across
 restarts (Delta Lake's ``txnAppId`` / ``txnVersion``). Before writing, the function reads the
-stream's run records under the root (``core.stream_batches.decide_batch``): a batch already
+stream's run records under the root (``core.stream.batches.decide_batch``): a batch already
 published, or below the last published one, is skipped; an attempt that failed (or whose writer
 died) is written again as ``<stream_id>-b<batch_id:012d>-r<n>``; an attempt that succeeded but was
 never published (a crash between its manifest and ``_CURRENT``) is published if its base is still
@@ -20,7 +20,7 @@ no-op or a completion. One query writes a stream at a time (as one query uses a 
 it out of ever going live. Each run's manifest and run record carry ``writer.stream_id`` and
 ``writer.batch_id``.
 
-Ownership (``core.stream_owner``): the stream belongs to the checkpoint that numbers its batches
+Ownership (``core.stream.owner``): the stream belongs to the checkpoint that numbers its batches
 and to one writer's lease; another checkpoint is refused unless ``stream_reset=True``. A batch is
 refused while ``_CURRENT`` names another run than the stream's last batch (``check_live_run``)
 unless it is ``accept_live_run``.

@@ -45,10 +45,10 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_shardyfusion.core import job_environment as job_env
-    from airflow_provider_shardyfusion.core.config import build_write_config
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.storage import open_store
+    from airflow_provider_shardyfusion.core.write import job_environment as job_env
     from airflow_provider_shardyfusion.submission.bundle import build_bundle
     from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
     from tests.spark_connect_server import connect_server

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
 
 DECODE_MAX_RATIO = 2.0  # SPEC §17: bytes -> validated Manifest within 2x json.loads of the same bytes
 ROOT = "s3://bench-bucket/snapshots/profiles"

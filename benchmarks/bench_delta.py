@@ -11,7 +11,7 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 4. ``refresh()`` of that reader: bytes downloaded / (the delta's layer bytes + its manifest bytes),
    and refresh time / time to open the new snapshot fresh (empty cache, every shard opened);
 5. how the writer learns whether a changed key existed (each task downloads its base shard through
-   the reader and does one RocksDB MultiGet of its changed keys, core/delta.py): the same work
+   the reader and does one RocksDB MultiGet of its changed keys, core/write/delta.py): the same work
    replayed here, untimed in the ratios, split into base download + ingest and the MultiGet;
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from bench_write import generate
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 
 # SPEC §13 targets (ratios within this run)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     rng = np.random.default_rng(args.seed)
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "existence_check": {
             "how": "each task downloads its base shard through the reader (every layer, verified) and does one "
-                   "RocksDB MultiGet of its changed keys (core/delta.py); replayed here for every shard",
+                   "RocksDB MultiGet of its changed keys (core/write/delta.py); replayed here for every shard",
             "base_shards_download_ingest_s": round(base_shards_s, 2), "multiget_s": round(multiget_s, 3),
             "keys": len(changed),
         },

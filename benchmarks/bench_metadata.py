@@ -2,7 +2,7 @@
 
 Synthetic roots on the local file store (``file://`` under a temp dir), built through the writer's
 own model (``tests/snapshot_factory.py``): full manifests of ``ShardEntry`` / ``ShardFile``, deltas
-from ``LayerResult`` through ``core.delta.chain_shards`` as format-3 chain documents, compactions as
+from ``LayerResult`` through ``core.write.delta.chain_shards`` as format-3 chain documents, compactions as
 the driver writes them, each published in the writer's order (run record, manifest, record
 succeeded, ``_CURRENT`` moved, ``published_at``) through core. Shard entries name SST files that
 are never written: nothing measured here opens a shard.
@@ -18,7 +18,7 @@ are never written: nothing measured here opens a shard.
    ``json.loads`` of the same bytes (best of ``--repeat`` each) ≤ 2×.
 4. A root of ``--runs`` runs on ``--cleanup-shards`` shards: a full run, then deltas touching 1 % of
    the shards each, compacted whenever the live chain is ``--chain-depth`` deep (what
-   ``max_chain_depth`` does). ``core.cleanup.make_plan`` over it (keep_runs 3, one day later, so
+   ``max_chain_depth`` does). ``core.lifecycle.cleanup.make_plan`` over it (keep_runs 3, one day later, so
    every older run is a candidate) in a child process doing nothing else: its time ≤ 30 s and its
    peak RSS (``VmHWM`` of the whole child, interpreter and imports included) ≤ 2 GiB.
 5. On that root, the history app's roots and timeline pages (``ui.app.HistorySource`` data +
@@ -54,19 +54,20 @@ import snapshot_factory
 from snapshot_factory import metadata_chain_manifest, metadata_full_manifest, publish_metadata_run
 
 import airflow_provider_shardyfusion
-from airflow_provider_shardyfusion.core import layout, routing
-from airflow_provider_shardyfusion.core import snapshot as snapshot_module
-from airflow_provider_shardyfusion.core.checksum import bytes_checksum
-from airflow_provider_shardyfusion.core.manifest import Manifest
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot, forget_decoded_manifests
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.model import routing
+from airflow_provider_shardyfusion.core.model import snapshot as snapshot_module
+from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
+from airflow_provider_shardyfusion.core.model.manifest import Manifest
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot, forget_decoded_manifests
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from airflow_provider_shardyfusion.core.snapshot import ManifestRef
+    from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef
 
 # SPEC §17 targets
 DELTA_MANIFEST_MAX = 2.0  # stored manifest bytes / bytes of its own shard entries
@@ -89,7 +90,7 @@ def _target(value: float, limit: float, digits: int = 3) -> dict[str, Any]:
 @contextlib.contextmanager
 def counting_manifest_io() -> Iterator[dict[str, int]]:
     """Count, for every ``LocalStore`` (a reader opens its own), gets of ``manifests/`` objects and
-    manifest documents decoded (``core.snapshot.parse_manifest_bytes``, which every read path calls)."""
+    manifest documents decoded (``core.model.snapshot.parse_manifest_bytes``, which every read path calls)."""
     counts = {"read": 0, "decoded": 0}
     get, parse = LocalStore.get, snapshot_module.parse_manifest_bytes
 
@@ -231,7 +232,7 @@ def peak_rss_bytes() -> int:
 
 def cleanup_child(root: str, now: str) -> int:
     """``make_plan`` alone in this process: its time and this process's peak RSS."""
-    from airflow_provider_shardyfusion.core.cleanup import make_plan
+    from airflow_provider_shardyfusion.core.lifecycle.cleanup import make_plan
 
     rss_before = peak_rss_bytes()
     plan_s, plan = timed(lambda: make_plan(SnapshotRoot(open_store(root)), now=layout.parse_ts(now), keep_runs=3))
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "compacted_at_depth": args.chain_depth, "manifests": kinds, "manifests_bytes": manifests_bytes,
             "live_run": live.run_id, "live_chain_depth": live.chain_depth,
         },
-        "cleanup": {**cleanup, "how": "core.cleanup.make_plan(keep_runs=3, now=+1 day) in a child process; peak RSS "
+        "cleanup": {**cleanup, "how": "core.lifecycle.cleanup.make_plan(keep_runs=3, now=+1 day) in a child process; peak RSS "
                                       "is that process's VmHWM (interpreter and imports included)"},
         "history_pages": {**history, "how": "ui.app.HistorySource data + ui.render HTML on a fresh SnapshotRoot, "
                                             "no Airflow, no HTTP; median of --repeat"},

@@ -34,9 +34,9 @@ from rocksdict import AccessType, Options, Rdict
 from snapshot_factory import build_snapshot
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.manifest import SHARD_LAYOUTS
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.shard_builder import WRITER_SHARD_LAYOUT
+from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUTS
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.write.shard_builder import WRITER_SHARD_LAYOUT
 
 GET_P50_MAX_RATIO = 1.5  # SPEC §10
 SST_OPEN_MAX_RATIO = 1.2  # SPEC §13: every shard opened on a fresh cache, "sst" layout / "db" layout

@@ -118,7 +118,7 @@ def _objects_per_shard(root: str, run_id: str, shards_written: int) -> float:
 
 def _first_get_s(root: str, cache_dir: str, key: int) -> float:
     """A fresh reader on an empty cache: construct, then the first get (one shard downloaded)."""
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
     t = time.perf_counter()
     with ShardedReader(root, cache_dir=cache_dir) as reader:
@@ -139,7 +139,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     work = Path(tempfile.mkdtemp(prefix="shardyfusion-scale-"))

@@ -55,8 +55,8 @@ import pyarrow.parquet as pq
 from bench_delta import VALUE_BYTES, Model
 from bench_write import generate
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
 SCHEMA = "id LONG, payload STRING, deleted BOOLEAN"
 STREAM_ID = "bench.stream"
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.spark_jobs.driver import run_write
     from airflow_provider_shardyfusion.streaming import foreach_batch_writer
 

@@ -40,7 +40,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-"))
@@ -60,7 +60,7 @@ def main() -> None:
 
     def noop_pass(stage: str) -> float:
         """The sharded job's Spark side up to the writer, into Spark's noop sink (per-phase split)."""
-        from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+        from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
         from airflow_provider_shardyfusion.spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id
 
         df = spark.read.parquet(src)

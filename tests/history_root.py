@@ -6,12 +6,12 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.validation import validate_snapshot
 from tests.snapshot_factory import build_snapshot
 from tests.snapshot_helpers import write_run_record
 
@@ -47,7 +47,7 @@ def client_for(roots, opts, tmp_path) -> Any:
     """A FastAPI test client of the history app over ``roots`` (its reader cache under ``tmp_path``)."""
     from fastapi.testclient import TestClient
 
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
 
     source = HistorySource(

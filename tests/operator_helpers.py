@@ -12,7 +12,7 @@ import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
-from airflow_provider_shardyfusion.core.config import WriteConfig
+from airflow_provider_shardyfusion.core.model.config import WriteConfig
 from airflow_provider_shardyfusion.operators import spark_job
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 

@@ -23,7 +23,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "t
 
 class FakeClock:
     """UTC time that moves only when the code under test sleeps (``clock=``/``sleep=`` of
-    ``core.run_outcome.wait_for_run``); ``on_sleep(n)`` plays the world after the n-th sleep."""
+    ``core.lifecycle.run_outcome.wait_for_run``); ``on_sleep(n)`` plays the world after the n-th sleep."""
 
     def __init__(self, on_sleep: Callable[[int], Any] | None = None):
         from airflow_provider_shardyfusion.core import layout

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 from rocksdict import Options, Rdict, SstFileWriter
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.checksum import file_checksum
-from airflow_provider_shardyfusion.core.encoding import (
+from airflow_provider_shardyfusion.core.errors import InputDataError
+from airflow_provider_shardyfusion.core.model.checksum import file_checksum
+from airflow_provider_shardyfusion.core.model.encoding import (
     default_key_encoding,
     encode_binary_value,
     encode_json_value,
     encode_key,
 )
-from airflow_provider_shardyfusion.core.errors import InputDataError
-from airflow_provider_shardyfusion.core.manifest import (
+from airflow_provider_shardyfusion.core.model.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
     SHARD_LAYOUT_DB,
@@ -39,15 +39,15 @@ from airflow_provider_shardyfusion.core.manifest import (
     ShardFile,
     ShardingInfo,
 )
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.routing import CelRouter, CelSpec, route_key
-from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, RunRecord
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.routing import CelRouter, CelSpec, route_key
+from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, RunRecord
 from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
-    from airflow_provider_shardyfusion.core.snapshot import ManifestRef, SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
 
 # Not part of a database: the lock and the informational log RocksDB leaves next to it.
 _NOT_SHIPPED = ("LOCK", "LOG")
@@ -261,10 +261,13 @@ def build_delta(
     publish: bool = True,
 ) -> BuiltSnapshot:
     """A delta run on ``base_ref`` (default: the live manifest), laid out as the Spark writer lays it out:
-    one layer per changed shard written by ``core.delta`` against the base shard, the format-3
+    one layer per changed shard written by ``core.write.delta`` against the base shard, the format-3
     chain document (only the changed shards, the base by reference and checksum), a succeeded run
     record and (by default) ``_CURRENT``. Binary values; keys route with the base's hash sharding."""
-    from airflow_provider_shardyfusion.core.delta import (
+    from airflow_provider_shardyfusion.core.model.manifest import CHAIN_DOCUMENT_FORMAT_VERSION
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.write.delta import (
         Change,
         LayerResult,
         chain_shards,
@@ -272,9 +275,6 @@ def build_delta(
         select_layer_winners,
         write_delta_layer,
     )
-    from airflow_provider_shardyfusion.core.manifest import CHAIN_DOCUMENT_FORMAT_VERSION
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 
     options = dict(storage_options) if storage_options else None
     store = open_store(root, options)
@@ -373,7 +373,7 @@ def metadata_chain_manifest(store: ObjectStore, base: Manifest, base_ref: str, b
     on each shard of ``db_ids`` (10 rows changed: 4 updates, 3 inserts, 3 deletes), or a compaction
     (one full layer per shard; ``db_ids`` ignored). The delta is a format-3 chain document on
     ``base_ref`` / ``base_checksum``."""
-    from airflow_provider_shardyfusion.core.delta import LayerCounts, LayerResult, chain_shards, chain_stats
+    from airflow_provider_shardyfusion.core.write.delta import LayerCounts, LayerResult, chain_shards, chain_stats
 
     started_at = started_at or layout.utc_now()
     counts = LayerCounts(puts=7, deletes=3, inserted=3, updated=4, deleted=3)
@@ -403,13 +403,13 @@ def metadata_chain_manifest(store: ObjectStore, base: Manifest, base_ref: str, b
 
 
 def publish_metadata_run(snapshots: SnapshotRoot, manifest: Manifest) -> ManifestRef:
-    """The writer's publish order through core (``core.publish.publish``'s steps): a running run record,
+    """The writer's publish order through core (``core.lifecycle.publish.publish``'s steps): a running run record,
     the manifest, the record marked succeeded with the manifest's identity, ``_CURRENT`` moved
     (conditionally, on its base), ``published_at`` stamped. Done on ``snapshots`` rather than through
     ``publish`` itself, which opens a new ``SnapshotRoot`` and so re-reads the live chain every call."""
-    from airflow_provider_shardyfusion.core.checksum import bytes_checksum
-    from airflow_provider_shardyfusion.core.publish import mark_succeeded
-    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+    from airflow_provider_shardyfusion.core.lifecycle.publish import mark_succeeded
+    from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
+    from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle
 
     started = manifest.run_started_at or manifest.created_at
     lifecycle = RunRecordLifecycle(snapshots.store, manifest.run_id, num_dbs=manifest.num_dbs,

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.config import build_write_config
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-from airflow_provider_shardyfusion.core.stream_batches import parse_batch_run_id
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.stream.batches import parse_batch_run_id
 
 STREAM = "orders.stream"
 NUM_DBS = 4

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from .errors import ConfigError, show_value
+from airflow_provider_shardyfusion.core.errors import ConfigError, show_value
 
 __all__ = ["MAX_DURATION", "as_bool", "as_duration", "as_int", "as_list", "as_literal", "as_mapping", "as_number"]
 

@@ -83,7 +83,7 @@ class StreamOwnershipError(ConfigError):
 class ManifestValidationError(ShardyfusionError, ValueError):
     """A manifest or ``_CURRENT`` pointer is malformed or unsafe to follow.
 
-    ``report``: the validation report (``core.validation.ValidationReport``) when a validation
+    ``report``: the validation report (``core.lifecycle.validation.ValidationReport``) when a validation
     found the problems; its ``failures`` lists each one.
     """
 

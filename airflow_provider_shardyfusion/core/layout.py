@@ -12,8 +12,8 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .errors import ConfigError, ManifestValidationError
-from .secrets import redact_uri, refuse_userinfo
+from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
+from airflow_provider_shardyfusion.core.secrets import redact_uri, refuse_userinfo
 
 __all__ = [
     "CURRENT_KEY", "MANIFESTS_DIR", "MANIFEST_NAME", "RUNS_DIR", "RUN_RECORD_NAME", "SHARDS_DIR", "STREAMS_DIR",
@@ -152,7 +152,7 @@ def run_record_key(run_id: str) -> str:
 
 
 def stream_owner_key(stream_id: str) -> str:
-    """Who writes the stream: its checkpoint's identity and the writer's lease (``core.stream_owner``)."""
+    """Who writes the stream: its checkpoint's identity and the writer's lease (``core.stream.owner``)."""
     validate_run_id(stream_id, what="stream_id")
     return f"{STREAMS_DIR}/{stream_id}/{STREAM_OWNER_NAME}"
 

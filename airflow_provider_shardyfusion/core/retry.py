@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import (
+from airflow_provider_shardyfusion.core.errors import (
     ConfigError,
     InputDataError,
     ManifestValidationError,

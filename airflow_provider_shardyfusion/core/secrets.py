@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
-from .errors import ConfigError
+from airflow_provider_shardyfusion.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

@@ -20,11 +20,11 @@ from airflow_provider_shardyfusion.core.storage.async_reader import AsyncObjectR
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.errors import RunRecordError
-    from airflow_provider_shardyfusion.core.manifest import Manifest
-    from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.run_record import RunRecord
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest
+    from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+    from airflow_provider_shardyfusion.core.model.run_record import RunRecord
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
 __all__ = ["ShardyfusionHook"]
 
@@ -96,8 +96,8 @@ class ShardyfusionHook(BaseHook):
         return open_store(output_uri, self.storage_options(output_uri))
 
     def get_snapshots(self, output_uri: str) -> SnapshotRoot:
-        """Pointer, manifests and run records under ``output_uri`` (see ``core.snapshot``)."""
-        from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+        """Pointer, manifests and run records under ``output_uri`` (see ``core.model.snapshot``)."""
+        from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
         return SnapshotRoot(self.get_store(output_uri))
 
@@ -114,7 +114,7 @@ class ShardyfusionHook(BaseHook):
         return self.get_snapshots(output_uri).list_run_ids()
 
     def get_reader(self, output_uri: str, **kwargs: Any) -> ShardedReader:
-        from airflow_provider_shardyfusion.core.reader import ShardedReader
+        from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
         return ShardedReader(output_uri, storage_options=self.storage_options(output_uri), **kwargs)
 
@@ -145,14 +145,14 @@ class ShardyfusionHook(BaseHook):
         return await open_async_reader(root, options, session=session)
 
     async def amark_failed(self, output_uri: str, run_id: str, error: RunRecordError) -> RunRecord | None:
-        """Mark a still-running run failed (conditional write, see ``core.run_record.mark_failed``).
+        """Mark a still-running run failed (conditional write, see ``core.model.run_record.mark_failed``).
 
         The connection is fetched asynchronously first; the write itself is a single conditional
         put through the sync store, run in a worker thread.
         """
         import asyncio
 
-        from airflow_provider_shardyfusion.core.run_record import mark_failed
+        from airflow_provider_shardyfusion.core.model.run_record import mark_failed
 
         root = layout.normalize_root(output_uri)
         if not root.startswith("s3://") or not self.aws_conn_id:
@@ -175,13 +175,13 @@ class ShardyfusionHook(BaseHook):
             await reader.aclose()
 
     async def aread_run_record(self, output_uri: str, run_id: str) -> RunRecord | None:
-        from airflow_provider_shardyfusion.core.run_record import RunRecord
+        from airflow_provider_shardyfusion.core.model.run_record import RunRecord
 
         data = await self.aread_object(output_uri, layout.run_record_key(run_id))
         return None if data is None else RunRecord.from_bytes(data)
 
     async def aread_current(self, output_uri: str) -> CurrentPointer | None:
-        from airflow_provider_shardyfusion.core.pointer import parse_pointer
+        from airflow_provider_shardyfusion.core.model.pointer import parse_pointer
 
         data = await self.aread_object(output_uri, layout.CURRENT_KEY)
         return None if data is None else parse_pointer(data, layout.normalize_root(output_uri))

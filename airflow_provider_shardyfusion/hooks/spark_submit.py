@@ -22,7 +22,7 @@ integration tests, so a provider change that breaks one fails the suite):
 - ``_submit_sp`` (read, ``is_running``): the spark-submit process, so that
   ``StreamingSnapshotOperator.on_kill`` lets a gracefully stopped job exit before killing it.
 - The exit code of a failed spark-submit is only in the text of the provider's exception
-  (``Error code is: N``); ``core.write_attempts.short_submit_error`` reads it from there.
+  (``Error code is: N``); ``core.lifecycle.write_attempts.short_submit_error`` reads it from there.
 """
 
 from __future__ import annotations

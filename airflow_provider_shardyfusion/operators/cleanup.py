@@ -20,7 +20,7 @@ __all__ = ["DeferredCleanupOperator"]
 class DeferredCleanupOperator(WithShardyfusionHook, BaseOperator):
     """Delete failed, abandoned, orphaned and expired snapshot data under ``output_uri``.
 
-    The plan is a pure function in ``core.cleanup_plan`` of the listing, the run records, ``_CURRENT``
+    The plan is a pure function in ``core.lifecycle.cleanup_plan`` of the listing, the run records, ``_CURRENT``
     and the time; this operator reads, plans and executes it. Never touched: the run ``_CURRENT``
     names (re-read before deleting; if it moved, the cleanup stops and deletes nothing more), runs
     in ``keep_run_ids``, anything younger than ``grace_period``, and a ``running`` run whose lease
@@ -70,9 +70,9 @@ class DeferredCleanupOperator(WithShardyfusionHook, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
         from airflow_provider_shardyfusion.core.arguments import as_bool
-        from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-        from airflow_provider_shardyfusion.core.cleanup_plan import check_settings
         from airflow_provider_shardyfusion.core.errors import ConfigError
+        from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+        from airflow_provider_shardyfusion.core.lifecycle.cleanup_plan import check_settings
 
         try:
             root = layout.normalize_root(self.output_uri)

@@ -66,7 +66,7 @@ class PublishSnapshotOperator(WithShardyfusionHook, BaseOperator):
         from airflow_provider_shardyfusion.core import layout
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ConfigError
-        from airflow_provider_shardyfusion.core.publish import publish_run
+        from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
 
         where = f"PublishSnapshotOperator {self.task_id!r}"
         try:

@@ -2,10 +2,10 @@
 
 The operator is a thin shell over pure parts:
 
-- ``core.write_args``: the arguments, defaults, templating and docs (declared once);
-- ``core.config.build_write_config``: validation, so a bad argument fails before Spark starts;
-- ``core.write_attempts``: which run a try writes or re-attaches to, and what a submission left;
-- ``core.run_outcome``: what the run record means, and the waiting (shared with the sensors);
+- ``core.model.write_args``: the arguments, defaults, templating and docs (declared once);
+- ``core.model.config.build_write_config``: validation, so a bad argument fails before Spark starts;
+- ``core.lifecycle.write_attempts``: which run a try writes or re-attaches to, and what a submission left;
+- ``core.lifecycle.run_outcome``: what the run record means, and the waiting (shared with the sensors);
 - ``operators.spark_job``: what running a Spark job takes (Spark settings, credentials, bundle,
   the launcher chosen from the connection, ``on_kill``, the Spark link), shared with
   ``StreamingSnapshotOperator``;
@@ -25,13 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
-from airflow_provider_shardyfusion.core import layout, write_args
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.arguments import as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError
-from airflow_provider_shardyfusion.core.input_check import check_write_input
-from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, wait_for_run
-from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
-from airflow_provider_shardyfusion.core.write_attempts import (
+from airflow_provider_shardyfusion.core.lifecycle.run_outcome import RunOutcome, wait_for_run
+from airflow_provider_shardyfusion.core.lifecycle.write_attempts import (
     RunChoice,
     abandon_reason,
     candidate_run_ids,
@@ -42,6 +40,9 @@ from airflow_provider_shardyfusion.core.write_attempts import (
     submission_outcome,
     writer_identity,
 )
+from airflow_provider_shardyfusion.core.model import write_args
+from airflow_provider_shardyfusion.core.model.write_args import DEFAULTS as _D
+from airflow_provider_shardyfusion.core.write.input_check import check_write_input
 from airflow_provider_shardyfusion.operators.spark_job import SparkApplicationLink, SparkJobOperator
 
 if TYPE_CHECKING:
@@ -50,10 +51,10 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from airflow_provider_shardyfusion.core.config import InputFormat, WriteConfig
-    from airflow_provider_shardyfusion.core.encoding import KeyEncoding, ValueFormat
-    from airflow_provider_shardyfusion.core.manifest import WriteMode
-    from airflow_provider_shardyfusion.core.run_record import RunRecord
+    from airflow_provider_shardyfusion.core.model.config import InputFormat, WriteConfig
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding, ValueFormat
+    from airflow_provider_shardyfusion.core.model.manifest import WriteMode
+    from airflow_provider_shardyfusion.core.model.run_record import RunRecord
     from airflow_provider_shardyfusion.submission.bundle import Bundle
     from airflow_provider_shardyfusion.submission.launcher import SparkJobLauncher
 
@@ -96,7 +97,7 @@ class ShardedWriteOperator(SparkJobOperator):
     still running (valid lease), or writes a fresh run ``<run_id>-try<N>`` when that run ended;
     it never reports the earlier try's error, and never marks a run failed that it did not start.
 
-    When a run is over follows ``core.run_outcome`` (the rule ``RunRecordSensor`` follows too): a
+    When a run is over follows ``core.lifecycle.run_outcome`` (the rule ``RunRecordSensor`` follows too): a
     run meant to go live is waited for until ``_CURRENT`` names it, a later run is live
     (superseded: staged, not a failure) or 30 s passed (not live: ``PublishManifestError``).
 
@@ -168,7 +169,7 @@ class ShardedWriteOperator(SparkJobOperator):
     template_fields_renderers: ClassVar[dict[str, str]] = dict(write_args.TEMPLATE_RENDERERS)
     ui_color = "#f4a460"
 
-    # Defaults: core.write_args (one declaration); tests/unit/test_write_args.py checks this signature.
+    # Defaults: core.model.write_args (one declaration); tests/unit/test_write_args.py checks this signature.
     def __init__(
         self,
         *,
@@ -264,7 +265,7 @@ class ShardedWriteOperator(SparkJobOperator):
         self._me: dict[str, Any] | None = None
         # The summary of this try's snapshot, for get_openlineage_facets_on_complete.
         self._lineage_summary: dict[str, Any] | None = None
-        # Time for the waits in core.run_outcome (None: the real clock); tests drive a fake one.
+        # Time for the waits in core.lifecycle.run_outcome (None: the real clock); tests drive a fake one.
         self._clock: Callable[[], datetime] | None = None
         self._sleep: Callable[[float], None] | None = None
 
@@ -359,7 +360,7 @@ class ShardedWriteOperator(SparkJobOperator):
 
     def _wait(self, output_uri: str, run_id: str, timeout: timedelta, *,
               missing_timeout: float | None = None) -> RunOutcome:
-        """The run's final outcome (``core.run_outcome``: a run meant to go live waits for ``_CURRENT``)."""
+        """The run's final outcome (``core.lifecycle.run_outcome``: a run meant to go live waits for ``_CURRENT``)."""
         return wait_for_run(self.hook.get_snapshots(output_uri), run_id, timeout=timeout, poll=float(self.poll_interval),
                             publish=self.publish is True, missing_timeout=missing_timeout,
                             clock=self._clock, sleep=self._sleep)
@@ -370,7 +371,7 @@ class ShardedWriteOperator(SparkJobOperator):
 
     def _mark_abandoned(self, config: WriteConfig, reason: str) -> None:
         from airflow_provider_shardyfusion.core.errors import RunAbandoned
-        from airflow_provider_shardyfusion.core.run_record import mark_failed
+        from airflow_provider_shardyfusion.core.model.run_record import mark_failed
 
         try:
             mark_failed(self.hook.get_store(config.output_uri), config.run_id, RunAbandoned(reason))
@@ -433,7 +434,7 @@ class ShardedWriteOperator(SparkJobOperator):
         if not (self._active_run_id and self._active_output_uri):
             return  # nothing submitted by this try (or only re-attached): not ours to mark
         from airflow_provider_shardyfusion.core.errors import RunKilled
-        from airflow_provider_shardyfusion.core.run_record import mark_failed, read_run_record
+        from airflow_provider_shardyfusion.core.model.run_record import mark_failed, read_run_record
 
         try:
             store = self.hook.get_store(self._active_output_uri)

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.types import TaskInstanceKey
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.run_record import RunRecord
+    from airflow_provider_shardyfusion.core.model.config import WriteConfig
+    from airflow_provider_shardyfusion.core.model.run_record import RunRecord
     from airflow_provider_shardyfusion.hooks.spark_submit import ShardyfusionSparkSubmitHook
     from airflow_provider_shardyfusion.submission.bundle import Bundle
     from airflow_provider_shardyfusion.submission.connect import ConnectPlan
@@ -154,7 +154,7 @@ class SparkJobOperator(WithShardyfusionHook, BaseOperator):
 
     def build_config(self, context: Context, storage_options: Any = None) -> WriteConfig:
         """Validated ``WriteConfig``; raises ``ConfigError`` naming the argument at fault."""
-        from airflow_provider_shardyfusion.core.config import build_write_config
+        from airflow_provider_shardyfusion.core.model.config import build_write_config
 
         return build_write_config(**self._config_arguments(), storage_options=storage_options,
                                   airflow_context=self.airflow_context(context))
@@ -262,7 +262,7 @@ class SparkJobOperator(WithShardyfusionHook, BaseOperator):
         return self._launcher.tail_text() if self._launcher is not None else ""
 
     def _persist_link(self, context: Context, record: RunRecord) -> None:
-        from airflow_provider_shardyfusion.core.job_contract import WriterIdentity
+        from airflow_provider_shardyfusion.core.write.job_contract import WriterIdentity
 
         writer = WriterIdentity.from_dict(record.writer)
         app_id, url = writer.spark_app_id, writer.spark_ui_url

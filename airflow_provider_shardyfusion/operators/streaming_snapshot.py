@@ -2,7 +2,7 @@
 
 A sibling of ``ShardedWriteOperator`` on ``operators.spark_job.SparkJobOperator``: it runs
 ``spark_jobs/streaming_job.py`` the same way (bundle, credentials, the launcher of the connection's
-type); only the application and the JSON it gets differ (``core.stream_job``). The job reports the batches it handled in
+type); only the application and the JSON it gets differ (``core.stream.job``). The job reports the batches it handled in
 ``runs/_streams/<stream_id>/<report_id>.json`` under the root; the operator reads that report for
 its XCom and emits one asset event per published batch. Importing this module is light (no
 pyspark, rocksdict or boto3): it is parsed with every DAG.
@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
-from airflow_provider_shardyfusion.core import write_args
 from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
-from airflow_provider_shardyfusion.core.input_check import check_write_input
-from airflow_provider_shardyfusion.core.write_args import DEFAULTS as _D
+from airflow_provider_shardyfusion.core.model import write_args
+from airflow_provider_shardyfusion.core.model.write_args import DEFAULTS as _D
+from airflow_provider_shardyfusion.core.write.input_check import check_write_input
 from airflow_provider_shardyfusion.operators.spark_job import SPARK_JOB_ARGS, SparkJobOperator
 
 if TYPE_CHECKING:
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from airflow_provider_shardyfusion.core.config import WriteConfig
-    from airflow_provider_shardyfusion.core.encoding import KeyEncoding, ValueFormat
-    from airflow_provider_shardyfusion.core.stream_job import StreamSettings, StreamTrigger
+    from airflow_provider_shardyfusion.core.model.config import WriteConfig
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding, ValueFormat
+    from airflow_provider_shardyfusion.core.stream.job import StreamSettings, StreamTrigger
     from airflow_provider_shardyfusion.submission.bundle import Bundle
 
 __all__ = ["StreamingSnapshotOperator"]
@@ -49,7 +49,7 @@ _WHY_NOT_STREAM_ARG = {
                     "the task runs the query itself: deferring is not supported"),
 }
 _NOT_STREAM_ARGS = frozenset(_WHY_NOT_STREAM_ARG)
-# Declared once in core.write_args; tests/unit/test_write_args.py checks the signature and docs below.
+# Declared once in core.model.write_args; tests/unit/test_write_args.py checks the signature and docs below.
 _WRITE_FIELDS = tuple(a.name for a in write_args.OPERATOR_ARGS if a.name not in _NOT_STREAM_ARGS)
 # The write config every batch starts from: each batch is a delta, published (the job sets the run
 # id and the base per batch); the input fields only describe the source (``_source_input``).
@@ -235,7 +235,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
 
     def _config_arguments(self) -> dict[str, Any]:
         """The write config every batch starts from; ``input`` only describes the source."""
-        from airflow_provider_shardyfusion.core.config import INPUT_FORMATS
+        from airflow_provider_shardyfusion.core.model.config import INPUT_FORMATS
 
         file_input = self.source_path is not None and self.source_format in INPUT_FORMATS
         return {**{name: getattr(self, name) for name in write_args.OPERATOR_CONFIG_ARGS if name in _WRITE_FIELDS},
@@ -246,7 +246,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
 
     def stream_settings(self, context: Context) -> StreamSettings:
         """The validated stream settings of this try (``ConfigError`` naming the argument at fault)."""
-        from airflow_provider_shardyfusion.core.stream_job import StreamSettings, sanitize_stream_id
+        from airflow_provider_shardyfusion.core.stream.job import StreamSettings, sanitize_stream_id
 
         ti = context["ti"]
         stream_id = self.stream_id
@@ -271,7 +271,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
         return bundle.application(STREAMING_SCRIPT)
 
     def _job_config_json(self, config: WriteConfig) -> str:
-        from airflow_provider_shardyfusion.core.stream_job import encode_job_config
+        from airflow_provider_shardyfusion.core.stream.job import encode_job_config
 
         assert self._stream is not None
         return encode_job_config(config, self._stream)
@@ -303,7 +303,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
         return self._finish(context, config.output_uri, stream, report, submit_error)
 
     def _read_report(self, output_uri: str, stream: StreamSettings) -> dict[str, Any] | None:
-        from airflow_provider_shardyfusion.core.stream_job import read_report
+        from airflow_provider_shardyfusion.core.stream.job import read_report
 
         return read_report(self.hook.get_store(output_uri), stream.stream_id, stream.report_id)
 
@@ -353,7 +353,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
 
     def _request_stop(self, output_uri: str, stream: StreamSettings) -> None:
         from airflow_provider_shardyfusion.core.retry import NO_RETRY
-        from airflow_provider_shardyfusion.core.stream_job import read_report, stop_key, wait_for_stop
+        from airflow_provider_shardyfusion.core.stream.job import read_report, stop_key, wait_for_stop
 
         store = self.hook.get_store(output_uri)
         store.put(stop_key(stream.stream_id, stream.report_id), b'{"reason": "the Airflow task was stopped"}')

@@ -1,6 +1,6 @@
 """``ValidateManifestOperator``: the gate between a staged write and its publication (SPEC §8).
 
-A thin shell around ``core.validation.validate_snapshot``: storage comes from the Airflow
+A thin shell around ``core.lifecycle.validation.validate_snapshot``: storage comes from the Airflow
 connection through ``ShardyfusionHook``; every check is logged with its figure; the report is the
 XCom; any failure fails the task with one ``ManifestValidationError`` listing all of them.
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from airflow_provider_shardyfusion.core.validation import ValidationReport
+    from airflow_provider_shardyfusion.core.lifecycle.validation import ValidationReport
 
 __all__ = ["ValidateManifestOperator"]
 
@@ -100,7 +100,7 @@ class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
         from airflow_provider_shardyfusion.core import layout
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-        from airflow_provider_shardyfusion.core.validation import validate_snapshot
+        from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
 
         output_uri = layout.normalize_root(self.output_uri)
         self.verify_checksums = as_bool("verify_checksums", self.verify_checksums)

@@ -9,7 +9,7 @@ from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, error_type_by_name
-from airflow_provider_shardyfusion.core.pointer import PointerWait
+from airflow_provider_shardyfusion.core.model.pointer import PointerWait
 from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
-    from airflow_provider_shardyfusion.core.pointer import WaitMode
+    from airflow_provider_shardyfusion.core.model.pointer import WaitMode
 
 __all__ = ["CurrentSnapshotSensor"]
 

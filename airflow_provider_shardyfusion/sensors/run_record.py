@@ -1,6 +1,6 @@
 """``RunRecordSensor``: waits until a shardyfusion write run is over; fails with the writer's error.
 
-"Over" is ``core.run_outcome``'s rule, the one ``ShardedWriteOperator`` follows too.
+"Over" is ``core.lifecycle.run_outcome``'s rule, the one ``ShardedWriteOperator`` follows too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.run_outcome import RunOutcome, read_outcome
+from airflow_provider_shardyfusion.core.lifecycle.run_outcome import RunOutcome, read_outcome
 from airflow_provider_shardyfusion.sensors._base import PokeThenDeferSensor
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 

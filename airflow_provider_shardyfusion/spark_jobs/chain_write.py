@@ -21,17 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..core import encoding, layout
+from ..core import layout
 from ..core.errors import ConfigError
+from ..core.model import encoding
 from .faults import NO_FAULTS, Faults
 from .shard_task import RESULT_DDL, RESULT_SCHEMA
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ..core.config import WriteConfig
-    from ..core.manifest import Manifest
-    from ..core.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.model.config import WriteConfig
+    from ..core.model.manifest import Manifest
+    from ..core.model.snapshot import ResolvedManifest, SnapshotRoot
 
 __all__ = [
     "ChainPlan", "check_against_base", "make_layer_fn", "resolve_base", "write_layer", "write_layers",
@@ -65,9 +66,9 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
     live (``publish=True``) on a base that is not live is refused, as its publish would be.
     """
     from ..core.errors import BaseNotLiveError
-    from ..core.integrity import deletion_problems
-    from ..core.publish import resolve_manifest
-    from ..core.snapshot import base_not_live
+    from ..core.lifecycle.integrity import deletion_problems
+    from ..core.lifecycle.publish import resolve_manifest
+    from ..core.model.snapshot import base_not_live
 
     mode = config.delta.write_mode
     pointer = snapshots.current()
@@ -126,14 +127,14 @@ def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # n
 
 
 def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
-    from ..core.arrow_codec import (
+    from ..core.write.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
         delete_flags,
         encode_values,
         first_null_row,
     )
-    from ..core.delta import sorted_changes
+    from ..core.write.delta import sorted_changes
 
     keys: list[Any] = []
     values: list[bytes | None] = []
@@ -157,10 +158,10 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
                 task_attempt_id: int | None) -> dict[str, Any]:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
-    from ..core.delta import LayerResult, write_compacted_layer, write_delta_layer
     from ..core.errors import ShardWriteError, ShardyfusionError
-    from ..core.reader import ShardedReader
+    from ..core.read.reader import ShardedReader
     from ..core.storage import open_store
+    from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
     changes = _changes_of(plan, batches) if plan.has_input else []
     if not changes and not plan.compact:

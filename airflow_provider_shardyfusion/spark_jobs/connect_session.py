@@ -1,6 +1,6 @@
 """The job's Spark session when the operator started it as a Spark Connect client.
 
-The operator sets the Connect URL and the bundle in the environment (``core.job_environment``).
+The operator sets the Connect URL and the bundle in the environment (``core.write.job_environment``).
 The bundle goes to the cluster with ``addArtifacts(pyfile=True)``, so the server's Python
 workers import the same ``spark_jobs`` and ``core`` as this client; a packed Python environment
 goes with ``archive=True`` and becomes the executors' interpreter.
@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
-from ..core import job_environment as job_env
 from ..core.errors import ConfigError, RunKilled
+from ..core.write import job_environment as job_env
 from .errors import describe_rpc_error
 
 __all__ = [

@@ -14,25 +14,26 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .. import __version__ as provider_version
-from ..core import encoding, layout, routing
+from ..core import layout
 from ..core.errors import (
     ConfigError,
     InputDataError,
     ShardAssignmentError,
     show_value,
 )
-from ..core.job_contract import RunStats, TaskTry, WriterIdentity
-from ..core.manifest import (
+from ..core.lifecycle.publish import delete_losing_attempts, publish
+from ..core.model import encoding, routing
+from ..core.model.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
     Manifest,
     ShardingInfo,
 )
-from ..core.publish import delete_losing_attempts, publish
+from ..core.model.run_record import RunRecordLifecycle
 from ..core.retry import NO_RETRY, call_with_retry
-from ..core.run_record import RunRecordLifecycle
 from ..core.storage import open_store
-from ..core.winner import WinnerSelection, select_winners
+from ..core.write.job_contract import RunStats, TaskTry, WriterIdentity
+from ..core.write.winner import WinnerSelection, select_winners
 from . import errors as job_errors
 from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
@@ -41,7 +42,7 @@ from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_i
 from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
-    from ..core.config import WriteConfig
+    from ..core.model.config import WriteConfig
 
 __all__ = [
     "TASKS_PER_CORE", "read_input", "run_write", "writer_info",
@@ -195,8 +196,8 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
                  faults: Faults, source: Any = None) -> Manifest:
     """A delta or compaction on a base run (SPEC §13): one layer per changed shard; the manifest to publish."""
-    from ..core.delta import chain_shards, chain_stats, select_layer_winners
-    from ..core.snapshot import SnapshotRoot
+    from ..core.model.snapshot import SnapshotRoot
+    from ..core.write.delta import chain_shards, chain_stats, select_layer_winners
     from .chain_write import ChainPlan, check_against_base, resolve_base, write_layers
 
     run_id, mode = config.run_id, config.delta.write_mode
@@ -232,7 +233,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
         results = write_layers(spark, df, routing_plan, plan, base.num_dbs, faults)
-    from ..core.delta import LayerResult
+    from ..core.write.delta import LayerResult
 
     winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
     shards = chain_shards(base, run_id, winners, compact=compact)
@@ -400,7 +401,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
 def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: Faults,
                      durations: dict[str, float]) -> list[TaskResult]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
-    from ..core.rate_limit import WriteLimiter
+    from ..core.storage.rate_limit import WriteLimiter
 
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
@@ -483,7 +484,7 @@ def _manifest(spark, config: WriteConfig, plan: RoutingPlan, key_encoding: encod
         empty_shards=len(selection.empty_db_ids), shards_written=len(entries), attempts_seen=selection.attempts_seen,
         durations_s=dict(durations), other={"task_time_totals_s": task_totals, "shard_sort": shard_sort},
     ).to_dict()
-    from ..core.shard_builder import WRITER_SHARD_LAYOUT
+    from ..core.write.shard_builder import WRITER_SHARD_LAYOUT
 
     try:
         import rocksdict

@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..core import layout
-from ..core.config import DeltaSpec, WriteConfig
 from ..core.errors import (
     ConfigError,
     ObjectNotFoundError,
@@ -24,12 +23,13 @@ from ..core.errors import (
     StorageError,
     StreamOwnershipError,
 )
-from ..core.job_contract import RunStats
-from ..core.run_record import mark_failed
-from ..core.snapshot import SnapshotRoot
+from ..core.model.config import DeltaSpec, WriteConfig
+from ..core.model.run_record import mark_failed
+from ..core.model.snapshot import SnapshotRoot
 from ..core.storage import open_store
-from ..core.stream_batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
-from ..core.stream_owner import DEFAULT_LEASE, StreamOwner, claim
+from ..core.stream.batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
+from ..core.stream.owner import DEFAULT_LEASE, StreamOwner, claim
+from ..core.write.job_contract import RunStats
 from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class BatchWriter:
                         run_id)
 
     def _publish(self, snapshots: SnapshotRoot, batch_id: int, decision: Decision) -> bool:
-        from ..core.publish import publish_run
+        from ..core.lifecycle.publish import publish_run
 
         try:
             publish_run(snapshots, run_id=decision.run_id)

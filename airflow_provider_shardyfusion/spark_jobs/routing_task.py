@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ..core.encoding import KeyKind
-from ..core.manifest import ShardingInfo
+from ..core.model.encoding import KeyKind
+from ..core.model.manifest import ShardingInfo
 from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
@@ -44,17 +44,17 @@ class RoutingPlan:
     key_kind: KeyKind
 
     def cel_router(self) -> Any:
-        from ..core.routing import CelRouter
+        from ..core.model.routing import CelRouter
 
         return CelRouter(self.sharding.cel_spec(self.num_dbs))
 
 
 def shard_ids_for_batch(plan: RoutingPlan, batch: pa.RecordBatch, router: Any = None,
                         faults: Faults = NO_FAULTS) -> np.ndarray:
-    from ..core import routing
-    from ..core.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
-    from ..core.encoding import null_key_error
     from ..core.errors import ShardAssignmentError
+    from ..core.model import routing
+    from ..core.model.encoding import null_key_error
+    from ..core.write.arrow_codec import UTF8_RULE_KEY, UTF8_RULE_ROUTING, check_utf8, first_null_row
 
     key_column = plan.sharding.key_column
     if plan.sharding.strategy == "hash":
@@ -131,7 +131,7 @@ def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, shift: int = 0)
     """
     from pyspark.sql import functions as F
 
-    from ..core.encoding import null_key_error
+    from ..core.model.encoding import null_key_error
     from .conf_overrides import spark_conf_overrides
     from .errors import error_line
 
@@ -176,7 +176,7 @@ def make_token_fn(plan: RoutingPlan, token_type: str):
     """Inferred categorical routing: distinct CEL tokens per partition (one extra pass)."""
 
     def tokens(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from ..core.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
+        from ..core.write.arrow_codec import UTF8_RULE_ROUTING, check_utf8_columns
 
         router = plan.cel_router()
         names = plan.sharding.routing_columns()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ..core.winner import ShardResult
+from ..core.write.winner import ShardResult
 from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
@@ -109,18 +109,18 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
                     task_attempt_id: int | None, limiter: Any = None, store: Any = None) -> TaskResult:
     """Write the batches of one shard and return its result (the shard + routing sample)."""
     from ..core import layout, scratch
-    from ..core.arrow_codec import (
-        UTF8_RULE_KEY,
-        check_utf8,
-        encode_values,
-    )
     from ..core.errors import (
         ShardWriteError,
         ShardyfusionError,
     )
-    from ..core.rate_limit import WriteLimiter
-    from ..core.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
     from ..core.storage import open_store
+    from ..core.storage.rate_limit import WriteLimiter
+    from ..core.write.arrow_codec import (
+        UTF8_RULE_KEY,
+        check_utf8,
+        encode_values,
+    )
+    from ..core.write.shard_builder import WRITER_SHARD_LAYOUT, ShardBuilder
 
     started = time.perf_counter()
     first = None
@@ -205,8 +205,8 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
                       task_attempt_id: int | None, faults: Faults = NO_FAULTS) -> Iterator[TaskResult]:
     """Write the shards of one partition, in id order, one after another; one result each."""
     from ..core.errors import ShardAssignmentError
-    from ..core.rate_limit import WriteLimiter
     from ..core.storage import open_store
+    from ..core.storage.rate_limit import WriteLimiter
 
     assert plan.shard_id_column is not None
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)

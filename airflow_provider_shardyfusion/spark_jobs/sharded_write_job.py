@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
     job_logging.configure()
 
-    from ..core.config import WriteConfig
     from ..core.errors import ShardyfusionError
-    from ..core.job_contract import done_line, failed_line
+    from ..core.model.config import WriteConfig
+    from ..core.write.job_contract import done_line, failed_line
 
     try:
         config = WriteConfig.from_json(base64.urlsafe_b64decode(args.config_b64.encode()).decode()).validate()
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from ..compat import check_pyspark_install
-    from ..core.job_environment import REMOTE_URL
+    from ..core.write.job_environment import REMOTE_URL
 
     try:
         # Before pyspark is imported: a pyspark / pyspark-client mix may fail on import with an

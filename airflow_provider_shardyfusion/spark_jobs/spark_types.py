@@ -9,8 +9,8 @@ from pyspark.sql import types as T
 from ..core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..core.encoding import KeyKind
-    from ..core.routing import CelType
+    from ..core.model.encoding import KeyKind
+    from ..core.model.routing import CelType
 
 __all__ = [
     "cel_type", "field_of", "key_kind", "require_boolean",

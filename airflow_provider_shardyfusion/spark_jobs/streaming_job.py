@@ -8,10 +8,10 @@ and options, written with ``foreachBatch(foreach_batch_writer(...))``: one publi
 micro-batch, the batch id as the idempotency key. ``trigger`` ``available_now`` processes what is
 new since the last run and stops; ``processing_time`` runs until stopped.
 
-The JSON is ``core.stream_job.encode_job_config``: the WriteConfig and the stream settings. The
+The JSON is ``core.stream.job.encode_job_config``: the WriteConfig and the stream settings. The
 batches handled are reported in ``runs/_streams/<stream_id>/<report_id>.json`` under the root
-(``core.stream_job``), rewritten after every micro-batch and when the query ended, and printed as
-one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.job_contract``).
+(``core.stream.job``), rewritten after every micro-batch and when the query ended, and printed as
+one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.write.job_contract``).
 
 Stopping: SIGTERM, or the operator's stop object (``stop_key``), stops the query after the
 micro-batch in progress (a batch interrupted anyway is rewritten by the next run: exactly once).
@@ -39,7 +39,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..core.job_contract import STREAMING_JOB, failed_line, stream_result_line
+from ..core.write.job_contract import STREAMING_JOB, failed_line, stream_result_line
 
 if TYPE_CHECKING:
     from .faults import Faults
@@ -117,8 +117,8 @@ class RemoteBatches:
         # The server's Python process has no other way to the bundle than its search path; after
         # this the imports are the same package-absolute modules as on the client.
         sys.path.insert(0, path)
-        from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-        from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key
+        from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+        from airflow_provider_shardyfusion.core.stream.job import decode_job_config, report_key
         from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 
         config, stream = decode_job_config(self.job_json)
@@ -143,7 +143,7 @@ def remote_batches(job_json: str, faults: Faults) -> RemoteBatches:
     """The Connect micro-batch function, with the bundle the operator shipped (``SHARDYFUSION_BUNDLE``)."""
     from pyspark import cloudpickle
 
-    from ..core import job_environment as job_env
+    from ..core.write import job_environment as job_env
 
     # By value: the server's process cannot import this module by name before the bundle is on its path.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     job_logging.configure()
 
     from ..core.errors import ShardyfusionError
-    from ..core.stream_job import decode_job_config
+    from ..core.stream.job import decode_job_config
 
     try:
         job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(config, stream, writer, job_json: str, faults: Faults) -> int:
-    from ..core.snapshot import SnapshotRoot
-    from ..core.stream_job import report_key, stop_key
+    from ..core.model.snapshot import SnapshotRoot
+    from ..core.stream.job import report_key, stop_key
     from . import connect_session
     from .orphan_guard import exit_when_orphaned
     from .sharded_write_job import _classic_session

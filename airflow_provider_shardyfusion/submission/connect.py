@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_shardyfusion.core import job_environment as job_env
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.write_attempts import connect_launcher
+from airflow_provider_shardyfusion.core.lifecycle.write_attempts import connect_launcher
+from airflow_provider_shardyfusion.core.write import job_environment as job_env
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, SparkSettings, encode_config
 
 __all__ = ["ConnectPlan", "build_connect_plan", "check_connect_settings"]

@@ -18,8 +18,8 @@ from typing import Any
 
 from airflow_provider_shardyfusion.core.arguments import as_int, as_mapping
 from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.lifecycle.write_attempts import SPARK_SUBMIT
 from airflow_provider_shardyfusion.core.secrets import refuse_credential_settings, refuse_userinfo
-from airflow_provider_shardyfusion.core.write_attempts import SPARK_SUBMIT
 
 __all__ = [
     "CONFIG_ARG", "DEFAULT_ENV_ALIAS", "DEFAULT_SPARK_LOG_LEVEL", "Host", "SparkSettings", "SparkTarget", "SubmitPlan",

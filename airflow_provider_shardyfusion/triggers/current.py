@@ -9,7 +9,7 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-from airflow_provider_shardyfusion.core.pointer import PointerWait, WaitMode
+from airflow_provider_shardyfusion.core.model.pointer import PointerWait, WaitMode
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
 __all__ = ["CurrentSnapshotTrigger"]
@@ -87,9 +87,9 @@ class CurrentSnapshotTrigger(PollingTrigger):
         return f"{layout.CURRENT_KEY} under {self.output_uri}"
 
     async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.chain import missing_base, resolve
-        from airflow_provider_shardyfusion.core.pointer import parse_pointer
-        from airflow_provider_shardyfusion.core.snapshot import base_document, base_manifest_key, manifest_for_pointer
+        from airflow_provider_shardyfusion.core.model.chain import missing_base, resolve
+        from airflow_provider_shardyfusion.core.model.pointer import parse_pointer
+        from airflow_provider_shardyfusion.core.model.snapshot import base_document, base_manifest_key, manifest_for_pointer
 
         if data is None:
             self.log.info("%s does not exist yet; polling again in %ss", self._describe(), self.poll_interval)

@@ -21,7 +21,7 @@ class RunRecordTrigger(PollingTrigger):
 
     * ``{"status": "success", "run_record": {...}, "live_state", "live_run_id"}`` when the record
       says ``succeeded`` and, for a run its writer was to publish, ``_CURRENT`` settled
-      (``core.run_outcome``: live, or superseded by a later run);
+      (``core.lifecycle.run_outcome``: live, or superseded by a later run);
     * ``{"status": "error", "message", "error_type", "reason", "run_id", "run_record"}`` when the
       writer failed (``reason="failed"``, ``error_type`` / message are the writer's own), when a
       ``running`` record's lease expired (``reason="writer_lost"``), when the record stayed missing
@@ -94,8 +94,8 @@ class RunRecordTrigger(PollingTrigger):
         return f"the run record of run {self.run_id!r} under {self.output_uri}"
 
     async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.run_outcome import RunOutcome
-        from airflow_provider_shardyfusion.core.run_record import RunRecord
+        from airflow_provider_shardyfusion.core.lifecycle.run_outcome import RunOutcome
+        from airflow_provider_shardyfusion.core.model.run_record import RunRecord
 
         if data is None:
             if self.missing_timeout is not None and waited > self.missing_timeout:
@@ -111,10 +111,10 @@ class RunRecordTrigger(PollingTrigger):
         return TriggerEvent(outcome.to_event())
 
     async def _alive_state(self, reader: Any, record: Any) -> Any:
-        """``core.run_outcome.LiveState`` of the succeeded ``record``, read with the async reader."""
-        from airflow_provider_shardyfusion.core.pointer import parse_pointer
-        from airflow_provider_shardyfusion.core.run_outcome import LiveState
-        from airflow_provider_shardyfusion.core.snapshot import parse_manifest_bytes
+        """``core.lifecycle.run_outcome.LiveState`` of the succeeded ``record``, read with the async reader."""
+        from airflow_provider_shardyfusion.core.lifecycle.run_outcome import LiveState
+        from airflow_provider_shardyfusion.core.model.pointer import parse_pointer
+        from airflow_provider_shardyfusion.core.model.snapshot import parse_manifest_bytes
 
         root = layout.normalize_root(self.output_uri)
         data = await reader.read(layout.CURRENT_KEY)

@@ -19,9 +19,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.encoding import KeyText, key_from_text
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
-from airflow_provider_shardyfusion.core.history import (
+from airflow_provider_shardyfusion.core.lifecycle.history import (
     RootHistory,
     ShardSample,
     diff_runs,
@@ -31,6 +30,7 @@ from airflow_provider_shardyfusion.core.history import (
     root_history,
     sample_changes,
 )
+from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text
 from airflow_provider_shardyfusion.ui import render
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from starlette.responses import Response
 
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
 __all__ = [
     "KEY_LOOKUP_BYTE_BUDGET", "KEY_LOOKUP_RUNS", "MAX_KEY_LOOKUP_RUNS", "ROOT_DEADLINE_S", "SAMPLE_SHARDS", "HistorySource",

@@ -26,14 +26,14 @@ from airflow.sdk.configuration import conf
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import StorageError
-from airflow_provider_shardyfusion.core.history import run_claim_holds
+from airflow_provider_shardyfusion.core.lifecycle.history import run_claim_holds
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store, make_s3_client
 from airflow_provider_shardyfusion.ui.app import ROOT_DEADLINE_S, HistorySource, Unanswered, create_app, within
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
 __all__ = [
     "CLAIM_CHECK_DEADLINE_S", "HISTORY_S3_RETRY", "HISTORY_S3_TIMEOUTS_S", "SNAPSHOT_OPERATORS", "ShardyfusionHistoryPlugin",

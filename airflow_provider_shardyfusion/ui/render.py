@@ -1,6 +1,6 @@
 """HTML of the snapshot history pages: server-rendered, inline SVG charts, nothing loaded from outside.
 
-Pure functions of the JSON twins (``core.history`` models as dicts), so the HTML and the JSON of a
+Pure functions of the JSON twins (``core.lifecycle.history`` models as dicts), so the HTML and the JSON of a
 page always say the same thing. Every value is escaped; no page carries a credential because no
 model holds one.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.history import signed
+from airflow_provider_shardyfusion.core.lifecycle.history import signed
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -567,7 +567,7 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.storage import open_store
 
     plugins = d.request("GET", "/api/v2/plugins")["plugins"]

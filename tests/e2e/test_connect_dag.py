@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG
 from tests.e2e.quickstart_helpers import ProcessSampler, assert_snapshot_matches_input

@@ -16,8 +16,8 @@ import pytest
 
 from airflow_provider_shardyfusion import ShardedReader
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import make_plan
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import make_plan
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

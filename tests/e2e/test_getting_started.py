@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion import ShardedReader
-from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

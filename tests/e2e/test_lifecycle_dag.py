@@ -15,7 +15,7 @@ import pytest
 from airflow_provider_shardyfusion import ShardedReader
 from airflow_provider_shardyfusion.cli import main as cli
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

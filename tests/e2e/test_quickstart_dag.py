@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.run_record import FAILED, SUCCEEDED, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, SUCCEEDED, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.e2e.quickstart_helpers import ProcessSampler, assert_snapshot_matches_input, quickstart
 

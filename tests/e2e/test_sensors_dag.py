@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_shardyfusion.core.run_record import RUNNING
+from airflow_provider_shardyfusion.core.model.run_record import RUNNING
 from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 
 pytestmark = pytest.mark.airflow

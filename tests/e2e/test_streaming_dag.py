@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_shardyfusion import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark]

@@ -1,7 +1,7 @@
 """Chain manifests (SPEC §17): a delta stores only its change and is read through its base's manifest.
 
 Snapshots are built through ``core`` alone (``tests.snapshot_factory``: real SST shards and delta
-layers written by ``core.delta`` against the base shard, as the Spark writer does); the Spark
+layers written by ``core.write.delta`` against the base shard, as the Spark writer does); the Spark
 writer's own chains are proven in ``test_delta.py``.
 """
 
@@ -17,15 +17,15 @@ import pytest
 from rocksdict import Options, Rdict
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.checksum import bytes_checksum
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.encoding import encode_key
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-from airflow_provider_shardyfusion.core.manifest import CHAIN_FORMAT_VERSION
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.routing import route_key
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot, forget_decoded_manifests
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
+from airflow_provider_shardyfusion.core.model.encoding import encode_key
+from airflow_provider_shardyfusion.core.model.manifest import CHAIN_FORMAT_VERSION
+from airflow_provider_shardyfusion.core.model.routing import route_key
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot, forget_decoded_manifests
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from tests.snapshot_factory import build_delta, build_snapshot, publish_current

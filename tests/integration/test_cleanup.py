@@ -1,4 +1,4 @@
-"""Deferred cleanup end to end on both stores (SPEC §8): real runs published through ``core.publish``,
+"""Deferred cleanup end to end on both stores (SPEC §8): real runs published through ``core.lifecycle.publish``,
 real shard objects under their attempt folders, then plan + execute, proven by listing the root.
 
 Run records are written with a clock in the past (the lifecycle's ``clock``) and the plan is made
@@ -14,13 +14,13 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.checksum import bytes_checksum
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.errors import ShardWriteError
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
-from airflow_provider_shardyfusion.core.publish import publish
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunRecordLifecycle
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish
+from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunRecordLifecycle
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_helpers import write_run_record
 
@@ -183,7 +183,7 @@ def test_a_cleanup_racing_a_publish_deletes_nothing(store):
     assert {i.run_id for i in plan.items} == {"run-0", "run-1", "run-2"}
     before = objects(store)
     # A rollback to a run the plan would delete, between planning and executing.
-    from airflow_provider_shardyfusion.core.publish import publish_run
+    from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
 
     publish_run(snapshots, run_id="run-1", allow_older=True, **NO_SLEEP)
     report = execute_cleanup(snapshots, plan)
@@ -315,7 +315,7 @@ class OnRecordPut:
 
 
 def test_a_run_a_publish_claimed_is_left_alone_until_the_claim_expires(store):
-    from airflow_provider_shardyfusion.core.run_record import PUBLISH_CLAIM_HONOURED
+    from airflow_provider_shardyfusion.core.model.run_record import PUBLISH_CLAIM_HONOURED
 
     snapshots = three_runs(store)
     before = objects(store)
@@ -369,7 +369,7 @@ def test_a_record_claimed_by_a_publish_between_read_and_put_is_left_alone(store)
 
 
 def test_a_run_made_live_after_its_claim_keeps_its_data_and_loses_the_claim(store):
-    from airflow_provider_shardyfusion.core.pointer import CurrentPointer
+    from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 
     snapshots = three_runs(store)
     plan = make_plan(snapshots, keep_runs=1, grace_period=0)

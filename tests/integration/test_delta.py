@@ -14,7 +14,6 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.errors import (
     BaseNotLiveError,
     ConfigError,
@@ -22,9 +21,10 @@ from airflow_provider_shardyfusion.core.errors import (
     PublishManifestError,
     ReaderError,
 )
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.run_record import read_run_record
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.model.run_record import read_run_record
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.spark_helpers import run, write_parquet
 
@@ -232,7 +232,7 @@ def test_publish_refuses_a_delta_on_a_base_that_is_not_live_and_rollback_works(s
     chain.write("delta", {5: "late"}, [], base_run_id="step02-delta", publish=False)
     late = snapshots.read_run("step05-delta")
     assert late.status == "succeeded" and late.published_at is None
-    from airflow_provider_shardyfusion.core.publish import publish_run
+    from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
 
     with pytest.raises(BaseNotLiveError, match=r"'step05-delta'.*'step02-delta'.*'step03-delta'.*drop that run's changes"):
         publish_run(snapshots, run_id="step05-delta", sleep=lambda s: None)
@@ -320,7 +320,7 @@ def test_conflicting_sharding_and_automatic_compaction(spark, tmp_path, file_roo
         chain.check(reader, [2, 4])
     # Written compacted, it is still a delta of 2 changes (put 3, delete 4) on a base of 99 rows.
     from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+    from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
 
     snapshots = SnapshotRoot(open_store(root, options))
     check = validate_snapshot(snapshots, run_id=manifest.run_id, max_delta_ratio=0.05).check("max_delta_ratio")
@@ -414,7 +414,7 @@ def test_cleanup_keeps_every_layer_a_kept_run_reads(spark, tmp_path, any_root):
 def test_validation_over_a_chain(spark, tmp_path, any_root):
     from airflow_provider_shardyfusion.cli import main as cli
     from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+    from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
 
     root, options = any_root
     chain = Chain(spark, tmp_path, root, options)
@@ -448,7 +448,7 @@ def test_validation_over_a_chain(spark, tmp_path, any_root):
 
 
 def test_history_shows_layers_and_exact_changes_along_a_chain(spark, tmp_path, file_root):
-    from airflow_provider_shardyfusion.core.history import diff_runs
+    from airflow_provider_shardyfusion.core.lifecycle.history import diff_runs
     from tests.history_root import client_for
 
     root = file_root

@@ -64,8 +64,8 @@ def test_every_state_a_run_can_end_in_and_a_diff(any_root, capsys):
 
 def test_an_event_claim_holds_only_if_the_roots_own_record_names_its_manifest(any_root, tmp_path):
     """What the history plugin checks of an asset event of ours before it lists the root (issue 27 item 1)."""
-    from airflow_provider_shardyfusion.core.history import run_claim_holds
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.lifecycle.history import run_claim_holds
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.storage import open_store
     from tests.snapshot_factory import build_snapshot
 

@@ -89,8 +89,8 @@ def test_run_page_with_shards_validation_and_links(ui):
 
 
 def test_run_links_to_its_airflow_task_and_spark_application(file_root, tmp_path):
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
     from tests.snapshot_factory import build_snapshot
 
@@ -187,8 +187,8 @@ class CountingStore:
 def test_each_page_reads_the_root_once_and_never_lists_every_manifest(ui, tmp_path):
     """What keeps a large root fast: per request one listing of run records, each record and
     _CURRENT read once, and only the manifests the page shows (named by their records)."""
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
 
     _, root, runs = ui
@@ -236,7 +236,7 @@ def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outsid
     """Issue 27 item 11: the run page of a run whose record names a manifest that is gone, unreadable
     JSON, or outside the root answers 404 / 502 with the reason, as the diff and key pages do."""
     from airflow_provider_shardyfusion.core import layout
-    from airflow_provider_shardyfusion.core.run_record import SUCCEEDED
+    from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED
     from airflow_provider_shardyfusion.ui.render import esc
     from tests.snapshot_factory import build_snapshot
 
@@ -263,8 +263,8 @@ def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outsid
 def test_key_look_up_downloads_within_a_byte_budget_and_reuses_its_cache(file_root, tmp_path):
     """Issue 27 item 13: a look-up over many runs stops once the shards it downloaded reach the
     request's byte budget and says so; the shards stay cached, so asking again goes on."""
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.ui import render
     from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
     from airflow_provider_shardyfusion.ui.render import esc
@@ -301,8 +301,8 @@ def test_roots_page_marks_a_missing_root_shows_the_live_runs_validation_and_erro
     """Issue 28 items 5-6: a root with nothing under it says so (not an empty root); the validation shown
     is the live run's; an unknown root answers a 404 page in the layout, its JSON twin the detail."""
     from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-    from airflow_provider_shardyfusion.core.validation import validate_snapshot
+    from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from tests.snapshot_factory import build_snapshot
 
     older = build_snapshot(file_root, [(1, b"a")], num_dbs=1, run_id="20260101T000000Z-older000")

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import RunKilled
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED
 from airflow_provider_shardyfusion.hooks.shardyfusion import ShardyfusionHook
 from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
 

@@ -22,11 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_shardyfusion.core import encoding, layout, routing
-from airflow_provider_shardyfusion.core.config import build_write_config
-from airflow_provider_shardyfusion.core.manifest import Manifest
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.model import encoding, routing
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.manifest import Manifest
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.hooks import spark_submit
 from tests.operator_helpers import connections, make_context, make_op
 

@@ -1,5 +1,5 @@
 """Hashed integer keys are routed on the JVM (spark_jobs.routing_task.with_shard_id): the Spark
-expressions must give exactly core.routing.route_key for every key, whatever the integer type."""
+expressions must give exactly core.model.routing.route_key for every key, whatever the integer type."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import InputDataError
-from airflow_provider_shardyfusion.core.manifest import ShardingInfo
-from airflow_provider_shardyfusion.core.routing import route_key
+from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
+from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.spark_jobs.errors import translate
 from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS, Faults
 from airflow_provider_shardyfusion.spark_jobs.routing_task import SHARD_ID_COL, RoutingPlan, with_shard_id

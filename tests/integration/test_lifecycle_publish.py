@@ -12,10 +12,10 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.run_record import RUNNING, RunRecord
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.model.run_record import RUNNING, RunRecord
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_snapshot
 
@@ -80,7 +80,7 @@ def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
     record = snapshots.read_run("run-b")
     snapshots.store.put(layout.run_record_key("run-b"), RunRecord(**{
         **{f: getattr(record, f) for f in record.__dataclass_fields__}, "status": RUNNING}).to_bytes())
-    from airflow_provider_shardyfusion.core.run_record import mark_failed
+    from airflow_provider_shardyfusion.core.model.run_record import mark_failed
 
     mark_failed(snapshots.store, "run-b", RunAbandoned("abandoned: lease expired"))
     failed = r"run-b.*status is 'failed', not 'succeeded' \(RunAbandoned: abandoned: lease expired\).*_CURRENT unchanged"

@@ -16,8 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_shardyfusion.core import layout, shard_cache
-from airflow_provider_shardyfusion.core.encoding import encode_key
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
     ChecksumMismatchError,
     KeyEncodingError,
@@ -26,11 +25,13 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardAssignmentError,
     ShardyfusionError,
 )
-from airflow_provider_shardyfusion.core.key_locator import hash_locator, int_key_grouper
-from airflow_provider_shardyfusion.core.manifest import Manifest
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.routing import route_key
+from airflow_provider_shardyfusion.core.model.encoding import encode_key
+from airflow_provider_shardyfusion.core.model.manifest import Manifest
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.routing import route_key
+from airflow_provider_shardyfusion.core.read import shard_cache
+from airflow_provider_shardyfusion.core.read.key_locator import hash_locator, int_key_grouper
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_snapshot, publish_current
 
@@ -877,9 +878,9 @@ def test_public_import_is_lazy():
     code = (
         "import sys, airflow_provider_shardyfusion as p\n"
         "assert 'rocksdict' not in sys.modules, 'package import pulled rocksdict'\n"
-        "assert 'airflow_provider_shardyfusion.core.reader' not in sys.modules\n"
+        "assert 'airflow_provider_shardyfusion.core.read.reader' not in sys.modules\n"
         "from airflow_provider_shardyfusion import ShardedReader\n"
-        "from airflow_provider_shardyfusion.core.reader import ShardedReader as R\n"
+        "from airflow_provider_shardyfusion.core.read.reader import ShardedReader as R\n"
         "assert ShardedReader is R and 'rocksdict' in sys.modules\n"
         "assert not any(m == 'airflow' or m.startswith(('airflow.', 'pyspark')) for m in sys.modules)\n"
     )

@@ -18,7 +18,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardWriteError,
     StorageError,
 )
-from airflow_provider_shardyfusion.core.run_record import (
+from airflow_provider_shardyfusion.core.model.run_record import (
     FAILED,
     MAX_CLOCK_SKEW,
     RUNNING,

@@ -17,11 +17,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_shardyfusion.core import encoding
 from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, RunFailedError
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.run_record import read_run_record
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.model import encoding
+from airflow_provider_shardyfusion.core.model.run_record import read_run_record
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import spark_job
 from tests.fault_env import set_faults
@@ -190,8 +190,8 @@ def test_a_thin_client_and_executors_that_only_get_the_shipped_bundle(tmp_path, 
     """What a managed Airflow worker has: pyspark-client (no jars, no Java needed) and not this provider's
     code on the executors. One venv without either plays both: the job's client process (importing the job
     from the bundle zip) and the Connect server's Python workers (importing it from addArtifacts only)."""
-    from airflow_provider_shardyfusion.core import job_environment as job_env
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.write import job_environment as job_env
     from airflow_provider_shardyfusion.submission.bundle import build_bundle
     from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
 
@@ -217,8 +217,8 @@ def test_a_stream_ingested_through_spark_connect_one_snapshot_per_batch(monkeypa
     from airflow.sdk import AssetAlias
     from airflow.sdk.execution_time.context import OutletEventAccessors
 
-    from airflow_provider_shardyfusion.core.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.stream_batches import batch_run_id
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.stream.batches import batch_run_id
     from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 
     port, server_log = thin_server
@@ -273,8 +273,8 @@ def test_python_env_archive_becomes_the_executors_interpreter(tmp_path, thin_pyt
     addArtifacts(archive=True) unpacks on the cluster and spark.sql.execution.pyspark.python runs."""
     import zipfile
 
-    from airflow_provider_shardyfusion.core import job_environment as job_env
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.write import job_environment as job_env
     from airflow_provider_shardyfusion.submission.bundle import build_bundle
     from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
 

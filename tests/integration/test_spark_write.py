@@ -17,15 +17,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_shardyfusion.core import encoding, layout
-from airflow_provider_shardyfusion.core.config import build_write_config
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import (
     ConfigError,
     InputDataError,
     KeyEncodingError,
     ShardAssignmentError,
 )
-from airflow_provider_shardyfusion.core.run_record import read_run_record
+from airflow_provider_shardyfusion.core.model import encoding
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.run_record import read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.spark_jobs.faults import ENABLE_VAR
 from tests.fault_env import fault_env

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_shardyfusion import ShardedReader
-from airflow_provider_shardyfusion.core.run_record import SUCCEEDED, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 from tests.spark_cluster import WorkerSpec, standalone_cluster

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_provider_shardyfusion.core.stream_batches import batch_run_id, parse_batch_run_id
+from airflow_provider_shardyfusion.core.stream.batches import batch_run_id, parse_batch_run_id
 from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 from airflow_provider_shardyfusion.streaming import batch_config, foreach_batch_writer
 from tests.stream_model import SCHEMA, STREAM, Stream
@@ -125,7 +125,7 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
 
     # An empty file is an empty micro-batch: a delta without layers, so its batch id is live too. An
     # attempt of it left 'running' by a dead driver is marked failed and the batch written as -r1.
-    from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
+    from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle
 
     dead = RunRecordLifecycle(stream.snapshots().store, batch_run_id(STREAM, 3)).start()
     dead._stop.set()  # the "driver" is gone: no more heartbeats

@@ -24,10 +24,10 @@ import pytest
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.config import build_write_config
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
-from airflow_provider_shardyfusion.core.stream_job import StreamSettings, encode_job_config, report_key
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.stream.job import StreamSettings, encode_job_config, report_key
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 from tests.operator_helpers import connections, make_context
 from tests.stream_files import put_changes
@@ -101,7 +101,7 @@ def test_async_progress_tracking_is_refused_before_the_query(tmp_path):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("how", ["stop_object", "sigterm"])
 def test_a_processing_time_query_stops_gracefully(tmp_path, how):
-    from airflow_provider_shardyfusion.core.stream_job import stop_key
+    from airflow_provider_shardyfusion.core.stream.job import stop_key
 
     source = tmp_path / "source"
     source.mkdir()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, RunError
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
 from airflow_provider_shardyfusion.triggers.run_record import RunRecordTrigger
 from tests.snapshot_helpers import publish_snapshot, store_for, write_run_record
@@ -136,9 +136,9 @@ def test_run_record_missing_timeout(root):
 @both_stores
 def test_run_record_of_a_run_meant_to_go_live_waits_for_current(root):
     """The writer records succeeded just before it moves _CURRENT: the trigger (like the sensor's
-    poke and ShardedWriteOperator, core.run_outcome) reports success only once the run is live."""
-    from airflow_provider_shardyfusion.core.publish import publish_run
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    poke and ShardedWriteOperator, core.lifecycle.run_outcome) reports success only once the run is live."""
+    from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from tests.snapshot_helpers import publish_written_run
 
     uri, store, conn_id = root
@@ -287,7 +287,7 @@ def test_user_kill_marks_the_writers_run_failed_only_when_asked(root):
     write_run_record(store, watched, RUNNING)
     asyncio.run(RunRecordTrigger(uri, owned, aws_conn_id=conn_id, fail_run_on_kill=True, **FAST).on_kill())
     asyncio.run(RunRecordTrigger(uri, watched, aws_conn_id=conn_id, **FAST).on_kill())
-    from airflow_provider_shardyfusion.core.run_record import read_run_record
+    from airflow_provider_shardyfusion.core.model.run_record import read_run_record
 
     killed = read_run_record(store, owned)
     assert killed.status == FAILED and killed.error.type == "RunKilled" and "killed" in killed.error.message
@@ -314,7 +314,7 @@ def test_triggers_never_look_connections_up_synchronously(root, monkeypatch):
     running_id = layout.new_run_id()
     write_run_record(store, running_id, RUNNING)
     asyncio.run(RunRecordTrigger(uri, running_id, aws_conn_id=conn_id, fail_run_on_kill=True, **FAST).on_kill())
-    from airflow_provider_shardyfusion.core.run_record import read_run_record
+    from airflow_provider_shardyfusion.core.model.run_record import read_run_record
 
     assert read_run_record(store, running_id).status == FAILED
 

@@ -9,14 +9,14 @@ import pytest
 
 from airflow_provider_shardyfusion.cli import main
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.encoding import encode_key
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-from airflow_provider_shardyfusion.core.integrity import check_storage
-from airflow_provider_shardyfusion.core.routing import route_key
-from airflow_provider_shardyfusion.core.run_record import FAILED, RunError
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.integrity import check_storage
+from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot, value_digest
+from airflow_provider_shardyfusion.core.model.encoding import encode_key
+from airflow_provider_shardyfusion.core.model.routing import route_key
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RunError
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.validation import validate_snapshot, value_digest
 from tests.snapshot_factory import build_snapshot
 from tests.snapshot_helpers import write_run_record
 

@@ -16,7 +16,7 @@ SCHEMA = "id LONG, payload STRING, deleted BOOLEAN"
 def main(root: str, source: str, checkpoint: str, stream_id: str) -> None:
     from pyspark.sql import SparkSession
 
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.spark_jobs import faults
     from airflow_provider_shardyfusion.streaming import foreach_batch_writer
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.integration import test_delta
 from tests.spark_helpers import run, write_parquet

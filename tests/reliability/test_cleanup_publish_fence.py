@@ -16,12 +16,12 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, PublishManifestError
-from airflow_provider_shardyfusion.core.integrity import check_storage
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.lifecycle.integrity import check_storage
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_snapshot
 
@@ -171,7 +171,7 @@ def test_without_the_fence_the_same_interleavings_break_the_live_snapshot(any_ro
                                                                         target):
     """The control: cleanup's claim switched off, the hooks find _CURRENT naming a run being deleted.
     (Proves the interleavings above reach the window the fence closes.)"""
-    from airflow_provider_shardyfusion.core import cleanup as cleanup_module
+    from airflow_provider_shardyfusion.core.lifecycle import cleanup as cleanup_module
 
     monkeypatch.setattr(cleanup_module, "_claim_for_deletion", lambda snapshots, run_id, **kw: None)
     base, options = any_root

@@ -14,8 +14,8 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.reliability.job_harness import (
     Watch,

@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from airflow_provider_shardyfusion.core import job_environment as job_env
-from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.errors import ConfigError, ShardyfusionError, SparkConnectError
-from airflow_provider_shardyfusion.core.run_record import read_run_record
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.run_record import read_run_record
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.write import job_environment as job_env
 from airflow_provider_shardyfusion.submission.bundle import build_bundle
 from airflow_provider_shardyfusion.submission.plan import CONFIG_ARG, encode_config
 from tests.fault_env import set_faults

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
 from tests.airflow_env import airflow_env, run_dag  # noqa: F401 - fixtures: real Airflow, SQLite metadata DB

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_shardyfusion.core import arrow_codec, encoding
 from airflow_provider_shardyfusion.core.errors import InputDataError, KeyEncodingError
+from airflow_provider_shardyfusion.core.model import encoding
+from airflow_provider_shardyfusion.core.write import arrow_codec
 
 BAD = b"caf\xe9-\xff\xfe"  # Latin-1 "é" and two bytes that start no UTF-8 sequence
 
@@ -86,7 +87,7 @@ def test_stored_utf8_keys_that_are_not_text_are_a_key_encoding_error():
 
 
 def test_routing_a_batch_names_the_key_column():
-    from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+    from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
     from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
     batch = pa.RecordBatch.from_arrays([text_array([b"alice", BAD, b"bob"])], names=["user"])
@@ -136,8 +137,8 @@ def spark():
 @pytest.mark.spark
 @pytest.mark.parametrize("case", ["key", "key_single_db", "json_value"])
 def test_the_spark_job_fails_with_one_clear_error(spark, tmp_path, case, figure):
-    from airflow_provider_shardyfusion.core.config import build_write_config
-    from airflow_provider_shardyfusion.core.run_record import read_run_record
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.run_record import read_run_record
     from airflow_provider_shardyfusion.core.storage import open_store
     from airflow_provider_shardyfusion.spark_jobs.driver import run_write
 

@@ -11,12 +11,12 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, PublishManifestError, StorageError
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.validation import validate_snapshot
 from tests.snapshot_factory import build_snapshot
 from tests.snapshot_helpers import publish_written_run
 
@@ -70,7 +70,7 @@ def test_publishing_a_deleted_or_failed_run_says_so(snapshots, figure):
         publish_run(snapshots, run_id="gone", allow_older=True, **NO_SLEEP)
 
     from airflow_provider_shardyfusion.core.errors import RunAbandoned
-    from airflow_provider_shardyfusion.core.run_record import mark_failed
+    from airflow_provider_shardyfusion.core.model.run_record import mark_failed
     from tests.snapshot_helpers import write_run_record
 
     write_run_record(snapshots.store, "broken")

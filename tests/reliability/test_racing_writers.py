@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup import execute_cleanup, make_plan
 from airflow_provider_shardyfusion.core.errors import RunRecordError
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.fault_env import set_faults
 from tests.reliability.job_harness import (

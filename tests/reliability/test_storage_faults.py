@@ -25,7 +25,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
-from airflow_provider_shardyfusion.core.reader import ShardedReader
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import StorageOptions, open_store
 from airflow_provider_shardyfusion.core.storage import s3 as s3_module

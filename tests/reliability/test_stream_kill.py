@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.stream_batches import parse_batch_run_id
+from airflow_provider_shardyfusion.core.stream.batches import parse_batch_run_id
 from tests.fault_env import fault_env
 from tests.polling import wait_for
 

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_shardyfusion.core.config import build_write_config
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.stream_batches import batch_run_id
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.stream.batches import batch_run_id
 from airflow_provider_shardyfusion.streaming import foreach_batch_writer
 from tests.stream_model import NUM_DBS, STREAM, Stream
 

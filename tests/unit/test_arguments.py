@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core.arguments import as_bool, as_duration, as_int, as_list, as_literal, as_number
-from airflow_provider_shardyfusion.core.cleanup_plan import check_settings
 from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.lifecycle.cleanup_plan import check_settings
 
 HINT = r"render_template_as_native_obj=True"
 
@@ -66,8 +66,8 @@ def test_durations_too_long_for_a_clock_are_a_config_error_not_an_overflow(value
 
 def test_the_longest_duration_still_plans_a_cleanup(tmp_path):
     from airflow_provider_shardyfusion.core.arguments import MAX_DURATION
-    from airflow_provider_shardyfusion.core.cleanup import make_plan
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.lifecycle.cleanup import make_plan
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
     assert as_duration("grace_period", MAX_DURATION.total_seconds()) == MAX_DURATION
     plan = make_plan(SnapshotRoot.open(f"file://{tmp_path}/snap"), keep_runs=1, grace_period=MAX_DURATION)

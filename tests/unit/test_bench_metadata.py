@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 
 TESTS = Path(__file__).resolve().parents[1]

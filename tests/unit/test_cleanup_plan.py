@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.cleanup_plan import (
+from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, ConfigError
+from airflow_provider_shardyfusion.core.lifecycle.cleanup_plan import (
     RULES,
     PlanContext,
     RunData,
@@ -33,9 +34,8 @@ from airflow_provider_shardyfusion.core.cleanup_plan import (
     rule_young,
     runs_needing_winners,
 )
-from airflow_provider_shardyfusion.core.errors import CleanupRefusedError, ConfigError
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.run_record import (
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.run_record import (
     FAILED,
     PUBLISH_CLAIM_HONOURED,
     RUNNING,
@@ -43,7 +43,7 @@ from airflow_provider_shardyfusion.core.run_record import (
     RunError,
     RunRecord,
 )
-from airflow_provider_shardyfusion.core.snapshot import ManifestRef
+from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef
 from airflow_provider_shardyfusion.core.storage.base import ObjectInfo
 
 ROOT = "file:///data/out"

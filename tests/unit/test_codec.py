@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_shardyfusion.core import layout, manifest, pointer, run_record
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, RunRecordError
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardLayer
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.run_record import RunError, RunRecord
+from airflow_provider_shardyfusion.core.model import manifest, pointer, run_record
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardLayer
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.run_record import RunError, RunRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion import compat
-from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.model.config import build_write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "airflow_provider_shardyfusion" / "spark_jobs" / "scripts"  # the two spark-submit applications

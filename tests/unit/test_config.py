@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from airflow_provider_shardyfusion.core.config import (
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.model.config import (
     ShardRetry,
     WriteConfig,
     build_write_config,
 )
-from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.storage import StorageOptions
 
 BASE = dict(output_uri="file:///data/out", key_column="id", input_path="/data/in", value_column="payload", num_dbs=4)
@@ -399,8 +399,8 @@ def test_validate_refuses_non_canonical_output_uri():
 
 
 def test_input_options_that_look_like_credentials_are_refused():
-    from airflow_provider_shardyfusion.core.config import build_write_config
     from airflow_provider_shardyfusion.core.errors import ConfigError
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     with pytest.raises(ConfigError, match=r"input_options keys \['password'\] look like credentials") as info:
         build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
@@ -420,8 +420,8 @@ def test_input_options_that_look_like_credentials_are_refused():
     ({"path": "s3a://AKIAEXAMPLE:topsecret@bucket/in/"}, "input_options['path']"),
 ])
 def test_input_options_with_other_clouds_keys_or_credentials_in_a_uri_are_refused(options, named):
-    from airflow_provider_shardyfusion.core.config import build_write_config
     from airflow_provider_shardyfusion.core.errors import ConfigError
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     with pytest.raises(ConfigError) as refused:
         build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
@@ -430,7 +430,7 @@ def test_input_options_with_other_clouds_keys_or_credentials_in_a_uri_are_refuse
 
 
 def test_input_options_rendered_as_text_are_read():
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     config = build_write_config(output_uri="file:///tmp/x", key_column="id", input_path="/tmp/in", input_format="csv",
                                 input_options="{'header': True, 'sep': ';'}", value_column="v", num_dbs=2)
@@ -502,7 +502,7 @@ CANARY = "CANARY-s3cr3t-9f2"
     ("input_path", {"input_path": f"s3a://AKIAX:{CANARY}/with+slash@lake/x/"}),  # AWS secrets hold "/"
 ])
 def test_credentials_in_a_uri_are_refused_without_repeating_them(where, kwargs):
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     args = {"output_uri": "file:///tmp/out", "input_path": "/in", "value_column": "v", "num_dbs": 2, **kwargs}
     with pytest.raises(ConfigError, match=rf"{where} .*carries credentials.*aws_conn_id") as err:
@@ -551,7 +551,7 @@ def test_spark_conf_keys_named_like_credentials_are_refused_without_their_values
      "AWSAccessKeyId, Signature"),
 ])
 def test_a_signed_query_string_in_input_path_is_refused_without_repeating_it(uri, named):
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
     with pytest.raises(ConfigError, match=r"^input_path '.*' carries credentials in its query string "
@@ -566,7 +566,7 @@ def test_a_signed_query_string_in_input_path_is_refused_without_repeating_it(uri
     f"SELECT * FROM csv.`https://lake.s3.amazonaws.com/in.csv?X-Amz-Signature={CANARY}` WHERE a = 1",
 ])
 def test_credentials_in_a_uri_inside_input_sql_are_refused_without_repeating_them(sql):
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
     with pytest.raises(ConfigError, match=r"^input_sql: the URI '.*' carries credentials") as err:
@@ -575,7 +575,7 @@ def test_credentials_in_a_uri_inside_input_sql_are_refused_without_repeating_the
 
 
 def test_ordinary_query_strings_and_sql_are_not_taken_for_credentials():
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
     from airflow_provider_shardyfusion.core.secrets import redact_uri
 
     args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}

@@ -71,8 +71,9 @@ def test_core_imports_without_airflow_pyspark_boto3(isolated):
     modules = set(out["modules"])
     expected = {
         "airflow_provider_shardyfusion.core." + m
-        for m in ("errors", "layout", "routing", "encoding", "config", "serialization", "pointer", "manifest",
-                  "run_record", "winner", "checksum", "storage", "storage.base", "storage.local", "storage.s3")
+        for m in ("errors", "layout", "model.routing", "model.encoding", "model.config", "model.serialization",
+                  "model.pointer", "model.manifest", "model.run_record", "write.winner", "model.checksum", "storage",
+                  "storage.base", "storage.local", "storage.s3")
     }
     assert expected <= modules, f"not discovered: {sorted(expected - modules)}"
     assert out["blocked_loaded"] == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_shardyfusion.core.config import build_write_config
-from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
 from airflow_provider_shardyfusion.spark_jobs.driver import _count_is_useful, _spark_sorts_shards
 from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan
 

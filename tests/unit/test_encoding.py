@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_shardyfusion.core import encoding
-from airflow_provider_shardyfusion.core.encoding import (
+from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, KeyEncodingError
+from airflow_provider_shardyfusion.core.model import encoding
+from airflow_provider_shardyfusion.core.model.encoding import (
     decode_key,
     decode_value,
     encode_binary_value,
     encode_json_value,
     encode_key,
 )
-from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, KeyEncodingError
 
 U64_MAX, U32_MAX = 2**64 - 1, 2**32 - 1
 
@@ -222,8 +222,8 @@ def test_unknown_value_format():
 
 
 def test_decode_key_of_the_wrong_width_is_a_clear_error():
-    from airflow_provider_shardyfusion.core.encoding import decode_key
     from airflow_provider_shardyfusion.core.errors import KeyEncodingError
+    from airflow_provider_shardyfusion.core.model.encoding import decode_key
 
     with pytest.raises(KeyEncodingError, match="3 bytes; u64be keys are 8"):
         decode_key(b"abc", "u64be")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from airflow_provider_shardyfusion.core.history import (
+from airflow_provider_shardyfusion.core.lifecycle.history import (
     change_label,
     differing_fields,
     key_fates,

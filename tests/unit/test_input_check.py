@@ -1,4 +1,4 @@
-"""The pre-flight input check (core.input_check): known mistakes refused before Spark starts.
+"""The pre-flight input check (core.write.input_check): known mistakes refused before Spark starts.
 
 Real parquet, ORC and CSV files in tmp_path; the operator tests run the real operator with
 spark-submit stubbed (no cluster here) and show nothing was submitted or written.
@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyarrow import orc
 
-from airflow_provider_shardyfusion.core.config import build_write_config
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.input_check import check_write_input, input_columns, require_scheme
+from airflow_provider_shardyfusion.core.model.config import build_write_config
+from airflow_provider_shardyfusion.core.write.input_check import check_write_input, input_columns, require_scheme
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 from tests.operator_helpers import connections, make_context, make_op, stub_submit
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_shardyfusion.core import serialization
-from airflow_provider_shardyfusion.core.job_contract import (
+from airflow_provider_shardyfusion.core.model import serialization
+from airflow_provider_shardyfusion.core.model.run_record import RunRecord
+from airflow_provider_shardyfusion.core.write.job_contract import (
     RunStats,
     TaskTry,
     WriterIdentity,
@@ -15,7 +16,6 @@ from airflow_provider_shardyfusion.core.job_contract import (
     parse_stream_result,
     stream_result_line,
 )
-from airflow_provider_shardyfusion.core.run_record import RunRecord
 
 # A run record as the job wrote it before these types existed (a streaming micro-batch's delta).
 RECORD = {

@@ -11,9 +11,9 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, RunRecordError
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
-from airflow_provider_shardyfusion.core.pointer import CurrentPointer
-from airflow_provider_shardyfusion.core.run_record import RunError, RunRecord
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.run_record import RunError, RunRecord
 
 T0 = datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 ROOT = "s3://my-bucket/snap"
@@ -484,7 +484,7 @@ def test_manifest_refuses_a_db_url_in_another_shards_folder():
 
     from airflow_provider_shardyfusion.core import layout
     from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-    from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardingInfo
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardingInfo
 
     root, run_id = "file:///data/snap", "run-1"
 

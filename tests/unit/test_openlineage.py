@@ -28,9 +28,9 @@ from openlineage.client.serde import Serde
 from airflow_provider_shardyfusion import openlineage as ol
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ShardWriteError
-from airflow_provider_shardyfusion.core.reader import ShardedReader
-from airflow_provider_shardyfusion.core.run_record import RunRecordLifecycle
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
 from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator

@@ -81,7 +81,7 @@ def test_wheel_contents(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert "airflow_provider_shardyfusion/__init__.py" in names
-        assert "airflow_provider_shardyfusion/core/routing.py" in names
+        assert "airflow_provider_shardyfusion/core/model/routing.py" in names
         assert "airflow_provider_shardyfusion/core/storage/s3.py" in names
         assert "airflow_provider_shardyfusion/spark_jobs/__init__.py" in names
         assert not any(n.startswith("spark_jobs/") for n in names)  # one address: inside the package only

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.rate_limit import TokenBucket
+from airflow_provider_shardyfusion.core.storage.rate_limit import TokenBucket
 
 
 class FakeTime:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_shardyfusion.core import routing
 from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataError, ShardAssignmentError
-from airflow_provider_shardyfusion.core.routing import (
+from airflow_provider_shardyfusion.core.model import routing
+from airflow_provider_shardyfusion.core.model.routing import (
     CelRouter,
     CelSpec,
     canonical_bytes,

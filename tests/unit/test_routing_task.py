@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_provider_shardyfusion.core import routing
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardAssignmentError
-from airflow_provider_shardyfusion.core.manifest import ShardingInfo
+from airflow_provider_shardyfusion.core.model import routing
+from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
 from airflow_provider_shardyfusion.spark_jobs.routing_task import RoutingPlan, shard_ids_for_batch
 
 

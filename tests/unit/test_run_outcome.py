@@ -1,4 +1,4 @@
-"""One run-outcome model (core.run_outcome): what a run record means to the operator, both sensors
+"""One run-outcome model (core.lifecycle.run_outcome): what a run record means to the operator, both sensors
 and the trigger; the waiting, driven by a fake clock on a real local store."""
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from airflow_provider_shardyfusion.core.errors import (
     StorageError,
     WriterLost,
 )
-from airflow_provider_shardyfusion.core.publish import publish_run
-from airflow_provider_shardyfusion.core.run_outcome import (
+from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+from airflow_provider_shardyfusion.core.lifecycle.run_outcome import (
     POINTER_SETTLE,
     LiveState,
     RunOutcome,
     read_outcome,
     wait_for_run,
 )
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, RunError
-from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, RunError
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from tests.polling import FakeClock
 from tests.snapshot_helpers import publish_written_run, store_for, write_run_record
 

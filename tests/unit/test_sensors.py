@@ -17,7 +17,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardCoverageError,
 )
 from airflow_provider_shardyfusion.core.layout import split_run_record_ref
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunError
 from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
 from airflow_provider_shardyfusion.sensors.run_record import RunRecordSensor
 from airflow_provider_shardyfusion.triggers.current import CurrentSnapshotTrigger
@@ -234,8 +234,8 @@ def test_run_record_sensor_waits_until_a_run_meant_to_go_live_is_live(file_root)
     from datetime import timedelta
 
     from airflow_provider_shardyfusion.core.errors import PublishManifestError
-    from airflow_provider_shardyfusion.core.publish import publish_run
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from tests.snapshot_helpers import publish_written_run
 
     store = store_for(file_root)

@@ -8,11 +8,11 @@ import pyarrow as pa
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from airflow_provider_shardyfusion.core import encoding
-from airflow_provider_shardyfusion.core.checksum import file_checksum
 from airflow_provider_shardyfusion.core.errors import InputDataError, KeyEncodingError
-from airflow_provider_shardyfusion.core.rate_limit import WriteLimiter
-from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
+from airflow_provider_shardyfusion.core.model import encoding
+from airflow_provider_shardyfusion.core.model.checksum import file_checksum
+from airflow_provider_shardyfusion.core.storage.rate_limit import WriteLimiter
+from airflow_provider_shardyfusion.core.write.shard_builder import ShardBuilder
 
 
 def build(tmp_path, key_encoding, chunks, **kwargs):

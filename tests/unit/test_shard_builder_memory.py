@@ -7,7 +7,7 @@ import os
 import pyarrow as pa
 from rocksdict import AccessType, Options, Rdict
 
-from airflow_provider_shardyfusion.core.shard_builder import ShardBuilder
+from airflow_provider_shardyfusion.core.write.shard_builder import ShardBuilder
 
 
 def items(db_dir):

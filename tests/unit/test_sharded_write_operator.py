@@ -25,7 +25,6 @@ import pytest
 from airflow.sdk import Asset, AssetAlias
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.config import WriteConfig, build_write_config
 from airflow_provider_shardyfusion.core.errors import (
     ConfigError,
     InputDataError,
@@ -33,7 +32,8 @@ from airflow_provider_shardyfusion.core.errors import (
     RunRecordError,
     ShardyfusionError,
 )
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
+from airflow_provider_shardyfusion.core.model.config import WriteConfig, build_write_config
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunError, read_run_record
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.operators import sharded_write as sw
 from airflow_provider_shardyfusion.operators import spark_job
@@ -227,7 +227,7 @@ def test_a_write_superseded_by_a_newer_live_run_succeeds_staged(monkeypatch, tmp
 
 
 def test_a_succeeded_run_that_never_went_live_fails_after_the_pointer_settle_time(monkeypatch, tmp_path):
-    from airflow_provider_shardyfusion.core.run_outcome import POINTER_SETTLE
+    from airflow_provider_shardyfusion.core.lifecycle.run_outcome import POINTER_SETTLE
 
     connections(monkeypatch)
     root = f"file://{tmp_path}/snap"
@@ -247,8 +247,8 @@ def test_a_waiter_that_sees_succeeded_before_the_pointer_moved_waits_for_the_mov
     operator may read the record in between and must not call the run a failure."""
     import threading
 
-    from airflow_provider_shardyfusion.core.publish import publish_run
-    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.lifecycle.publish import publish_run
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
     connections(monkeypatch)
     root = f"file://{tmp_path}/snap"
@@ -499,7 +499,7 @@ def test_bundle_is_deterministic_sorted_and_complete(tmp_path):
     assert "airflow_provider_shardyfusion/spark_jobs/driver.py" in names
     assert not any(n.startswith("spark_jobs/") for n in names)  # one address, the package's
     assert "airflow_provider_shardyfusion/__init__.py" in names
-    assert "airflow_provider_shardyfusion/core/config.py" in names
+    assert "airflow_provider_shardyfusion/core/model/config.py" in names
     assert "airflow_provider_shardyfusion/core/storage/s3.py" in names
     assert all(n.endswith(".py") and "__pycache__" not in n for n in names)
     # Only core and the job ship to executors: no Airflow side.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, StreamOwnershipError
-from airflow_provider_shardyfusion.core.stream_batches import (
+from airflow_provider_shardyfusion.core.stream.batches import (
     StreamRun,
     batch_run_id,
     decide_batch,
@@ -154,7 +154,7 @@ def test_async_progress_tracking_is_refused_with_the_reason():
 
 
 def test_writer_refuses_configs_it_cannot_stream(tmp_path):
-    from airflow_provider_shardyfusion.core.config import build_write_config
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
 
     base = {"output_uri": str(tmp_path), "input_path": str(tmp_path / "in"), "key_column": "id",
             "value_column": "v", "num_dbs": 2}

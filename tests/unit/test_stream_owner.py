@@ -1,4 +1,4 @@
-"""Who writes a stream (SPEC §14, ``core.stream_owner``): checkpoint identity and writer lease, without Spark."""
+"""Who writes a stream (SPEC §14, ``core.stream.owner``): checkpoint identity and writer lease, without Spark."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import StreamOwnershipError
-from airflow_provider_shardyfusion.core.stream_owner import StreamOwner, claim
+from airflow_provider_shardyfusion.core.stream.owner import StreamOwner, claim
 
 S = "orders.ingest"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The streaming job's report as the operator reads it (core/stream_job.py): outages, malformed, stop waits."""
+"""The streaming job's report as the operator reads it (core/stream/job.py): outages, malformed, stop waits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from airflow_provider_shardyfusion.core.errors import StorageError
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.stream_job import read_report, report_key, wait_for_stop
+from airflow_provider_shardyfusion.core.stream.job import read_report, report_key, wait_for_stop
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
 

@@ -18,7 +18,7 @@ from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.stream_job import decode_job_config, report_key, sanitize_stream_id, stop_key
+from airflow_provider_shardyfusion.core.stream.job import decode_job_config, report_key, sanitize_stream_id, stop_key
 from airflow_provider_shardyfusion.operators import spark_job
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 from tests.operator_helpers import connections, make_context

@@ -132,8 +132,8 @@ def test_the_plan_modules_import_no_airflow():
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import airflow_provider_shardyfusion.submission.plan\n"
-        "import airflow_provider_shardyfusion.core.write_attempts\n"
-        "import airflow_provider_shardyfusion.core.write_args\n"
+        "import airflow_provider_shardyfusion.core.lifecycle.write_attempts\n"
+        "import airflow_provider_shardyfusion.core.model.write_args\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -154,7 +154,7 @@ def connect_plan(**kw):
 
 
 def test_connect_plan_keeps_the_url_and_credentials_off_argv():
-    from airflow_provider_shardyfusion.core import job_environment as job_env
+    from airflow_provider_shardyfusion.core.write import job_environment as job_env
 
     plan = connect_plan()
     assert plan.argv == ("/venv/bin/python", "/cache/sharded_write_job.py", "--config-b64", "eyJhIjogMX0=")

@@ -10,10 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.encoding import encode_key, key_from_text
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
-from airflow_provider_shardyfusion.core.manifest import Manifest, ShardEntry, ShardingInfo
-from airflow_provider_shardyfusion.core.validation import (
+from airflow_provider_shardyfusion.core.lifecycle.validation import (
     Check,
     Lookup,
     ValidationReport,
@@ -22,6 +20,8 @@ from airflow_provider_shardyfusion.core.validation import (
     threshold_checks,
     value_digest,
 )
+from airflow_provider_shardyfusion.core.model.encoding import encode_key, key_from_text
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardingInfo
 
 ROOT = "file:///data/snap"
 RUN = "20250101T000000Z-abcdef01"

@@ -9,8 +9,8 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ShardCoverageError
-from airflow_provider_shardyfusion.core.manifest import ShardFile
-from airflow_provider_shardyfusion.core.winner import ShardResult, select_winners
+from airflow_provider_shardyfusion.core.model.manifest import ShardFile
+from airflow_provider_shardyfusion.core.write.winner import ShardResult, select_winners
 
 ROOT = "s3://bkt/snap"
 

@@ -1,4 +1,4 @@
-"""One declaration of the write arguments (core.write_args): everything that restates it must agree.
+"""One declaration of the write arguments (core.model.write_args): everything that restates it must agree.
 
 Fails when the operator's signature, ``template_fields``, renderers or ``:param:`` docs, or
 ``build_write_config``'s signature, or ``WriteOptions``' defaults drift from the declaration.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_shardyfusion.core import write_args
-from airflow_provider_shardyfusion.core.config import WriteOptions, build_write_config
-from airflow_provider_shardyfusion.core.write_args import REQUIRED, WRITE_ARGS
+from airflow_provider_shardyfusion.core.model import write_args
+from airflow_provider_shardyfusion.core.model.config import WriteOptions, build_write_config
+from airflow_provider_shardyfusion.core.model.write_args import REQUIRED, WRITE_ARGS
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
 from airflow_provider_shardyfusion.operators.streaming_snapshot import StreamingSnapshotOperator
 

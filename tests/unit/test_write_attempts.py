@@ -1,4 +1,4 @@
-"""The write operator's decisions as pure functions (core.write_attempts): retries, ownership,
+"""The write operator's decisions as pure functions (core.lifecycle.write_attempts): retries, ownership,
 what a submission left, how long to wait (issue 11)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from airflow_provider_shardyfusion.core.errors import (
     SparkConnectError,
     SparkSubmitError,
 )
-from airflow_provider_shardyfusion.core.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
-from airflow_provider_shardyfusion.core.write_attempts import (
+from airflow_provider_shardyfusion.core.lifecycle.write_attempts import (
     DEFAULT_DEFERRAL_TIMEOUT,
     abandon_reason,
     candidate_run_ids,
@@ -28,6 +27,7 @@ from airflow_provider_shardyfusion.core.write_attempts import (
     short_submit_error,
     submission_outcome,
 )
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunError, RunRecord
 
 NOW = layout.utc_now()
 ROOT = "file:///data/snap"
@@ -120,7 +120,7 @@ def abandon(rec, *, try_number=1, cluster_mode=False, submit_error=None):
 
 
 def test_success_is_no_failure_and_its_outcome_waits_on_current():
-    # What a succeeded run means (live / superseded / not live) is core.run_outcome's (tests/unit/test_run_outcome.py).
+    # What a succeeded run means (live / superseded / not live) is core.lifecycle.run_outcome's (tests/unit/test_run_outcome.py).
     assert outcome(record("r1", SUCCEEDED, by=me(1), stats={"rows": 7, "bytes": 70, "empty_shards": 0})) is None
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import layout
-from ..errors import ConfigError
-from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.storage.base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
 
 
 def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None) -> ObjectStore:
@@ -14,11 +14,11 @@ def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None
     if isinstance(options, dict) or options is None:
         options = StorageOptions.from_dict(options)
     if normalized.startswith("file://"):
-        from .local import LocalStore
+        from airflow_provider_shardyfusion.core.storage.local import LocalStore
 
         return LocalStore(normalized)
     if normalized.startswith("s3://"):
-        from .s3 import S3Store
+        from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 
         return S3Store(normalized, options)
     raise ConfigError(f"no storage back end for {root!r}")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .. import layout
-from ..errors import ConfigError, ObjectNotFoundError
-from .base import AsyncObjectReader, StorageOptions
-from .local import LocalStore
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError, ObjectNotFoundError
+from airflow_provider_shardyfusion.core.storage.base import AsyncObjectReader, StorageOptions
+from airflow_provider_shardyfusion.core.storage.local import LocalStore
 
 __all__ = ["AsyncLocalReader", "AsyncObjectReader", "open_async_reader"]
 
@@ -47,7 +47,7 @@ async def open_async_reader(
     if normalized.startswith("file://"):
         return AsyncLocalReader(normalized)
     if normalized.startswith("s3://"):
-        from .async_s3 import open_async_s3_reader
+        from airflow_provider_shardyfusion.core.storage.async_s3 import open_async_s3_reader
 
         return await open_async_s3_reader(normalized, options or StorageOptions(), session=session)
     raise ConfigError(f"no storage back end for {root!r}")

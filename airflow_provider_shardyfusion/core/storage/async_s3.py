@@ -5,9 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .. import layout
-from .base import AsyncObjectReader, StorageOptions, check_key
-from .s3 import client_config, credential_kwargs, is_not_found, split_root, storage_error
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.storage.base import AsyncObjectReader, StorageOptions, check_key
+from airflow_provider_shardyfusion.core.storage.s3 import (
+    client_config,
+    credential_kwargs,
+    is_not_found,
+    split_root,
+    storage_error,
+)
 
 __all__ = ["READ_MAX_ATTEMPTS", "AsyncS3Reader", "open_async_s3_reader"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import layout
-from ..errors import ConfigError, StorageError
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
     import builtins
@@ -171,7 +171,7 @@ def _check_endpoint_url(url: object) -> None:
     """An http(s) URL with a host, and no credentials in it; the error names the setting."""
     from urllib.parse import urlsplit
 
-    from ..secrets import refuse_userinfo
+    from airflow_provider_shardyfusion.core.secrets import refuse_userinfo
 
     what = "storage_options.endpoint_url"
     refuse_userinfo(url, what)

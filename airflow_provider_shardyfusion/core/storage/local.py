@@ -12,9 +12,9 @@ import tempfile
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, BinaryIO
 
-from .. import layout
-from ..errors import ObjectNotFoundError, StorageError
-from .base import ObjectInfo, ObjectStore, StoredObject
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
+from airflow_provider_shardyfusion.core.storage.base import ObjectInfo, ObjectStore, StoredObject
 
 if TYPE_CHECKING:
     import builtins

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import layout
-from ..errors import ObjectNotFoundError, StorageError
-from ..retry import RetryPolicy, call_with_retry
-from .base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
+from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry
+from airflow_provider_shardyfusion.core.storage.base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
 
 if TYPE_CHECKING:
     import builtins

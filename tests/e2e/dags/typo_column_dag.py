@@ -1,6 +1,6 @@
 """A DAG that must fail: its write names a column its input does not have (``make try`` e2e test).
 
-The write is refused before Spark starts (``core.input_check``), so the DAG runs in seconds.
+The write is refused before Spark starts (``core.write.input_check``), so the DAG runs in seconds.
 """
 
 from __future__ import annotations

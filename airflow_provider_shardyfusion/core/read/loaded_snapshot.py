@@ -1,0 +1,94 @@
+"""One snapshot a reader follows: its manifest, key locator, and the shard handles opened so far.
+
+A reader holds a single reference to a ``LoadedSnapshot``. ``refresh()`` builds a complete new one
+and swaps the reference, then retires the old one: reads still on it raise ``StaleSnapshot`` at
+their next shard open and retry on the current snapshot.
+
+Retired shard handles are never closed explicitly: rocksdict refuses ``close()`` while another
+thread is inside a read of the same handle ("Already borrowed"), and the read would then fail.
+Instead the retired snapshot drops its handles and each one closes (rocksdict closes on
+deallocation) as soon as the last read still using it returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+from airflow_provider_shardyfusion.core.model.encoding import decode_value
+from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUTS, Manifest, ShardEntry
+from airflow_provider_shardyfusion.core.read.key_locator import GroupKeys, KeyLocator, Locate
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rocksdict import Rdict
+
+    from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+    from airflow_provider_shardyfusion.core.model.routing import CelRouter
+
+__all__ = ["LoadedSnapshot", "StaleSnapshot"]
+
+
+class StaleSnapshot(Exception):
+    """Internal: the snapshot a read started on was swapped out by ``refresh()``/``close()``."""
+
+
+class LoadedSnapshot:
+    """One followed snapshot: its manifest, how its keys are located, the shard handles opened so far.
+
+    Not a frozen dataclass on purpose: ``handles`` fills lazily. Everything else is fixed at
+    construction. ``handles`` is read without a lock (a dict lookup is atomic in CPython) and
+    written only under the shard's lock and ``mutex``.
+    """
+
+    __slots__ = (
+        "cel_router",
+        "decode",
+        "group",
+        "handles",
+        "locate",
+        "manifest",
+        "mutex",
+        "pointer",
+        "retired",
+        "run_id",
+        "shard_locks",
+        "shards",
+    )
+
+    def __init__(self, pointer: CurrentPointer, manifest: Manifest):
+        self.pointer = pointer
+        self.manifest = manifest
+        self.run_id = manifest.run_id
+        if manifest.shard_layout not in SHARD_LAYOUTS:
+            raise ManifestValidationError(
+                f"manifest of run {self.run_id!r}: shard_layout {manifest.shard_layout!r} is unknown to this reader "
+                f"(expected one of {list(SHARD_LAYOUTS)}); upgrade the reader"
+            )
+        self.shards: dict[int, ShardEntry] = {s.db_id: s for s in manifest.shards}
+        self.handles: dict[int, Rdict] = {}
+        # One lock per shard: a shard is downloaded once however many threads want it.
+        self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
+        self.mutex = threading.Lock()
+        self.retired = False
+        # Binary values are stored as is: skipping the decode call keeps get() close to raw rocksdict.
+        fmt = manifest.value_format
+        self.decode: Callable[[bytes], Any] | None = None if fmt == "binary" else (lambda data: decode_value(data, fmt))
+        locator = KeyLocator.for_manifest(manifest)
+        self.locate: Locate = locator.locate
+        self.group: GroupKeys | None = locator.group
+        self.cel_router: CelRouter | None = locator.cel_router
+
+    def register(self, db_id: int, db: Rdict) -> None:
+        with self.mutex:
+            if self.retired:
+                raise StaleSnapshot()
+            self.handles[db_id] = db
+
+    def retire(self) -> None:
+        """Stop serving: later reads retry on the new snapshot; handles close once unused."""
+        with self.mutex:
+            self.retired = True
+            self.handles.clear()

@@ -1,0 +1,349 @@
+"""Read a published snapshot: ``_CURRENT`` → manifest → shard (SPEC §9).
+
+The reader locates a key exactly as the writer stored it (``key_locator``), fetches each shard
+once on first use into its local cache (``shard_cache``) and reads it there.
+
+Concurrency model: everything one snapshot needs lives in one ``LoadedSnapshot``, and the reader
+holds a single reference to it. A read takes that reference once and never locks on the hot path;
+``refresh()`` builds a complete new snapshot and swaps the reference, so a read sees either the
+old snapshot or the new one, never a mix. Locks are only taken to open a cold shard and to swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ReaderError
+from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.key_locator import group_keys
+from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
+from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
+from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
+
+if TYPE_CHECKING:
+    import os
+
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest
+
+__all__ = ["RefreshReport", "ShardedReader"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RefreshReport:
+    """What the last ``refresh()`` that swapped snapshots cost: layers and bytes downloaded, shards rebuilt
+    (and of those, compacted locally past ``max_local_layers``)."""
+
+    run_id: str
+    previous_run_id: str
+    shards_rebuilt: int
+    layers_downloaded: int
+    bytes_downloaded: int
+    layers_reused: int
+    shards_compacted: int = 0
+
+
+class ShardedReader:
+    """Key look-ups over the snapshot an output root's ``_CURRENT`` names.
+
+    ``cache_dir``: where shards are downloaded (``<cache_dir>/run_id=<run>/db=<id>/``); reused across
+    readers and kept on close. By default the reader uses a private temporary folder and removes
+    it on ``close()``. ``storage_options``: a ``StorageOptions`` or its dict (endpoint_url,
+    region_name, addressing_style, ...); credentials otherwise come from boto3's default chain.
+    ``manifest_ref``: read this manifest (a URI under ``output_uri/manifests/``) instead of the one
+    ``_CURRENT`` names, e.g. to check a snapshot that is not live; such a reader is pinned and
+    ``refresh()`` always returns False. ``max_local_layers``: a shard of a delta chain is built
+    locally from its layers; one whose local database would hold more layers (sorted runs) than
+    this is compacted in the cache once built, so look-ups on a deep chain cost about what they
+    cost on a compacted snapshot, paid once per build in CPU and transient disk (up to the shard's
+    size again). None keeps every layer as it is (cheapest builds, one more file per look-up per layer).
+
+    Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
+    in a new snapshot.
+    """
+
+    def __init__(
+        self,
+        output_uri: str,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        storage_options: StorageOptions | Mapping[str, Any] | None = None,
+        manifest_ref: str | None = None,
+        max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
+    ):
+        self._root = layout.normalize_root(output_uri)
+        self._pinned = manifest_ref is not None
+        if storage_options is not None and not isinstance(storage_options, StorageOptions):
+            storage_options = dict(storage_options)
+        self._store: ObjectStore = open_store(self._root, storage_options)
+        self._snapshots = SnapshotRoot(self._store)
+        self._swap_lock = threading.Lock()
+        self._state: LoadedSnapshot | None = None
+        if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
+                                             or max_local_layers < 1):
+            raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
+        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers)
+        self.last_refresh: RefreshReport | None = None
+        try:
+            pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()
+            if pointer is None:
+                raise ReaderError(
+                    f"no snapshot is published at {self._root}: {layout.join(self._root, layout.CURRENT_KEY)} "
+                    "does not exist (has a write finished publishing there?)"
+                )
+            self._state = self._load(pointer)
+        except BaseException:
+            self._cache.close()
+            raise
+
+    # -- public surface ------------------------------------------------------------------------
+
+    @property
+    def output_uri(self) -> str:
+        return self._root
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._current().manifest
+
+    @property
+    def run_id(self) -> str:
+        return self._current().run_id
+
+    @property
+    def cache_dir(self) -> str:
+        return self._cache.root
+
+    @property
+    def cache_stats(self) -> dict[str, int]:
+        """What this reader's cache downloaded and built so far: layers, bytes, shards built, layers reused."""
+        return self._cache.stats.snapshot()
+
+    def get(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> Any:
+        """The decoded value of ``key``, or ``None`` if the snapshot does not hold it.
+
+        ``routing_context`` gives the other column values a multi-column CEL routing needs
+        (ignored by hash routing).
+        """
+        state = self._state
+        if state is not None:
+            db_id, stored = state.locate(key, routing_context)
+            db = state.handles.get(db_id)
+            if db is not None:
+                data = db.get(stored)
+                if data is None:
+                    return None
+                decode = state.decode
+                return data if decode is None else decode(data)
+            if db_id not in state.shards:  # empty shard: left out of the sparse manifest, no I/O
+                return None
+        return self._get_slow(key, routing_context)
+
+    def multi_get(
+        self, keys: Iterable[Any], *, routing_context: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+    ) -> list[Any]:
+        """Values of ``keys`` in input order (``None`` where absent), one batched read per shard.
+
+        ``routing_context``: one mapping for every key, or one mapping per key.
+        """
+        keys = keys if isinstance(keys, list) else list(keys)
+        contexts: Sequence[Mapping[str, Any]] | None = None
+        if routing_context is not None and not isinstance(routing_context, Mapping):
+            contexts = list(routing_context)
+            if len(contexts) != len(keys):
+                raise ReaderError(
+                    f"multi_get: routing_context has {len(contexts)} mappings for {len(keys)} keys; "
+                    "give one mapping for all keys or one per key"
+                )
+        while True:
+            state = self._current()
+            try:
+                shared = routing_context if contexts is None and isinstance(routing_context, Mapping) else None
+                return self._multi_get(state, keys, shared, contexts)
+            except StaleSnapshot:
+                self._check_swapped(state)
+
+    def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
+        """The shard id ``key`` routes to (the writer's function, SPEC §4)."""
+        return self._current().locate(key, routing_context)[0]
+
+    def shard_for_token(self, token: Any) -> int:
+        """Categorical CEL snapshots: the shard holding rows whose expression yields ``token``."""
+        state = self._current()
+        router = state.cel_router
+        if router is None or router.spec.mode != "categorical":
+            raise ReaderError(
+                f"shard_for_token needs a categorical CEL snapshot; run {state.run_id!r} at {self._root} uses "
+                f"{state.manifest.sharding.strategy} sharding"
+                + (f" ({router.spec.mode} mode)" if router is not None else "")
+            )
+        return router.shard_for_token(token)
+
+    def refresh(self) -> bool:
+        """Follow ``_CURRENT`` again. True if a new snapshot was swapped in, False if unchanged.
+
+        A new pointer or manifest that is missing or malformed keeps the current snapshot
+        (logged, returns False). Other storage errors are raised, also keeping it.
+        """
+        with self._swap_lock:
+            old = self._current()
+            if self._pinned:
+                return False
+            try:
+                pointer = self._snapshots.current()
+            except ManifestValidationError as exc:
+                log.warning("reader %s: keeping run %s: _CURRENT is malformed: %s", self._root, old.run_id, exc)
+                return False
+            if pointer is None:
+                log.warning("reader %s: keeping run %s: _CURRENT has disappeared", self._root, old.run_id)
+                return False
+            if pointer.manifest_ref == old.pointer.manifest_ref and pointer.run_id == old.run_id:
+                return False
+            try:
+                new = self._load(pointer)
+            except (ManifestValidationError, ObjectNotFoundError) as exc:
+                log.warning(
+                    "reader %s: keeping run %s: the new snapshot (run %s, %s) is unusable: %s",
+                    self._root, old.run_id, pointer.run_id, pointer.manifest_ref, exc,
+                )
+                return False
+            # Back to a run whose folder awaits deletion (a rollback): keep it. Done before the
+            # swap, so no download for ``new`` can start while the folder is still doomed.
+            self._cache.keep_run(new.run_id)
+            before = self._cache.stats.snapshot()
+            rebuilt = self._carry_over(old, new)
+            after = self._cache.stats.snapshot()
+            self._state = new
+            old.retire()
+            if new.run_id != old.run_id:
+                self._cache.drop_run(old.run_id)
+                self._cache.prune_layers(new.manifest.layer_run_ids())
+            self.last_refresh = RefreshReport(
+                run_id=new.run_id, previous_run_id=old.run_id, shards_rebuilt=rebuilt,
+                layers_downloaded=after["layers_downloaded"] - before["layers_downloaded"],
+                bytes_downloaded=after["bytes_downloaded"] - before["bytes_downloaded"],
+                layers_reused=after["layers_reused"] - before["layers_reused"],
+                shards_compacted=after["shards_compacted"] - before["shards_compacted"],
+            )
+            log.info("reader %s: now serving run %s (was %s): %s", self._root, new.run_id, old.run_id, self.last_refresh)
+            return True
+
+    def open_shard(self, db_id: int) -> Any:
+        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer."""
+        while True:
+            state = self._current()
+            try:
+                return self._cache.open_shard(state, db_id)
+            except StaleSnapshot:
+                self._check_swapped(state)
+
+    def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
+        """Open in ``new`` every shard ``old`` served that is part of ``new``'s chain; return how many changed.
+
+        While the served copy still exists, a changed shard is built on it by ingesting only the
+        layers it lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay
+        cold as before.
+        """
+        rebuilt = 0
+        for db_id in list(old.handles):
+            entry, before = new.shards.get(db_id), old.shards.get(db_id)
+            if entry is None or before is None or not entry.layers:
+                continue
+            prefix = before.all_layers()
+            if entry.layers[:len(prefix)] != prefix:
+                continue  # not built on what is served (a rollback, another chain): stays cold
+            self._cache.open_shard(new, db_id)
+            rebuilt += len(entry.layers) > len(prefix)
+        return rebuilt
+
+    def close(self) -> None:
+        """Close every shard and, for a private cache, delete the downloads. Idempotent."""
+        with self._swap_lock:
+            state, self._state = self._state, None
+            if state is not None:
+                state.retire()
+            self._cache.close()
+
+    def __enter__(self) -> ShardedReader:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = self._state
+        return f"ShardedReader({self._root!r}, run_id={state.run_id if state else None!r}, cache_dir={self._cache.root!r})"
+
+    # -- reads (slow paths) --------------------------------------------------------------------
+
+    def _current(self) -> LoadedSnapshot:
+        state = self._state
+        if state is None:
+            raise ReaderError(f"the reader of {self._root} is closed")
+        return state
+
+    def _check_swapped(self, state: LoadedSnapshot) -> None:
+        """After a read found its snapshot retired: go on with the new one, or fail if the reader closed."""
+        if self._current() is state:  # retire() always swaps first; anything else is a bug
+            raise ReaderError(f"run {state.run_id!r} at {self._root} was retired but is still current")
+
+    def _get_slow(self, key: Any, routing_context: Mapping[str, Any] | None) -> Any:
+        while True:
+            state = self._current()
+            db_id, stored = state.locate(key, routing_context)
+            try:
+                db = self._cache.open_shard(state, db_id)
+                if db is None:  # empty shard: left out of the sparse manifest, nothing to read
+                    return None
+                data = db.get(stored)
+            except StaleSnapshot:
+                self._check_swapped(state)
+                continue
+            if data is None:
+                return None
+            return data if state.decode is None else state.decode(data)
+
+    def _multi_get(
+        self, state: LoadedSnapshot, keys: list[Any], ctx: Mapping[str, Any] | None,
+        contexts: Sequence[Mapping[str, Any]] | None,
+    ) -> list[Any]:
+        group = state.group
+        groups = group(keys) if group is not None else group_keys(state.locate, keys, ctx, contexts)
+        out: list[Any] = [None] * len(keys)
+        decode = state.decode
+        handles = state.handles
+        for db_id, (positions, stored_keys) in groups.items():
+            db = handles.get(db_id)
+            if db is None:
+                db = self._cache.open_shard(state, db_id)
+                if db is None:  # empty shard
+                    continue
+            values: list[Any] = db.get(stored_keys)  # type: ignore[arg-type,assignment]  # rocksdict batch read (MultiGet); its stub wants list[str | int | ...]
+            if decode is None:
+                for i, value in zip(positions, values, strict=False):
+                    out[i] = value
+            else:
+                for i, value in zip(positions, values, strict=False):
+                    if value is not None:
+                        out[i] = decode(value)
+        return out
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def _pinned_pointer(self, manifest_ref: str) -> CurrentPointer:
+        """The pointer ``_CURRENT`` would hold for ``manifest_ref`` (same checks as a real one)."""
+        ref = self._snapshots.manifest_ref(manifest_ref)
+        pointer = CurrentPointer(manifest_ref=ref.uri, run_id=ref.run_id, updated_at=ref.published_at)
+        pointer.check_root(self._root)
+        return pointer
+
+    def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
+        """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
+        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer))

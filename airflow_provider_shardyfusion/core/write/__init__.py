@@ -1,0 +1,1 @@
+"""The writer's logic, run by the Spark job and the write operator."""

@@ -1,0 +1,299 @@
+"""Delta layers of one shard (SPEC §13): the change a delta run applies, and compaction.
+
+A delta layer is one SST holding the change of one shard, sorted by encoded key: a put for every
+upserted row and a point tombstone for every deleted key. Readers ingest layers oldest first, so
+a newer put replaces an older value and a tombstone hides it.
+
+Exact row counts need to know, for every changed key, whether the base snapshot holds it. The
+writer learns it by reading the base shard itself (the reader's verified download of its layers)
+and one batched look-up (RocksDB MultiGet) of the changed keys: a delta costs the shards it
+touches, never the whole table's input.
+
+A shard's change is sorted in memory: a delta is the change, not the table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_shardyfusion.core.errors import InputDataError, show_value
+from airflow_provider_shardyfusion.core.model import checksum, encoding
+from airflow_provider_shardyfusion.core.model.manifest import ShardFile
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry
+
+__all__ = [
+    "COMPACT_RUN_ROWS", "LAYER_FILE", "BuiltLayer", "Change", "LayerCounts", "LayerResult", "base_exists", "chain_shards",
+    "chain_stats", "count_changes", "merged_items", "select_layer_winners", "sorted_changes", "write_compacted_layer",
+    "write_delta_layer",
+]
+
+LAYER_FILE = "layer-00000.sst"
+# Rows written per SST of a compacted layer; a reader ingests them in order (sort runs do not overlap).
+COMPACT_RUN_ROWS = 2_000_000
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed key of a shard: its encoded bytes and its new value (None: deleted)."""
+
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class LayerCounts:
+    """What a layer did to the rows before it (deleted_absent: tombstones of keys not there)."""
+
+    puts: int = 0
+    deletes: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    deleted_absent: int = 0
+
+    @property
+    def row_delta(self) -> int:
+        return self.inserted - self.deleted
+
+    def to_dict(self) -> dict[str, int]:
+        return {"puts": self.puts, "deletes": self.deletes, "inserted": self.inserted, "updated": self.updated,
+                "deleted": self.deleted, "deleted_absent": self.deleted_absent}
+
+
+@dataclass(frozen=True)
+class BuiltLayer:
+    """A layer written to local disk: its folder and files, the key range it touches, its counts, rows after it."""
+
+    folder: str
+    files: tuple[ShardFile, ...]
+    min_key: bytes | None
+    max_key: bytes | None
+    counts: LayerCounts
+    row_count: int  # rows of the shard once this layer is applied (exact)
+
+    @property
+    def byte_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def sorted_changes(keys: Sequence[Any], values: Sequence[bytes | None], *, key_encoding: str, key_column: str,
+                   allow_duplicate_keys: bool) -> list[Change]:
+    """The changes of one shard in encoded-key order; a duplicate key follows SPEC §5."""
+    pairs = [(encoding.encode_key(k, key_encoding, column=key_column), v) for k, v in zip(keys, values, strict=True)]
+    # A stable sort keeps input order among equal keys, so with duplicates allowed the last row seen wins.
+    pairs.sort(key=lambda p: p[0])
+    out: list[Change] = []
+    for key, value in pairs:
+        if out and out[-1].key == key:
+            if not allow_duplicate_keys:
+                raise InputDataError(
+                    f"column {key_column!r}: duplicate key {show_value(encoding.decode_key(key, key_encoding))} in the "
+                    "delta (rule: keys must be unique within a snapshot; allow_duplicate_keys=True keeps the last "
+                    "row seen, non-deterministically)"
+                )
+            out[-1] = Change(key, value)
+        else:
+            out.append(Change(key, value))
+    return out
+
+
+def count_changes(changes: Sequence[Change], exists: Sequence[bool]) -> LayerCounts:
+    """Classify each change against whether the base holds its key."""
+    puts = sum(1 for c in changes if c.value is not None)
+    inserted = sum(1 for c, e in zip(changes, exists, strict=True) if c.value is not None and not e)
+    deleted = sum(1 for c, e in zip(changes, exists, strict=True) if c.value is None and e)
+    deletes = len(changes) - puts
+    return LayerCounts(puts=puts, deletes=deletes, inserted=inserted, updated=puts - inserted, deleted=deleted,
+                       deleted_absent=deletes - deleted)
+
+
+def base_exists(base_db: Any, changes: Sequence[Change]) -> list[bool]:
+    """Whether the base shard (an open raw-mode database, or None for an empty shard) holds each key."""
+    if base_db is None or not changes:
+        return [False] * len(changes)
+    found = base_db.get([c.key for c in changes])
+    return [v is not None for v in found]
+
+
+def _sst_writer(path: str) -> Any:
+    from rocksdict import SstFileWriter
+
+    from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
+
+    writer = SstFileWriter(options=rocksdb_options())
+    writer.open(path)
+    return writer
+
+
+def _shard_file(folder: str, name: str) -> ShardFile:
+    path = os.path.join(folder, name)
+    return ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path))
+
+
+def write_delta_layer(folder: str, changes: Sequence[Change], *, base_db: Any, base_rows: int) -> BuiltLayer:
+    """One SST of puts and tombstones in ``folder``; counts against ``base_db``."""
+    if not changes:
+        raise ValueError("a delta layer needs at least one change")
+    counts = count_changes(changes, base_exists(base_db, changes))
+    os.makedirs(folder, exist_ok=True)
+    writer = _sst_writer(os.path.join(folder, LAYER_FILE))
+    for change in changes:
+        if change.value is None:
+            del writer[change.key]
+        else:
+            writer[change.key] = change.value
+    writer.finish()
+    return BuiltLayer(folder=folder, files=(_shard_file(folder, LAYER_FILE),), min_key=changes[0].key,
+                      max_key=changes[-1].key, counts=counts, row_count=base_rows + counts.row_delta)
+
+
+def merged_items(base_items: Iterable[tuple[bytes, bytes]], changes: Sequence[Change]) -> Iterator[tuple[bytes, bytes]]:
+    """The shard after ``changes``: base rows and changes merged in key order, tombstoned keys dropped."""
+    pending = iter(changes)
+    nxt = next(pending, None)
+    for key, value in base_items:
+        while nxt is not None and nxt.key < key:
+            if nxt.value is not None:
+                yield nxt.key, nxt.value
+            nxt = next(pending, None)
+        if nxt is not None and nxt.key == key:
+            if nxt.value is not None:
+                yield key, nxt.value
+            nxt = next(pending, None)
+            continue
+        yield key, value
+    while nxt is not None:
+        if nxt.value is not None:
+            yield nxt.key, nxt.value
+        nxt = next(pending, None)
+
+
+def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: Any,
+                          run_rows: int = COMPACT_RUN_ROWS) -> BuiltLayer | None:
+    """The whole shard (base + changes) as full SST(s) in ``folder``; None if it ends up empty."""
+    counts = count_changes(changes, base_exists(base_db, changes))
+    base_items = base_db.items() if base_db is not None else ()
+    os.makedirs(folder, exist_ok=True)
+    files: list[ShardFile] = []
+    writer, name, in_run, rows = None, "", 0, 0
+    first: bytes | None = None
+    last: bytes | None = None
+    for key, value in merged_items(base_items, changes):
+        if writer is None:
+            name = f"run-{len(files):05d}.sst"
+            writer, in_run = _sst_writer(os.path.join(folder, name)), 0
+        writer[key] = value
+        first = key if first is None else first
+        last = key
+        in_run += 1
+        rows += 1
+        if in_run >= run_rows:
+            writer.finish()
+            files.append(_shard_file(folder, name))
+            writer = None
+    if writer is not None:
+        writer.finish()
+        files.append(_shard_file(folder, name))
+    if not rows:
+        return None
+    return BuiltLayer(folder=folder, files=tuple(files), min_key=first, max_key=last, counts=counts, row_count=rows)
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """What one task attempt reports for one shard of a delta or compaction (``db_url`` None: nothing written)."""
+
+    db_id: int
+    attempt: int
+    task_attempt_id: int | None
+    db_url: str | None
+    row_count: int = 0
+    files: tuple[ShardFile, ...] = ()
+    counts: LayerCounts = LayerCounts()
+    min_key: str | None = None  # hex of the encoded key
+    max_key: str | None = None
+
+    def sort_key(self) -> tuple[int, int, str]:
+        return (self.attempt, self.task_attempt_id if self.task_attempt_id is not None else -1, self.db_url or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
+                "db_url": self.db_url, "row_count": self.row_count, "files": [f.to_dict() for f in self.files],
+                "counts": self.counts.to_dict(), "min_key": self.min_key, "max_key": self.max_key}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerResult:
+        return cls(db_id=int(d["db_id"]), attempt=int(d["attempt"]), task_attempt_id=d.get("task_attempt_id"),
+                   db_url=d.get("db_url"), row_count=int(d.get("row_count") or 0),
+                   files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
+                   counts=LayerCounts(**(d.get("counts") or {})), min_key=d.get("min_key"), max_key=d.get("max_key"))
+
+
+def select_layer_winners(results: Iterable[LayerResult], num_dbs: int) -> dict[int, LayerResult]:
+    """Per shard the attempt with the smallest (attempt, task attempt id, db_url), as for full writes."""
+    from airflow_provider_shardyfusion.core.errors import ShardCoverageError
+
+    winners: dict[int, LayerResult] = {}
+    for result in results:
+        if not 0 <= result.db_id < num_dbs:
+            raise ShardCoverageError(f"a task reported shard {result.db_id}, outside [0, {num_dbs})")
+        best = winners.get(result.db_id)
+        if best is None or result.sort_key() < best.sort_key():
+            winners[result.db_id] = result
+    return winners
+
+
+def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *, compact: bool) -> tuple[ShardEntry, ...]:
+    """The shard entries of a run written on ``base``: each shard's layers, exact rows, key range.
+
+    A delta appends its layer to the shards it changed and lists the base's layers for the others
+    (a manifest is self-contained); a compaction has one full layer per non-empty shard.
+    """
+    from dataclasses import replace
+
+    from airflow_provider_shardyfusion.core.model.manifest import ShardEntry, ShardLayer
+
+    out: list[ShardEntry] = []
+    for db_id in range(base.num_dbs):
+        before, new = base.shard(db_id), winners.get(db_id)
+        if compact:
+            if new is not None and new.db_url is not None:
+                out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt,
+                                      task_attempt_id=new.task_attempt_id, row_count=new.row_count,
+                                      byte_size=sum(f.size for f in new.files), min_key=new.min_key or "",
+                                      max_key=new.max_key or "", files=new.files))
+            continue
+        layers = before.all_layers() if before is not None else ()
+        if new is None or new.db_url is None:
+            if before is not None:
+                out.append(replace(before, layers=layers))
+            continue
+        c = new.counts
+        layer = ShardLayer(run_id=run_id, db_url=new.db_url, kind="delta", files=new.files, puts=c.puts,
+                           deletes=c.deletes, inserted=c.inserted, updated=c.updated, deleted=c.deleted,
+                           deleted_absent=c.deleted_absent)
+        layers = (*layers, layer)
+        # The key range bounds what any layer touched (deletions may leave it wider than the data).
+        lows = [k for k in (before.min_key if before else None, new.min_key) if k]
+        highs = [k for k in (before.max_key if before else None, new.max_key) if k]
+        out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt, task_attempt_id=new.task_attempt_id,
+                              row_count=new.row_count, byte_size=sum(x.byte_size for x in layers),
+                              min_key=min(lows, key=bytes.fromhex) if lows else "",
+                              max_key=max(highs, key=bytes.fromhex) if highs else "", files=new.files, layers=layers))
+    return tuple(out)
+
+
+def chain_stats(base: Manifest, shards: tuple[ShardEntry, ...], winners: dict[int, LayerResult]) -> dict[str, Any]:
+    """Totals of a chain run: exact rows and bytes, and what its layers did."""
+    written = [w for w in winners.values() if w.db_url is not None]
+    totals = {k: sum(w.counts.to_dict()[k] for w in written) for k in LayerCounts().to_dict()}
+    return {"rows": sum(s.row_count for s in shards), "bytes": sum(s.byte_size for s in shards),
+            "num_dbs": base.num_dbs, "empty_shards": base.num_dbs - len(shards), "shards_written": len(written),
+            "layer_bytes": sum(f.size for w in written for f in w.files), "base_run_id": base.run_id,
+            "base_rows": base.row_count, **totals}
