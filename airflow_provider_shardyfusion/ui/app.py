@@ -31,6 +31,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     sample_changes,
 )
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text
+from airflow_provider_shardyfusion.core.write.job_contract import WriterIdentity
 from airflow_provider_shardyfusion.ui import render
 
 if TYPE_CHECKING:
@@ -198,14 +199,15 @@ class HistorySource:
                               for x in s.layers]}
                   for s in manifest.shards]
         mean = manifest.row_count / manifest.num_dbs if manifest.num_dbs else 0
-        data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=manifest.writer.get("spark_app_id"),
+        writer = WriterIdentity.from_dict(manifest.writer)
+        data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=writer.spark_app_id,
                     write_mode=manifest.write_mode, base_run_id=manifest.base_run_id, chain_depth=manifest.chain_depth,
                     skew=round(max(s.row_count for s in manifest.shards) / mean, 3) if shards and mean else None)
-        app_id = manifest.writer.get("spark_app_id")
-        if self.spark_ui_template and app_id:
-            data["links"]["Spark application (history server)"] = self.spark_ui_template.format(app_id=quote(str(app_id)))
-        if manifest.writer.get("spark_ui_url"):
-            data["links"]["Spark application UI"] = str(manifest.writer["spark_ui_url"])
+        if self.spark_ui_template and writer.spark_app_id:
+            data["links"]["Spark application (history server)"] = self.spark_ui_template.format(
+                app_id=quote(writer.spark_app_id))
+        if writer.spark_ui_url:
+            data["links"]["Spark application UI"] = writer.spark_ui_url
         task = entry.airflow
         if task.get("dag_id") and task.get("run_id") and task.get("task_id"):
             parts = [quote(str(task[k]), safe="") for k in ("dag_id", "run_id", "task_id")]

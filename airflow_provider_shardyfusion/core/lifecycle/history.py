@@ -21,6 +21,7 @@ from airflow_provider_shardyfusion.core.model import encoding
 from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
+from airflow_provider_shardyfusion.core.write.job_contract import RunStats, WriterIdentity
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -174,21 +175,22 @@ def _entry(record: RunRecord, live: CurrentPointer | None, next_published: RunRe
         state = "rolled_back"  # _CURRENT moved from it to a run that started before it
     else:
         state = "superseded"
-    stats = record.stats or {}
-    changes = {k: stats[k] for k in _CHANGE_KEYS if _int(stats.get(k)) is not None}
-    chain = isinstance(stats.get("base_run_id"), str)
-    mode = stats.get("write_mode") if isinstance(stats.get("write_mode"), str) else None
+    stats = RunStats.from_dict(record.stats)
+    changes = {k: v for k in _CHANGE_KEYS if (v := getattr(stats, k)) is not None}
+    chain = stats.base_run_id is not None
+    mode = stats.write_mode
     if mode is None and record.manifest_ref is not None and not chain:
         mode = "full"
-    rows, base_rows = _int(stats.get("rows")), _int(stats.get("base_rows"))
+    rows, base_rows = stats.rows, stats.base_rows
+    airflow = WriterIdentity.from_dict(record.writer).airflow
     return RunEntry(
         run_id=record.run_id, state=state, started_at=record.started_at, finished_at=record.finished_at,
-        published_at=record.published_at, deleted_at=record.deleted_at, rows=_int(stats.get("rows")),
-        bytes=_int(stats.get("bytes")), num_dbs=record.num_dbs, manifest_ref=record.manifest_ref,
+        published_at=record.published_at, deleted_at=record.deleted_at, rows=rows,
+        bytes=stats.bytes, num_dbs=record.num_dbs, manifest_ref=record.manifest_ref,
         error=f"{record.error.type}: {record.error.message}" if record.error else None,
         replaced_by=next_published.run_id if next_published is not None and state != "live" else None,
-        validation=record.validation, airflow=dict(record.writer.get("airflow") or {}),
-        write_mode=mode, base_run_id=stats["base_run_id"] if chain else None,
+        validation=record.validation, airflow=airflow.to_dict() if airflow is not None else {},
+        write_mode=mode, base_run_id=stats.base_run_id,
         changes=changes if chain and len(changes) == len(_CHANGE_KEYS) else None,
         rows_change=rows - base_rows if chain and rows is not None and base_rows is not None else None,
     )
@@ -470,10 +472,6 @@ def key_fates(newest_first: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({**row, "fate": fate, "fields": fields, "compared_with": older["run_id"] if older else None,
                     "before": older.get("value") if older is not None and fate == "updated" else None})
     return out
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _ts(value: datetime | None) -> str | None:

@@ -24,6 +24,7 @@ from airflow_provider_shardyfusion.core.model.encoding import decode_key, key_fr
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, RunRecord
 from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
+from airflow_provider_shardyfusion.core.write.job_contract import RunStats
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -204,7 +205,7 @@ def _delta_ratio_check(manifest: Manifest, limit: float) -> Check:
     count: its change counts are the run's stats, which the writer totals over the same layers.
     """
     stats = manifest.stats or {}
-    if manifest.write_mode == "compact" and stats.get("write_mode") == "delta":
+    if manifest.write_mode == "compact" and RunStats.from_dict(stats).write_mode == "delta":
         changes = _stat(stats, "puts") + _stat(stats, "deletes")
         base_rows = _stat(stats, "base_rows")
         how = " (written compacted)"

@@ -98,10 +98,17 @@ def _plain(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RunStats:
-    """The figures of a run's ``stats`` read across the job boundary; ``other``: every other key
-    (a chain's change counts, per-task timings, ...), as written."""
+    """The figures of a run's ``stats`` read across the job boundary, a chain's change counts
+    included; ``other``: every other key (per-task timings, ...), as written."""
 
     rows: int | None = None
+    base_rows: int | None = None
+    inserted: int | None = None
+    updated: int | None = None
+    deleted: int | None = None
+    deleted_absent: int | None = None
+    puts: int | None = None
+    deletes: int | None = None
     bytes: int | None = None
     num_dbs: int | None = None
     empty_shards: int | None = None
