@@ -155,7 +155,13 @@ def shards_prefix(run_id: str) -> str:
 
 
 def shard_db_prefix(run_id: str, db_id: int) -> str:
-    return f"{shards_prefix(run_id)}db={db_id:05d}/"
+    return shards_prefix(run_id) + shard_db_dir(db_id)
+
+
+def shard_db_dir(db_id: int) -> str:
+    """A shard's folder within its run's ``shards_prefix`` (apart, so a check over many shards of one
+    run validates the run id once)."""
+    return f"db={db_id:05d}/"
 
 
 def attempt_dir_name(attempt: int, task_attempt_id: int | None = None) -> str:

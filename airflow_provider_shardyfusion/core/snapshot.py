@@ -249,12 +249,12 @@ class SnapshotRoot:
         """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
         ref = self.manifest_ref(pointer.manifest_ref)
         data = self.store.get(ref.key).data
-        pointer.check_manifest_bytes(data)
         checksum = bytes_checksum(data)
+        pointer.check_manifest_bytes(data, checksum)
         cached = self._cached(checksum)
         if cached is not None and cached.manifest.run_id == pointer.run_id:
             return cached
-        return self._resolve(manifest_for_pointer(pointer, data, self.root), checksum)
+        return self._resolve(manifest_for_pointer(pointer, data, self.root, checksum=checksum), checksum)
 
     def read_manifest_document(self, ref: ManifestRef | str) -> Manifest:
         """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
@@ -441,14 +441,15 @@ def base_document(doc: Manifest, data: bytes, root: str) -> Manifest:
     return manifest_document(doc.base_manifest_ref or "", parsed.run_id, data, root)
 
 
-def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Manifest:
+def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str, *, checksum: str | None = None) -> Manifest:
     """Check manifest bytes against the pointer that names them (pure: async callers read the bytes).
 
     The bytes must be the ones the pointer recorded (checksum and size), of the pointer's run, and
     every ``db_url`` must lie in its own shard folder under ``root``: ``Manifest.validate`` checks
     them against the manifest's own ``output_uri``, which a tampered manifest could change too.
+    ``checksum``: the bytes' checksum if the caller computed it already.
     """
-    pointer.check_manifest_bytes(data)
+    pointer.check_manifest_bytes(data, checksum)
     manifest = parse_manifest_bytes(pointer.manifest_ref, data)
     if manifest.run_id != pointer.run_id:
         raise ManifestValidationError(

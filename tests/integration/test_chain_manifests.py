@@ -248,3 +248,35 @@ def test_a_missing_or_altered_ancestor_is_an_error_naming_it(file_root, damage):
         assert ("does not exist" if damage == "missing" else "altered") in text
         with pytest.raises(ManifestValidationError, match="'a1'"):
             ShardedReader(file_root)
+
+
+def test_a_fresh_load_of_a_chain_hashes_each_manifest_once(file_root, monkeypatch):
+    """The pointer's manifest was hashed three times per load (pointer check, cache key, parse check):
+    at 100k shards each pass is a sizeable part of the decode. Counted on the real hash, not replaced."""
+    from airflow_provider_shardyfusion.core import checksum as checksum_module
+
+    build_snapshot(file_root, [(k, b"v") for k in range(60)], num_dbs=4, run_id="h0", shard_layout="sst")
+    build_delta(file_root, {1: "one"}, [2], run_id="h1")
+    hashed: list[bytes] = []
+    real = checksum_module.xxhash
+
+    class Counting:
+        @staticmethod
+        def xxh3_128(data):
+            hashed.append(bytes(data))
+            return real.xxh3_128(data)
+
+    snapshots = SnapshotRoot(open_store(file_root))
+    store = snapshots.store
+    mine, base = (store.get(snapshots.find_manifest(run).key).data for run in ("h1", "h0"))
+    # As a publish records it (move_pointer): the manifest's checksum and size, which a load checks.
+    published = replace(snapshots.current(), manifest_checksum=bytes_checksum(mine), manifest_size=len(mine))
+    store.put(layout.CURRENT_KEY, published.to_bytes())
+    pointer = snapshots.current()
+    assert pointer == published
+    forget_decoded_manifests()
+    monkeypatch.setattr(checksum_module, "xxhash", Counting)
+    resolved = snapshots.load_manifest_chain(pointer)
+    monkeypatch.setattr(checksum_module, "xxhash", real)
+    assert resolved.manifest.run_id == "h1" and resolved.checksum == bytes_checksum(mine)
+    assert sorted(hashed) == sorted([mine, base])  # each manifest of the chain once, nothing else
