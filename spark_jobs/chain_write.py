@@ -53,6 +53,14 @@ class ChainPlan:
     compact: bool
     has_input: bool
     faults: dict[str, Any] | None = None  # test-only fault injection (spark_jobs.faults)
+    # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks, as
+    # for full writes), task t writes the layers of shards_of_task(t) one after another.
+    num_tasks: int = 0
+    num_dbs: int = 0
+
+    @property
+    def several_shards_per_task(self) -> bool:
+        return 0 < self.num_tasks < self.num_dbs
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
@@ -198,6 +206,36 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
+                 task_attempt_id: int | None) -> Iterator[dict[str, Any]]:
+    """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
+    a compaction's for every shard of the task."""
+    from airflow_provider_shardyfusion.core.errors import ShardAssignmentError
+
+    from . import faults
+    from .routing_task import SHARD_ID_COL
+    from .shard_task import shard_runs, shards_of_task
+
+    expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
+    if plan.has_input:
+        runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]] = shard_runs(batches, SHARD_ID_COL)
+    else:
+        collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
+        runs = ((db_id, iter(())) for db_id in expected)
+    previous = -1
+    for db_id, group in runs:
+        if db_id not in expected or db_id <= previous:
+            raise ShardAssignmentError(
+                f"partition {task} received a row of shard {db_id} after shard {previous}; it writes the layers of "
+                f"shards {expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
+            )
+        previous = db_id
+        faults.before_shard_write(plan.faults or {}, db_id, attempt)
+        out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id)
+        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
+        yield out
+
+
 def make_layer_fn(plan: ChainPlan):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -206,27 +244,38 @@ def make_layer_fn(plan: ChainPlan):
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
-        db_id, attempt = tc.partitionId(), tc.attemptNumber()
-        faults.before_shard_write(plan.faults or {}, db_id, attempt)
-        out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
+        part, attempt = tc.partitionId(), tc.attemptNumber()
+        if plan.several_shards_per_task:
+            outs = [json.dumps(out) for out in _task_layers(plan, batches, task=part, attempt=attempt,
+                                                             task_attempt_id=tc.taskAttemptId())]
+            yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
+            return
+        faults.before_shard_write(plan.faults or {}, part, attempt)
+        out = write_layer(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId())
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)
-        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
+        faults.after_shard_write(plan.faults or {}, part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition
 
 
 def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int) -> list[dict[str, Any]]:
-    """Run one task per shard (partition index == shard id) and collect their results."""
-    from .routing_task import SHARD_ID_COL, with_shard_id
+    """Run the layer tasks (one per shard, or ``plan.num_tasks`` each writing a contiguous range of
+    shards, as full writes do: a task per small shard cost more in scheduling than its layer) and
+    collect their results."""
+    from .routing_task import SHARD_ID_COL, by_task, with_shard_id
 
-    if df is None:  # a compaction reads no input: one placeholder row per shard, partition index == shard id
-        partitioned = spark.range(0, num_dbs, 1, num_dbs)
+    tasks = plan.num_tasks if plan.several_shards_per_task else num_dbs
+    if df is None:  # a compaction reads no input: one placeholder row per task, partition index == task
+        partitioned = spark.range(0, tasks, 1, tasks)
     else:
         keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]
         routed = with_shard_id(df, routing_plan)
-        partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
+        if plan.several_shards_per_task:
+            partitioned = by_task(routed, tasks, num_dbs, [SHARD_ID_COL]).select(*dict.fromkeys([*keep, SHARD_ID_COL]))
+        else:
+            partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
     rows = partitioned.mapInArrow(make_layer_fn(plan), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]

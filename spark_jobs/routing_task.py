@@ -101,6 +101,17 @@ def with_shard_id(df, plan: RoutingPlan):
     return df.withColumn(SHARD_ID_COL, shard_id_column(plan))
 
 
+def by_task(routed, num_tasks: int, num_dbs: int, sort_cols: list[str]):
+    """``routed`` (with the shard id column) in ``num_tasks`` partitions, partition t holding the
+    contiguous shard ids ``shard_task.shards_of_task(t)``, sorted by ``sort_cols`` (the shard id
+    first, so a partition's shards arrive one after another)."""
+    from pyspark.sql import functions as F
+
+    part_col = "__shardyfusion_task"
+    return (routed.withColumn(part_col, F.expr(f"CAST((CAST(`{SHARD_ID_COL}` AS BIGINT) * {num_tasks}) DIV {num_dbs} AS INT)"))
+            .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
+
+
 def _signed(u: int) -> int:
     return u - (1 << 64) if u >= 1 << 63 else u
 
