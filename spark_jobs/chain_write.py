@@ -10,6 +10,7 @@ shard (compaction). Shards without changes get no task output in a delta and kee
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from airflow_provider_shardyfusion.core import encoding, layout
+from airflow_provider_shardyfusion.core import encoding, layout, scratch
 from airflow_provider_shardyfusion.core.errors import ConfigError
 
 from .shard_task import RESULT_DDL, RESULT_SCHEMA
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from airflow_provider_shardyfusion.core.config import WriteConfig
+    from airflow_provider_shardyfusion.core.delta import BuiltLayer, TaskBase
     from airflow_provider_shardyfusion.core.manifest import Manifest
     from airflow_provider_shardyfusion.core.snapshot import ResolvedManifest, SnapshotRoot
 
 log = logging.getLogger("shardyfusion.job")
+LAYER_MEMORY_MAX_BYTES = 64 << 20  # as full writes' memory_build_max_bytes
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,33 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
                           allow_duplicate_keys=plan.allow_duplicate_keys)
 
 
+@contextlib.contextmanager
+def task_base(plan: ChainPlan) -> Iterator[TaskBase | None]:
+    """For a delta, the one local database of the base shards this task reads (``core.delta.TaskBase``)."""
+    from airflow_provider_shardyfusion.core.delta import TaskBase
+    from airflow_provider_shardyfusion.core.snapshot import SnapshotRoot
+    from airflow_provider_shardyfusion.core.storage import open_store
+
+    if plan.compact:  # a compaction iterates each base shard: a database of its own (the reader's)
+        yield None
+        return
+    store = open_store(plan.output_uri, plan.storage_options)
+    base = SnapshotRoot(store).read_manifest(plan.base_manifest_ref)  # decoded once per process
+    # A delta's base shards are read for existence only; in memory they cost no fsync.
+    folder = scratch.memory_workdir(0, 1, prefix="shardyfusion-base-") or tempfile.mkdtemp(prefix="shardyfusion-base-")
+    shared = TaskBase(store, base, folder)
+    try:
+        yield shared
+    finally:
+        shared.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
-                task_attempt_id: int | None) -> dict[str, Any]:
-    """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
+                task_attempt_id: int | None, base: TaskBase | None = None) -> dict[str, Any]:
+    """One shard's layer: read the base shard, write the change (or the merged shard), upload it.
+
+    ``base``: a delta's base shards of this task (``task_base``); None for a compaction."""
     from airflow_provider_shardyfusion.core.delta import LayerResult, write_compacted_layer, write_delta_layer
     from airflow_provider_shardyfusion.core.errors import ShardWriteError, ShardyfusionError
     from airflow_provider_shardyfusion.core.reader import ShardedReader
@@ -173,19 +200,26 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     store = open_store(plan.output_uri, plan.storage_options)
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
-    work = tempfile.mkdtemp(prefix=f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-")
+    prefix = f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-"
+    # A delta's layer is its change, built in memory where there is room: SstFileWriter.finish's
+    # fsync on a busy disk cost more than the layer (thousands of shards).
+    change_bytes = 0 if plan.compact else sum(len(c.key) + len(c.value or b"") for c in changes)
+    work = (None if plan.compact else scratch.memory_workdir(change_bytes, LAYER_MEMORY_MAX_BYTES, prefix=prefix)) \
+        or tempfile.mkdtemp(prefix=prefix)
     try:
-        # One pass over the base per task: a local compaction first would cost more than it saves.
-        with ShardedReader(plan.output_uri, storage_options=plan.storage_options, manifest_ref=plan.base_manifest_ref,
-                           cache_dir=os.path.join(work, "base"), max_local_layers=None) as base:
-            base_db = base.open_shard(db_id)
-            entry = base.manifest.shard(db_id)
-            folder = os.path.join(work, "layer")
-            if plan.compact:
-                built = write_compacted_layer(folder, changes, base_db=base_db)
-            else:
-                built = write_delta_layer(folder, changes, base_db=base_db,
-                                          base_rows=entry.row_count if entry is not None else 0)
+        folder = os.path.join(work, "layer")
+        built: BuiltLayer | None
+        if not plan.compact:
+            assert base is not None  # task_base gives a delta its base
+            entry = base.base.shard(db_id)
+            built = write_delta_layer(folder, changes, base_db=base.shard_db(db_id),
+                                      base_rows=entry.row_count if entry is not None else 0)
+        else:
+            # One pass over the base shard: a local compaction first would cost more than it saves.
+            with ShardedReader(plan.output_uri, storage_options=plan.storage_options,
+                               manifest_ref=plan.base_manifest_ref, cache_dir=os.path.join(work, "base"),
+                               max_local_layers=None) as reader:
+                built = write_compacted_layer(folder, changes, base_db=reader.open_shard(db_id))
         if built is None:  # compacted to nothing: an empty shard
             return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
         for f in built.files:
@@ -223,17 +257,18 @@ def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: in
         collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
         runs = ((db_id, iter(())) for db_id in expected)
     previous = -1
-    for db_id, group in runs:
-        if db_id not in expected or db_id <= previous:
-            raise ShardAssignmentError(
-                f"partition {task} received a row of shard {db_id} after shard {previous}; it writes the layers of "
-                f"shards {expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
-            )
-        previous = db_id
-        faults.before_shard_write(plan.faults or {}, db_id, attempt)
-        out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id)
-        faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
-        yield out
+    with task_base(plan) as base:
+        for db_id, group in runs:
+            if db_id not in expected or db_id <= previous:
+                raise ShardAssignmentError(
+                    f"partition {task} received a row of shard {db_id} after shard {previous}; it writes the layers "
+                    f"of shards {expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
+                )
+            previous = db_id
+            faults.before_shard_write(plan.faults or {}, db_id, attempt)
+            out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base)
+            faults.after_shard_write(plan.faults or {}, db_id, attempt, plan.run_id)
+            yield out
 
 
 def make_layer_fn(plan: ChainPlan):
@@ -251,7 +286,8 @@ def make_layer_fn(plan: ChainPlan):
             yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
             return
         faults.before_shard_write(plan.faults or {}, part, attempt)
-        out = write_layer(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId())
+        with task_base(plan) as base:
+            out = write_layer(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)
