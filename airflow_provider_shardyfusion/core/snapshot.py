@@ -461,19 +461,19 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str, *, che
 
 def check_shard_urls(manifest: Manifest, root: str, where: str) -> None:
     """Every ``db_url`` in its own run's shard folder under ``root`` (not only under the manifest's own
-    ``output_uri``, which a tampered manifest could change too)."""
+    ``output_uri``, which a tampered manifest could change too). Once per shard and layer of every
+    manifest read: each run's folder is built once, each URL then costs string tests."""
+    prefixes: dict[str, str] = {}
     for shard in manifest.shards:
         # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
         for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
-            own_prefix = layout.join(root, layout.shards_prefix(run_id))
-            parsed = None
-            if db_url.startswith(own_prefix):
-                try:
-                    parsed = layout.parse_shard_key(layout.relative_key(root, db_url))
-                except ManifestValidationError:
-                    parsed = None
-            if parsed is None or parsed.run_id != run_id or parsed.db_id != shard.db_id:
+            own_prefix = prefixes.get(run_id)
+            if own_prefix is None:
+                own_prefix = prefixes[run_id] = layout.join(root, layout.shards_prefix(run_id))
+            own_db = own_prefix + layout.shard_db_dir(shard.db_id)
+            if not db_url.startswith(own_db) or any(
+                    part in ("", ".", "..") for part in db_url[len(own_db):].rstrip("/").split("/")):
                 raise ManifestValidationError(
                     f"{where}: db_url {db_url!r} of shard {shard.db_id} is not under this "
-                    f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
+                    f"snapshot's {own_db}; refusing to read it"
                 )

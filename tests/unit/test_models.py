@@ -556,3 +556,21 @@ def test_validation_checks_each_run_id_once_not_once_per_shard(monkeypatch):
     dotted = layout.join(ROOT, layout.shard_db_prefix(RUN, 7)) + "attempt=00/../../db=00008/attempt=00"
     with pytest.raises(ManifestValidationError, match="of shard 7 is not under"):
         replace(many, shards=(*many.shards[:7], replace(many.shards[7], db_url=dotted), *many.shards[8:])).validate()
+
+
+def test_the_root_check_of_shard_urls_validates_each_run_id_once(monkeypatch):
+    """Every manifest a read follows is checked against the root it was read from (core.snapshot.
+    check_shard_urls): once per run, then string tests per shard, as Manifest.validate does."""
+    from airflow_provider_shardyfusion.core.snapshot import check_shard_urls
+
+    many = manifest(num_dbs=500, shards=tuple(shard(i) for i in range(500)))
+    checked = []
+    validate = layout.validate_run_id
+    monkeypatch.setattr(layout, "validate_run_id", lambda run_id, **kw: checked.append(run_id) or validate(run_id, **kw))
+    check_shard_urls(many, ROOT, "here")
+    assert checked == [RUN]
+    elsewhere = layout.join("s3://other-bucket/snap", layout.attempt_key(RUN, 9, 0, 1))
+    for url in (elsewhere, layout.join(ROOT, layout.shard_db_prefix(RUN, 9)) + "attempt=00/../../db=00010/x"):
+        tampered = (*many.shards[:9], replace(many.shards[9], db_url=url), *many.shards[10:])
+        with pytest.raises(ManifestValidationError, match=r"here: db_url .* of shard 9 is not under this snapshot's "):
+            check_shard_urls(replace(many, shards=tampered), ROOT, "here")
