@@ -375,7 +375,13 @@ class Manifest:
 
     def layer_run_ids(self) -> set[str]:
         """Every run whose shard files this snapshot reads: its own and, in a chain, earlier ones."""
-        return {layer.run_id for s in self.shards for layer in s.all_layers()} | {self.run_id}
+        # Asked on every refresh of every reader (and by cleanup, history, publish) of an immutable
+        # manifest: worked out once per manifest, as ``_by_id``.
+        cached = self.__dict__.get("_layer_runs_cache")
+        if cached is None:
+            cached = frozenset({layer.run_id for s in self.shards for layer in s.all_layers()} | {self.run_id})
+            object.__setattr__(self, "_layer_runs_cache", cached)
+        return set(cached)
 
     def layer_bytes(self, run_id: str) -> int:
         """Bytes of the layers ``run_id`` wrote that this snapshot reads."""
