@@ -10,9 +10,11 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
    Delta write time / full write time;
 4. ``refresh()`` of that reader: bytes downloaded / (the delta's layer bytes + its manifest bytes),
    and refresh time / time to open the new snapshot fresh (empty cache, every shard opened);
-5. how the writer learns whether a changed key existed (each task downloads its base shard through
-   the reader and does one RocksDB MultiGet of its changed keys, core/write/delta.py): the same work
-   replayed here, untimed in the ratios, split into base download + ingest and the MultiGet;
+5. how the writer learns whether a changed key existed (each task ingests the base shards it writes,
+   every layer verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB
+   MultiGet per shard of its changed keys): replayed here through a reader, a database per shard
+   (an upper bound of the writer's work), untimed in the ratios, split into download + ingest and
+   the MultiGet;
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
@@ -376,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
             "manifest_bytes": delta_manifest_bytes,
         },
         "existence_check": {
-            "how": "each task downloads its base shard through the reader (every layer, verified) and does one "
-                   "RocksDB MultiGet of its changed keys (core/write/delta.py); replayed here for every shard",
+            "how": "each task ingests its base shards (every layer, verified) into one local database "
+                   "(core.write.delta.TaskBase) and does one RocksDB MultiGet per shard; replayed here through a reader, "
+                   "a database per shard (an upper bound)",
             "base_shards_download_ingest_s": round(base_shards_s, 2), "multiget_s": round(multiget_s, 3),
             "keys": len(changed),
         },

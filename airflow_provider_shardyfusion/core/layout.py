@@ -16,11 +16,41 @@ from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValid
 from airflow_provider_shardyfusion.core.secrets import redact_uri, refuse_userinfo
 
 __all__ = [
-    "CURRENT_KEY", "MANIFESTS_DIR", "MANIFEST_NAME", "RUNS_DIR", "RUN_RECORD_NAME", "SHARDS_DIR", "STREAMS_DIR",
-    "STREAM_OWNER_NAME", "ManifestKey", "ShardKey", "attempt_dir_name", "attempt_key", "format_ts", "join", "local_cache_dir",
-    "local_layer_dir", "local_path_of", "manifest_key", "new_run_id", "normalize_root", "parse_manifest_key",
-    "parse_run_record_key", "parse_shard_key", "parse_ts", "relative_key", "run_id_of_shard_url", "run_record_key",
-    "scheme_of", "shard_db_prefix", "shards_prefix", "split_run_record_ref", "stream_owner_key", "utc_now", "validate_run_id",
+    "CURRENT_KEY",
+    "MANIFESTS_DIR",
+    "MANIFEST_NAME",
+    "RUNS_DIR",
+    "RUN_RECORD_NAME",
+    "SHARDS_DIR",
+    "STREAMS_DIR",
+    "STREAM_OWNER_NAME",
+    "ManifestKey",
+    "ShardKey",
+    "attempt_dir_name",
+    "attempt_key",
+    "format_ts",
+    "join",
+    "local_cache_dir",
+    "local_layer_dir",
+    "local_path_of",
+    "manifest_key",
+    "new_run_id",
+    "normalize_root",
+    "parse_manifest_key",
+    "parse_run_record_key",
+    "parse_shard_key",
+    "parse_ts",
+    "relative_key",
+    "run_id_of_shard_url",
+    "run_record_key",
+    "scheme_of",
+    "shard_db_dir",
+    "shard_db_prefix",
+    "shards_prefix",
+    "split_run_record_ref",
+    "stream_owner_key",
+    "utc_now",
+    "validate_run_id",
 ]
 
 CURRENT_KEY = "_CURRENT"
@@ -163,7 +193,13 @@ def shards_prefix(run_id: str) -> str:
 
 
 def shard_db_prefix(run_id: str, db_id: int) -> str:
-    return f"{shards_prefix(run_id)}db={db_id:05d}/"
+    return shards_prefix(run_id) + shard_db_dir(db_id)
+
+
+def shard_db_dir(db_id: int) -> str:
+    """A shard's folder within its run's ``shards_prefix`` (apart, so a check over many shards of one
+    run validates the run id once)."""
+    return f"db={db_id:05d}/"
 
 
 def attempt_dir_name(attempt: int, task_attempt_id: int | None = None) -> str:

@@ -10,6 +10,7 @@ shard (compaction). Shards without changes get no task output in a delta and kee
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..core import layout
+from ..core import layout, scratch
 from ..core.errors import ConfigError
 from ..core.model import encoding
 from .faults import NO_FAULTS, Faults
@@ -33,12 +34,20 @@ if TYPE_CHECKING:
     from ..core.model.config import WriteConfig
     from ..core.model.manifest import Manifest
     from ..core.model.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.write.delta import BuiltLayer, TaskBase
 
 __all__ = [
-    "ChainPlan", "check_against_base", "make_layer_fn", "resolve_base", "write_layer", "write_layers",
+    "ChainPlan",
+    "check_against_base",
+    "make_layer_fn",
+    "resolve_base",
+    "task_base",
+    "write_layer",
+    "write_layers",
 ]
 
 log = logging.getLogger("shardyfusion.job")
+LAYER_MEMORY_MAX_BYTES = 64 << 20  # as full writes' memory_build_max_bytes
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,14 @@ class ChainPlan:
     allow_duplicate_keys: bool
     compact: bool
     has_input: bool
+    # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks, as
+    # for full writes), task t writes the layers of shards_of_task(t) one after another.
+    num_tasks: int = 0
+    num_dbs: int = 0
+
+    @property
+    def several_shards_per_task(self) -> bool:
+        return 0 < self.num_tasks < self.num_dbs
 
 
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
@@ -155,9 +172,33 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
                           allow_duplicate_keys=plan.allow_duplicate_keys)
 
 
+@contextlib.contextmanager
+def task_base(plan: ChainPlan) -> Iterator[TaskBase | None]:
+    """For a delta, the one local database of the base shards this task reads (``core.write.delta.TaskBase``)."""
+    from ..core.model.snapshot import SnapshotRoot
+    from ..core.storage import open_store
+    from ..core.write.delta import TaskBase
+
+    if plan.compact:  # a compaction iterates each base shard: a database of its own (the reader's)
+        yield None
+        return
+    store = open_store(plan.output_uri, plan.storage_options)
+    base = SnapshotRoot(store).read_manifest(plan.base_manifest_ref)  # decoded once per process
+    # A delta's base shards are read for existence only; in memory they cost no fsync.
+    folder = scratch.memory_workdir(0, 1, prefix="shardyfusion-base-") or tempfile.mkdtemp(prefix="shardyfusion-base-")
+    shared = TaskBase(store, base, folder)
+    try:
+        yield shared
+    finally:
+        shared.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
-                task_attempt_id: int | None) -> dict[str, Any]:
-    """One shard's layer: read the base shard, write the change (or the merged shard), upload it."""
+                task_attempt_id: int | None, base: TaskBase | None = None) -> dict[str, Any]:
+    """One shard's layer: read the base shard, write the change (or the merged shard), upload it.
+
+    ``base``: a delta's base shards of this task (``task_base``); None for a compaction."""
     from ..core.errors import ShardWriteError, ShardyfusionError
     from ..core.read.reader import ShardedReader
     from ..core.storage import open_store
@@ -169,19 +210,26 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     store = open_store(plan.output_uri, plan.storage_options)
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
-    work = tempfile.mkdtemp(prefix=f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-")
+    prefix = f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-"
+    # A delta's layer is its change, built in memory where there is room: SstFileWriter.finish's
+    # fsync on a busy disk cost more than the layer (thousands of shards).
+    change_bytes = 0 if plan.compact else sum(len(c.key) + len(c.value or b"") for c in changes)
+    work = (None if plan.compact else scratch.memory_workdir(change_bytes, LAYER_MEMORY_MAX_BYTES, prefix=prefix)) \
+        or tempfile.mkdtemp(prefix=prefix)
     try:
-        # One pass over the base per task: a local compaction first would cost more than it saves.
-        with ShardedReader(plan.output_uri, storage_options=plan.storage_options, manifest_ref=plan.base_manifest_ref,
-                           cache_dir=os.path.join(work, "base"), max_local_layers=None) as base:
-            base_db = base.open_shard(db_id)
-            entry = base.manifest.shard(db_id)
-            folder = os.path.join(work, "layer")
-            if plan.compact:
-                built = write_compacted_layer(folder, changes, base_db=base_db)
-            else:
-                built = write_delta_layer(folder, changes, base_db=base_db,
-                                          base_rows=entry.row_count if entry is not None else 0)
+        folder = os.path.join(work, "layer")
+        built: BuiltLayer | None
+        if not plan.compact:
+            assert base is not None  # task_base gives a delta its base
+            entry = base.base.shard(db_id)
+            built = write_delta_layer(folder, changes, base_db=base.shard_db(db_id),
+                                      base_rows=entry.row_count if entry is not None else 0)
+        else:
+            # One pass over the base shard: a local compaction first would cost more than it saves.
+            with ShardedReader(plan.output_uri, storage_options=plan.storage_options,
+                               manifest_ref=plan.base_manifest_ref, cache_dir=os.path.join(work, "base"),
+                               max_local_layers=None) as reader:
+                built = write_compacted_layer(folder, changes, base_db=reader.open_shard(db_id))
         if built is None:  # compacted to nothing: an empty shard
             return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
         for f in built.files:
@@ -202,19 +250,54 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
+                 task_attempt_id: int | None, faults: Faults) -> Iterator[dict[str, Any]]:
+    """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
+    a compaction's for every shard of the task."""
+    from ..core.errors import ShardAssignmentError
+    from .routing_task import SHARD_ID_COL
+    from .shard_task import shard_runs, shards_of_task
+
+    expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
+    if plan.has_input:
+        runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]] = shard_runs(batches, SHARD_ID_COL)
+    else:
+        collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
+        runs = ((db_id, iter(())) for db_id in expected)
+    previous = -1
+    with task_base(plan) as base:
+        for db_id, group in runs:
+            if db_id not in expected or db_id <= previous:
+                raise ShardAssignmentError(
+                    f"partition {task} received a row of shard {db_id} after shard {previous}; it writes the layers "
+                    f"of shards {expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
+                )
+            previous = db_id
+            faults.before_shard_write(db_id, attempt)
+            out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base)
+            faults.after_shard_write(db_id, attempt, plan.run_id)
+            yield out
+
+
 def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
-        db_id, attempt = tc.partitionId(), tc.attemptNumber()
-        faults.before_shard_write(db_id, attempt)
-        out = write_layer(plan, batches, db_id=db_id, attempt=attempt, task_attempt_id=tc.taskAttemptId())
+        part, attempt = tc.partitionId(), tc.attemptNumber()
+        if plan.several_shards_per_task:
+            outs = [json.dumps(out) for out in _task_layers(plan, batches, task=part, attempt=attempt,
+                                                             task_attempt_id=tc.taskAttemptId(), faults=faults)]
+            yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
+            return
+        faults.before_shard_write(part, attempt)
+        with task_base(plan) as base:
+            out = write_layer(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)
-        faults.after_shard_write(db_id, attempt, plan.run_id)
+        faults.after_shard_write(part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
 
     return write_partition
@@ -222,14 +305,20 @@ def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
 
 def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int,
                  faults: Faults = NO_FAULTS) -> list[dict[str, Any]]:
-    """Run one task per shard (partition index == shard id) and collect their results."""
-    from .routing_task import SHARD_ID_COL, with_shard_id
+    """Run the layer tasks (one per shard, or ``plan.num_tasks`` each writing a contiguous range of
+    shards, as full writes do: a task per small shard cost more in scheduling than its layer) and
+    collect their results."""
+    from .routing_task import SHARD_ID_COL, by_task, with_shard_id
 
-    if df is None:  # a compaction reads no input: one placeholder row per shard, partition index == shard id
-        partitioned = spark.range(0, num_dbs, 1, num_dbs)
+    tasks = plan.num_tasks if plan.several_shards_per_task else num_dbs
+    if df is None:  # a compaction reads no input: one placeholder row per task, partition index == task
+        partitioned = spark.range(0, tasks, 1, tasks)
     else:
         keep = [plan.key_column, *plan.value_columns, *([plan.delete_column] if plan.delete_column else [])]
         routed = with_shard_id(df, routing_plan, faults)
-        partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
+        if plan.several_shards_per_task:
+            partitioned = by_task(routed, tasks, num_dbs, [SHARD_ID_COL]).select(*dict.fromkeys([*keep, SHARD_ID_COL]))
+        else:
+            partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
     rows = partitioned.mapInArrow(make_layer_fn(plan, faults), RESULT_DDL).collect()
     return [json.loads(r.result) for r in rows]

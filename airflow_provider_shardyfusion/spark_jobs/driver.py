@@ -38,7 +38,7 @@ from . import errors as job_errors
 from . import session_info, spark_types
 from .conf_overrides import spark_conf_overrides
 from .faults import NO_FAULTS, Faults
-from .routing_task import SHARD_ID_COL, RoutingPlan, make_token_fn, with_shard_id
+from .routing_task import SHARD_ID_COL, RoutingPlan, by_task, make_token_fn, with_shard_id
 from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
 
 if TYPE_CHECKING:
@@ -229,6 +229,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
         compact=compact, has_input=df is not None,
+        num_tasks=_num_tasks(spark, base.num_dbs), num_dbs=base.num_dbs,
     )
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
@@ -367,7 +368,6 @@ def _num_tasks(spark, num_dbs: int) -> int:
 
 
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[TaskResult]:
-    from pyspark.sql import functions as F
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
     routed = with_shard_id(df, plan, faults)
@@ -375,11 +375,8 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
         # Partition t holds the contiguous ids shards_of_task(t); sorted by id the shards of a
         # partition arrive one after another (and in key order when Spark sorts the shards).
         write_plan = replace(write_plan, num_tasks=num_tasks, shard_id_column=SHARD_ID_COL)
-        part_col = "__shardyfusion_task"
         sort_cols = [SHARD_ID_COL] + ([write_plan.key_column] if write_plan.presorted else [])
-        partitioned = (routed.withColumn(part_col, F.expr(
-            f"CAST((CAST(`{SHARD_ID_COL}` AS BIGINT) * {num_tasks}) DIV {plan.num_dbs} AS INT)"))
-            .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
+        partitioned = by_task(routed, num_tasks, plan.num_dbs, sort_cols)
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
                  session_info.default_parallelism(df.sparkSession), TASKS_PER_CORE)
         writing = partitioned.mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)

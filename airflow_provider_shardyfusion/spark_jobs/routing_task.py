@@ -24,7 +24,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
-    "SHARD_ID_COL", "RoutingPlan", "make_route_fn", "make_token_fn", "shard_id_column", "shard_ids_for_batch",
+    "SHARD_ID_COL",
+    "RoutingPlan",
+    "by_task",
+    "make_route_fn",
+    "make_token_fn",
+    "shard_id_column",
+    "shard_ids_for_batch",
     "with_shard_id",
 ]
 
@@ -105,6 +111,17 @@ def with_shard_id(df, plan: RoutingPlan, faults: Faults = NO_FAULTS):
     if plan.sharding.strategy == "hash" and plan.key_kind == "int" and not is_connect(df.sparkSession):
         return _with_jvm_int_shard_id(df, plan.sharding.key_column, plan.num_dbs, shift=faults.route_shift)
     return df.withColumn(SHARD_ID_COL, shard_id_column(plan, faults))
+
+
+def by_task(routed, num_tasks: int, num_dbs: int, sort_cols: list[str]):
+    """``routed`` (with the shard id column) in ``num_tasks`` partitions, partition t holding the
+    contiguous shard ids ``shard_task.shards_of_task(t)``, sorted by ``sort_cols`` (the shard id
+    first, so a partition's shards arrive one after another)."""
+    from pyspark.sql import functions as F
+
+    part_col = "__shardyfusion_task"
+    return (routed.withColumn(part_col, F.expr(f"CAST((CAST(`{SHARD_ID_COL}` AS BIGINT) * {num_tasks}) DIV {num_dbs} AS INT)"))
+            .repartitionById(num_tasks, part_col).drop(part_col).sortWithinPartitions(*sort_cols))
 
 
 def _signed(u: int) -> int:

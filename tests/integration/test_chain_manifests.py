@@ -248,3 +248,58 @@ def test_a_missing_or_altered_ancestor_is_an_error_naming_it(file_root, damage):
         assert ("does not exist" if damage == "missing" else "altered") in text
         with pytest.raises(ManifestValidationError, match="'a1'"):
             ShardedReader(file_root)
+
+
+def test_a_fresh_load_of_a_chain_hashes_each_manifest_once(file_root, monkeypatch):
+    """The pointer's manifest was hashed three times per load (pointer check, cache key, parse check):
+    at 100k shards each pass is a sizeable part of the decode. Counted on the real hash, not replaced."""
+    from airflow_provider_shardyfusion.core.model import checksum as checksum_module
+
+    build_snapshot(file_root, [(k, b"v") for k in range(60)], num_dbs=4, run_id="h0", shard_layout="sst")
+    build_delta(file_root, {1: "one"}, [2], run_id="h1")
+    hashed: list[bytes] = []
+    real = checksum_module.xxhash
+
+    class Counting:
+        @staticmethod
+        def xxh3_128(data):
+            hashed.append(bytes(data))
+            return real.xxh3_128(data)
+
+    snapshots = SnapshotRoot(open_store(file_root))
+    store = snapshots.store
+    mine, base = (store.get(snapshots.find_manifest(run).key).data for run in ("h1", "h0"))
+    # As a publish records it (move_pointer): the manifest's checksum and size, which a load checks.
+    published = replace(snapshots.current(), manifest_checksum=bytes_checksum(mine), manifest_size=len(mine))
+    store.put(layout.CURRENT_KEY, published.to_bytes())
+    pointer = snapshots.current()
+    assert pointer == published
+    forget_decoded_manifests()
+    monkeypatch.setattr(checksum_module, "xxhash", Counting)
+    resolved = snapshots.load_manifest_chain(pointer)
+    monkeypatch.setattr(checksum_module, "xxhash", real)
+    assert resolved.manifest.run_id == "h1" and resolved.checksum == bytes_checksum(mine)
+    assert sorted(hashed) == sorted([mine, base])  # each manifest of the chain once, nothing else
+
+
+def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_path):
+    """A delta task's base shards share one local database (core.write.delta.TaskBase): a key routes to one
+    shard, so each shard's existence answers stay exact, tombstones of later layers included."""
+    from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
+
+    model = {k: b"v" for k in range(200)}
+    build_snapshot(file_root, model.items(), num_dbs=6, run_id="t0", shard_layout="sst")
+    build_delta(file_root, {500: "new", 7: "x"}, [3, 4, 5], run_id="t1")
+    model = _apply(model, {500: "new", 7: "x"}, [3, 4, 5])
+    snapshots = SnapshotRoot(open_store(file_root))
+    base = snapshots.read_manifest(snapshots.find_manifest("t1"))
+    shared = TaskBase(snapshots.store, base, str(tmp_path / "task"))
+    probes = [*range(0, 210), 500, 501]
+    try:
+        for db_id in range(base.num_dbs):
+            mine = [k for k in probes if route_key(k, base.num_dbs) == db_id]
+            changes = [Change(encode_key(k, base.key_encoding), b"y") for k in mine]
+            assert base_exists(shared.shard_db(db_id), changes) == [k in model for k in mine], db_id
+        assert os.listdir(tmp_path / "task") == ["db"]  # one database; every verified file moved into it
+    finally:
+        shared.close()

@@ -534,3 +534,43 @@ def test_a_chain_manifest_needs_format_2_and_consistent_layers():
         "run_id=20260101T000000Z-0000base", "run_id=20260101T000000Z-elsewhere")
     with pytest.raises(ManifestValidationError, match="is not in that run's folder"):
         Manifest.from_dict(moved)
+
+
+def test_validation_checks_each_run_id_once_not_once_per_shard(monkeypatch):
+    """What keeps a 100k-shard decode within 2x its json.loads (SPEC §17): per-shard checks are string
+    tests against a prefix built once per run, however many shards and layers name that run."""
+    from airflow_provider_shardyfusion.core.model import manifest as manifest_module
+
+    many = manifest(num_dbs=500, shards=tuple(shard(i) for i in range(500)))
+    data = many.to_bytes()
+    checked = []
+    validate = layout.validate_run_id
+    monkeypatch.setattr(manifest_module.layout, "validate_run_id",
+                        lambda run_id, **kw: checked.append(run_id) or validate(run_id, **kw))
+    assert Manifest.from_bytes(data) == many
+    assert len(checked) <= 3 and set(checked) == {RUN}
+    # Still each shard in its own folder: one misplaced shard among 500 is found and named.
+    moved = many.shards[321].db_url.replace("db=00321", "db=00322")
+    with pytest.raises(ManifestValidationError, match=r"db_url .* of shard 321 is not under .* in its own folder"):
+        replace(many, shards=(*many.shards[:321], replace(many.shards[321], db_url=moved), *many.shards[322:])).validate()
+    dotted = layout.join(ROOT, layout.shard_db_prefix(RUN, 7)) + "attempt=00/../../db=00008/attempt=00"
+    with pytest.raises(ManifestValidationError, match="of shard 7 is not under"):
+        replace(many, shards=(*many.shards[:7], replace(many.shards[7], db_url=dotted), *many.shards[8:])).validate()
+
+
+def test_the_root_check_of_shard_urls_validates_each_run_id_once(monkeypatch):
+    """Every manifest a read follows is checked against the root it was read from (core.model.snapshot.
+    check_shard_urls): once per run, then string tests per shard, as Manifest.validate does."""
+    from airflow_provider_shardyfusion.core.model.snapshot import check_shard_urls
+
+    many = manifest(num_dbs=500, shards=tuple(shard(i) for i in range(500)))
+    checked = []
+    validate = layout.validate_run_id
+    monkeypatch.setattr(layout, "validate_run_id", lambda run_id, **kw: checked.append(run_id) or validate(run_id, **kw))
+    check_shard_urls(many, ROOT, "here")
+    assert checked == [RUN]
+    elsewhere = layout.join("s3://other-bucket/snap", layout.attempt_key(RUN, 9, 0, 1))
+    for url in (elsewhere, layout.join(ROOT, layout.shard_db_prefix(RUN, 9)) + "attempt=00/../../db=00010/x"):
+        tampered = (*many.shards[:9], replace(many.shards[9], db_url=url), *many.shards[10:])
+        with pytest.raises(ManifestValidationError, match=r"here: db_url .* of shard 9 is not under this snapshot's "):
+            check_shard_urls(replace(many, shards=tampered), ROOT, "here")

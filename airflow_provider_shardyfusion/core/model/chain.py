@@ -10,6 +10,7 @@ resolved) manifest without restating anything on storage. Fetching the documents
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
@@ -48,16 +49,16 @@ def resolve(doc: Manifest, base: Manifest) -> Manifest:
     _check_link(doc, base)
     changed = {s.db_id: s for s in doc.shards}
     shards: list[ShardEntry] = []
+    # Once per shard of every level of a chain on a fresh open: only what a shard needs is done.
     for before in base.shards:
-        new = changed.pop(before.db_id, None)
-        layers = before.all_layers()
+        new = changed.pop(before.db_id, None) if changed else None
         if new is None:
-            shards.append(before if before.layers else replace(before, layers=layers))
+            shards.append(before if before.layers else replace(before, layers=before.all_layers()))
         else:
-            shards.append(replace(new, layers=(*layers, *new.layers)))
+            shards.append(replace(new, layers=(*before.all_layers(), *new.layers)))
     # Shards the base had empty that the delta filled.
     shards.extend(changed.values())
-    shards.sort(key=lambda s: s.db_id)
+    shards.sort(key=attrgetter("db_id"))
     return replace(doc, shards=tuple(shards))
 
 

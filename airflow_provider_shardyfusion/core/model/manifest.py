@@ -41,7 +41,7 @@ _WHAT = "manifest"
 _ERR = ManifestValidationError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardFile:
     """One file of a shard as the writer uploaded it: name relative to ``db_url``, size and checksum."""
 
@@ -61,12 +61,17 @@ class ShardFile:
         return self
 
 
+def _dotdot(url: str) -> bool:
+    """Whether ``url`` has a ``..`` segment (the cheap substring test first: this runs once per shard)."""
+    return "/.." in url and ".." in url.split("/")
+
+
 def _check_file_name(name: str) -> None:
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise _ERR(f"{_WHAT} shard file: name {name!r} must be a relative path without '.' or '..'")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardLayer:
     """One layer of a shard in a chain: the SST file(s) one run wrote for it, oldest first in a shard.
 
@@ -99,7 +104,7 @@ class ShardLayer:
         return _LAYER_CODEC.from_dict(obj)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardEntry:
     """One non-empty shard of a snapshot: where its winning attempt lives, its rows, bytes, key range and files."""
 
@@ -206,7 +211,8 @@ class Manifest:
 
     def _validate_file_names(self) -> None:
         # Shards mostly share their few file names: check each distinct name once.
-        names = {f.name for s in self.shards for files in (s.files, *(x.files for x in s.layers)) for f in files}
+        names = {f.name for s in self.shards for f in s.files}
+        names.update(f.name for s in self.shards if s.layers for layer in s.layers for f in layer.files)
         for name in names:
             _check_file_name(name)
 
@@ -278,34 +284,44 @@ class Manifest:
             raise _ERR(f"{_WHAT}: cel_columns {untyped} have no CEL type (expected one of {list(routing.CEL_TYPES)})")
 
     def _validate_shards(self, root: str) -> None:
-        own_prefix = layout.join(root, layout.shards_prefix(self.run_id))
+        # Once per shard, so per-shard work is string tests only: each run's prefix is built (and
+        # its run id validated) once; a 100k-shard manifest decodes within 2x its json.loads (§17).
+        own_prefix = self._run_prefix(root, self.run_id, {})
+        prefixes: dict[str, str] = {}
         seen: set[int] = set()
         for shard in self.shards:
-            if not 0 <= shard.db_id < self.num_dbs:
-                raise _ERR(f"{_WHAT}: shard db_id {shard.db_id} is outside [0, {self.num_dbs})")
-            if shard.db_id in seen:
-                raise _ERR(f"{_WHAT}: shard db_id {shard.db_id} appears more than once")
-            seen.add(shard.db_id)
+            db_id = shard.db_id
+            if not 0 <= db_id < self.num_dbs:
+                raise _ERR(f"{_WHAT}: shard db_id {db_id} is outside [0, {self.num_dbs})")
+            if db_id in seen:
+                raise _ERR(f"{_WHAT}: shard db_id {db_id} appears more than once")
+            seen.add(db_id)
             if shard.layers:
-                self._validate_layers(root, shard)
+                self._validate_layers(root, shard, prefixes)
             else:
-                own_db = layout.join(root, layout.shard_db_prefix(self.run_id, shard.db_id))
-                if not shard.db_url.startswith(own_db) or ".." in shard.db_url.split("/"):
+                own_db = own_prefix + layout.shard_db_dir(db_id)
+                if not shard.db_url.startswith(own_db) or _dotdot(shard.db_url):
                     raise _ERR(
-                        f"{_WHAT}: db_url {shard.db_url!r} of shard {shard.db_id} is not under this snapshot's "
+                        f"{_WHAT}: db_url {shard.db_url!r} of shard {db_id} is not under this snapshot's "
                         f"{own_prefix!r} in its own folder {own_db!r}"
                     )
             if shard.row_count < 0 or shard.byte_size < 0:
-                raise _ERR(f"{_WHAT}: shard {shard.db_id} has negative row_count or byte_size")
+                raise _ERR(f"{_WHAT}: shard {db_id} has negative row_count or byte_size")
 
-    def _validate_layers(self, root: str, shard: ShardEntry) -> None:
+    def _run_prefix(self, root: str, run_id: str, prefixes: dict[str, str]) -> str:
+        """``run_id``'s shard folder under ``root``, its run id validated on first use (memo: ``prefixes``)."""
+        prefix = prefixes.get(run_id)
+        if prefix is None:
+            prefix = prefixes[run_id] = layout.join(root, self._checked(functools.partial(layout.shards_prefix, run_id)))
+        return prefix
+
+    def _validate_layers(self, root: str, shard: ShardEntry, prefixes: dict[str, str]) -> None:
         """Each layer in its own run's folder for this shard, each run once, the newest one the entry's."""
         runs: set[str] = set()
         for i, layer in enumerate(shard.layers):
-            self._checked(functools.partial(layout.validate_run_id, layer.run_id))
+            own_db = self._run_prefix(root, layer.run_id, prefixes) + layout.shard_db_dir(shard.db_id)
             where = f"{_WHAT}: layer {i} ({layer.run_id!r}) of shard {shard.db_id}"
-            own_db = layout.join(root, layout.shard_db_prefix(layer.run_id, shard.db_id))
-            if not layer.db_url.startswith(own_db) or ".." in layer.db_url.split("/"):
+            if not layer.db_url.startswith(own_db) or _dotdot(layer.db_url):
                 raise _ERR(f"{where}: db_url {layer.db_url!r} is not in that run's folder {own_db!r}")
             if layer.run_id in runs:
                 raise _ERR(f"{where}: the run has a layer in this shard already")
@@ -366,7 +382,13 @@ class Manifest:
 
     def layer_run_ids(self) -> set[str]:
         """Every run whose shard files this snapshot reads: its own and, in a chain, earlier ones."""
-        return {layer.run_id for s in self.shards for layer in s.all_layers()} | {self.run_id}
+        # Asked on every refresh of every reader (and by cleanup, history, publish) of an immutable
+        # manifest: worked out once per manifest, as ``_by_id``.
+        cached = self.__dict__.get("_layer_runs_cache")
+        if cached is None:
+            cached = frozenset({layer.run_id for s in self.shards for layer in s.all_layers()} | {self.run_id})
+            object.__setattr__(self, "_layer_runs_cache", cached)
+        return set(cached)
 
     def layer_bytes(self, run_id: str) -> int:
         """Bytes of the layers ``run_id`` wrote that this snapshot reads."""

@@ -54,8 +54,9 @@ class CurrentPointer:
                 f"{_WHAT}: manifest_ref {self.manifest_ref!r} is not a manifest of run {self.run_id!r} under {root}/manifests/"
             )
 
-    def check_manifest_bytes(self, data: bytes) -> None:
-        """Refuse manifest bytes that are not the ones this pointer was written for."""
+    def check_manifest_bytes(self, data: bytes, checksum: str | None = None) -> None:
+        """Refuse manifest bytes that are not the ones this pointer was written for (``checksum``: the
+        bytes' ``bytes_checksum`` if the caller has it, so a large manifest is hashed once)."""
         from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
 
         if self.manifest_size is not None and len(data) != self.manifest_size:
@@ -63,7 +64,11 @@ class CurrentPointer:
                 f"manifest {self.manifest_ref} is {len(data)} bytes but _CURRENT recorded {self.manifest_size}: "
                 "it was changed after publishing; refusing to follow it"
             )
-        if self.manifest_checksum is not None and bytes_checksum(data, self.manifest_checksum) != self.manifest_checksum:
+        if self.manifest_checksum is None:
+            return
+        if checksum is None or checksum.split(":", 1)[0] != self.manifest_checksum.split(":", 1)[0]:
+            checksum = bytes_checksum(data, self.manifest_checksum)
+        if checksum != self.manifest_checksum:
             raise ManifestValidationError(
                 f"manifest {self.manifest_ref} does not match the checksum _CURRENT recorded: it was changed after "
                 "publishing; refusing to follow it"

@@ -256,12 +256,12 @@ class SnapshotRoot:
         """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
         ref = self.manifest_ref(pointer.manifest_ref)
         data = self.store.get(ref.key).data
-        pointer.check_manifest_bytes(data)
         checksum = bytes_checksum(data)
+        pointer.check_manifest_bytes(data, checksum)
         cached = self._cached(checksum)
         if cached is not None and cached.manifest.run_id == pointer.run_id:
             return cached
-        return self._resolve(manifest_for_pointer(pointer, data, self.root), checksum)
+        return self._resolve(manifest_for_pointer(pointer, data, self.root, checksum=checksum), checksum)
 
     def read_manifest_document(self, ref: ManifestRef | str) -> Manifest:
         """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
@@ -448,14 +448,15 @@ def base_document(doc: Manifest, data: bytes, root: str) -> Manifest:
     return manifest_document(doc.base_manifest_ref or "", parsed.run_id, data, root)
 
 
-def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Manifest:
+def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str, *, checksum: str | None = None) -> Manifest:
     """Check manifest bytes against the pointer that names them (pure: async callers read the bytes).
 
     The bytes must be the ones the pointer recorded (checksum and size), of the pointer's run, and
     every ``db_url`` must lie in its own shard folder under ``root``: ``Manifest.validate`` checks
     them against the manifest's own ``output_uri``, which a tampered manifest could change too.
+    ``checksum``: the bytes' checksum if the caller computed it already.
     """
-    pointer.check_manifest_bytes(data)
+    pointer.check_manifest_bytes(data, checksum)
     manifest = parse_manifest_bytes(pointer.manifest_ref, data)
     if manifest.run_id != pointer.run_id:
         raise ManifestValidationError(
@@ -467,19 +468,19 @@ def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str) -> Man
 
 def check_shard_urls(manifest: Manifest, root: str, where: str) -> None:
     """Every ``db_url`` in its own run's shard folder under ``root`` (not only under the manifest's own
-    ``output_uri``, which a tampered manifest could change too)."""
+    ``output_uri``, which a tampered manifest could change too). Once per shard and layer of every
+    manifest read: each run's folder is built once, each URL then costs string tests."""
+    prefixes: dict[str, str] = {}
     for shard in manifest.shards:
         # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
         for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
-            own_prefix = layout.join(root, layout.shards_prefix(run_id))
-            parsed = None
-            if db_url.startswith(own_prefix):
-                try:
-                    parsed = layout.parse_shard_key(layout.relative_key(root, db_url))
-                except ManifestValidationError:
-                    parsed = None
-            if parsed is None or parsed.run_id != run_id or parsed.db_id != shard.db_id:
+            own_prefix = prefixes.get(run_id)
+            if own_prefix is None:
+                own_prefix = prefixes[run_id] = layout.join(root, layout.shards_prefix(run_id))
+            own_db = own_prefix + layout.shard_db_dir(shard.db_id)
+            if not db_url.startswith(own_db) or any(
+                    part in ("", ".", "..") for part in db_url[len(own_db):].rstrip("/").split("/")):
                 raise ManifestValidationError(
                     f"{where}: db_url {db_url!r} of shard {shard.db_id} is not under this "
-                    f"snapshot's {own_prefix}db={shard.db_id:05d}/; refusing to read it"
+                    f"snapshot's {own_db}; refusing to read it"
                 )

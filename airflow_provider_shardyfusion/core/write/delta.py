@@ -28,8 +28,21 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry
 
 __all__ = [
-    "COMPACT_RUN_ROWS", "LAYER_FILE", "BuiltLayer", "Change", "LayerCounts", "LayerResult", "base_exists", "chain_shards",
-    "chain_stats", "count_changes", "merged_items", "select_layer_winners", "sorted_changes", "write_compacted_layer",
+    "COMPACT_RUN_ROWS",
+    "LAYER_FILE",
+    "BuiltLayer",
+    "Change",
+    "LayerCounts",
+    "LayerResult",
+    "TaskBase",
+    "base_exists",
+    "chain_shards",
+    "chain_stats",
+    "count_changes",
+    "merged_items",
+    "select_layer_winners",
+    "sorted_changes",
+    "write_compacted_layer",
     "write_delta_layer",
 ]
 
@@ -297,3 +310,52 @@ def chain_stats(base: Manifest, shards: tuple[ShardEntry, ...], winners: dict[in
             "num_dbs": base.num_dbs, "empty_shards": base.num_dbs - len(shards), "shards_written": len(written),
             "layer_bytes": sum(f.size for w in written for f in w.files), "base_run_id": base.run_id,
             "base_rows": base.row_count, **totals}
+
+
+class TaskBase:
+    """The base shards one task's delta reads, ingested into ONE local database in ``folder``.
+
+    A key routes to exactly one shard, so one database answers each shard's ``base_exists``
+    exactly, and a task creates one database instead of one per shard: at 1000s of small shards,
+    creating, filling and closing a RocksDB per shard (through a reader and its cache) cost more
+    than the layers themselves. Each file is verified against the base manifest (size, checksum)
+    before it is ingested; a shard's layers go in oldest first, so a newer put or tombstone wins as
+    in a reader. For existence checks only: iterating it would mix the task's shards.
+    """
+
+    def __init__(self, store: Any, base: Manifest, folder: str):
+        self.store, self.base, self.folder = store, base, folder
+        self._db: Any = None
+        self._files = 0
+
+    def shard_db(self, db_id: int) -> Any:
+        """The database holding base shard ``db_id`` (None when the base has no such shard)."""
+        from rocksdict import IngestExternalFileOptions, Rdict
+
+        from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
+
+        shard = self.base.shard(db_id)
+        if shard is None:
+            return None
+        if self._db is None:
+            opts = rocksdb_options(auto_compactions=False)
+            # Files of many shards overlap in key range and all land in level 0: never stall on them.
+            opts.set_level_zero_slowdown_writes_trigger(1 << 30)
+            opts.set_level_zero_stop_writes_trigger(1 << 30)
+            self._db = Rdict(os.path.join(self.folder, "db"), opts)
+        how = IngestExternalFileOptions()
+        how.set_move_files(True)
+        for layer in shard.all_layers():
+            for f in layer.files:
+                local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
+                self._files += 1
+                self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
+                checksum.verify_file(local, f.size, f.checksum,
+                                     source=f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})")
+                self._db.ingest_external_file([local], how)
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
