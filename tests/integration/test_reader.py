@@ -763,6 +763,26 @@ def test_close_releases_everything(file_root):
             call()
 
 
+
+def test_max_open_shards_bounds_open_files_and_reopens_without_downloading(file_root, monkeypatch):
+    rows = {i: _value(i) for i in range(80)}
+    build_snapshot(file_root, rows.items(), num_dbs=8, shard_layout="sst")
+    with ShardedReader(file_root, max_open_shards=3) as reader:
+        downloads = _count_downloads(reader)
+        assert {k: reader.get(k) for k in rows} == rows
+        assert reader.multi_get(list(rows)) == list(rows.values())
+        assert len(reader._state.handles) == 3
+        assert len(_open_files_under(reader.cache_dir)) == 3  # one SST per shard here
+        assert max(downloads.values()) == 1 and len(downloads) == 8  # a reopen reads the cache
+        checked: list[str] = []
+        monkeypatch.setattr(shard_cache, "verify_file", lambda path, *a, **kw: checked.append(path))
+        assert [reader.get(k) for k in range(10)] == [rows[k] for k in range(10)]
+        assert checked == []  # nor hashes the copy it verified itself again
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ReaderError, match="max_open_shards"):
+            ShardedReader(file_root, max_open_shards=bad)  # type: ignore[arg-type]
+
+
 # ---- CEL routing ------------------------------------------------------------------------------
 
 

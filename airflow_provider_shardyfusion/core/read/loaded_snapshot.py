@@ -1,4 +1,4 @@
-"""One snapshot a reader follows: its manifest, key locator, and the shard handles opened so far.
+"""One snapshot a reader follows: its manifest, key locator, and the shard handles open now.
 
 A reader holds a single reference to a ``LoadedSnapshot``. ``refresh()`` builds a complete new one
 and swaps the reference, then retires the old one: reads still on it raise ``StaleSnapshot`` at
@@ -7,7 +7,9 @@ their next shard open and retry on the current snapshot.
 Retired shard handles are never closed explicitly: rocksdict refuses ``close()`` while another
 thread is inside a read of the same handle ("Already borrowed"), and the read would then fail.
 Instead the retired snapshot drops its handles and each one closes (rocksdict closes on
-deallocation) as soon as the last read still using it returns.
+deallocation) as soon as the last read still using it returns. A handle evicted to keep at most
+``max_open`` shards open closes the same way: each open database holds a descriptor per SST file,
+so a reader with every shard of thousands open runs out of descriptors (issue #26).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ class StaleSnapshot(Exception):
 
 
 class LoadedSnapshot:
-    """One followed snapshot: its manifest, how its keys are located, the shard handles opened so far.
+    """One followed snapshot: its manifest, how its keys are located, the shard handles open now.
 
-    Not a frozen dataclass on purpose: ``handles`` fills lazily. Everything else is fixed at
-    construction. ``handles`` is read without a lock (a dict lookup is atomic in CPython) and
-    written only under the shard's lock and ``mutex``.
+    Not a frozen dataclass on purpose: ``handles`` fills lazily, holding at most ``max_open``
+    (the least recently opened is dropped first: a hit costs no bookkeeping), and ``paths`` keeps
+    the local folder of every shard built or verified for it, to reopen an evicted shard without
+    checking it again. Everything else is fixed at construction. ``handles`` is read without a lock
+    (a dict lookup is atomic in CPython) and written only under the shard's lock and ``mutex``.
     """
 
     __slots__ = (
@@ -50,7 +54,9 @@ class LoadedSnapshot:
         "handles",
         "locate",
         "manifest",
+        "max_open",
         "mutex",
+        "paths",
         "pointer",
         "retired",
         "run_id",
@@ -58,7 +64,7 @@ class LoadedSnapshot:
         "shards",
     )
 
-    def __init__(self, pointer: CurrentPointer, manifest: Manifest):
+    def __init__(self, pointer: CurrentPointer, manifest: Manifest, *, max_open: int):
         self.pointer = pointer
         self.manifest = manifest
         self.run_id = manifest.run_id
@@ -69,6 +75,8 @@ class LoadedSnapshot:
             )
         self.shards: dict[int, ShardEntry] = {s.db_id: s for s in manifest.shards}
         self.handles: dict[int, Rdict] = {}
+        self.max_open = max_open
+        self.paths: dict[int, str] = {}
         # One lock per shard: a shard is downloaded once however many threads want it.
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
         self.mutex = threading.Lock()
@@ -85,6 +93,8 @@ class LoadedSnapshot:
         with self.mutex:
             if self.retired:
                 raise StaleSnapshot()
+            while len(self.handles) >= self.max_open:
+                del self.handles[next(iter(self.handles))]  # closes once no read uses it (see above)
             self.handles[db_id] = db
 
     def retire(self) -> None:

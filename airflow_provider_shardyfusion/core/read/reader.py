@@ -12,6 +12,7 @@ old snapshot or the new one, never a mix. Locks are only taken to open a cold sh
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
-__all__ = ["RefreshReport", "ShardedReader"]
+__all__ = ["RefreshReport", "ShardedReader", "default_max_open_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,11 @@ class ShardedReader:
     this is compacted in the cache once built, so look-ups on a deep chain cost about what they
     cost on a compacted snapshot, paid once per build in CPU and transient disk (up to the shard's
     size again). None keeps every layer as it is (cheapest builds, one more file per look-up per layer).
+    ``max_open_shards``: how many shard databases stay open at once (each holds a file descriptor per
+    SST file); past it the least recently opened one is closed and reopened on its next read, from
+    the cache and without checking it again. ``refresh()`` builds every changed shard the reader had
+    open but opens in the new snapshot only as many as fit within this bound next to the old one's.
+    None: an eighth of the process's soft open-files limit (``RLIMIT_NOFILE``), at least 16.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -77,6 +83,7 @@ class ShardedReader:
         storage_options: StorageOptions | Mapping[str, Any] | None = None,
         manifest_ref: str | None = None,
         max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
+        max_open_shards: int | None = None,
     ):
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
@@ -89,6 +96,10 @@ class ShardedReader:
         if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
                                              or max_local_layers < 1):
             raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
+        if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int)
+                                            or max_open_shards < 1):
+            raise ReaderError(f"max_open_shards must be a positive integer or None, got {max_open_shards!r}")
+        self._max_open_shards = max_open_shards if max_open_shards is not None else default_max_open_shards()
         self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers)
         self.last_refresh: RefreshReport | None = None
         try:
@@ -245,21 +256,25 @@ class ShardedReader:
                 self._check_swapped(state)
 
     def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
-        """Open in ``new`` every shard ``old`` served that is part of ``new``'s chain; return how many changed.
+        """Build in ``new`` every shard ``old`` serves that is part of ``new``'s chain; return how many changed.
 
         While the served copy still exists, a changed shard is built on it by ingesting only the
         layers it lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay
-        cold as before.
+        cold as before. Only as many are opened as fit within ``max_open_shards`` next to the
+        handles ``old`` keeps open until the swap; the others open on their first read.
         """
         rebuilt = 0
-        for db_id in list(old.handles):
+        for db_id in list(old.paths):  # every shard it served, open now or closed to stay within the bound
             entry, before = new.shards.get(db_id), old.shards.get(db_id)
             if entry is None or before is None or not entry.layers:
                 continue
             prefix = before.all_layers()
             if entry.layers[:len(prefix)] != prefix:
                 continue  # not built on what is served (a rollback, another chain): stays cold
-            self._cache.open_shard(new, db_id)
+            if len(old.handles) + len(new.handles) < self._max_open_shards:
+                self._cache.open_shard(new, db_id)
+            else:
+                self._cache.build_shard(new, db_id)
             rebuilt += len(entry.layers) > len(prefix)
         return rebuilt
 
@@ -346,4 +361,13 @@ class ShardedReader:
 
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer))
+        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer), max_open=self._max_open_shards)
+
+
+def default_max_open_shards() -> int:
+    """An eighth of the soft open-files limit: room for shards of several SSTs each, the old snapshot's
+    handles during a refresh, and the rest of the process."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(16, soft // 8)

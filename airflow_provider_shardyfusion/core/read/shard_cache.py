@@ -5,7 +5,9 @@ and checksum checked) into a private staging folder and renamed into place; a sh
 SST files only (``shard_layout`` "sst") is first ingested, in the manifest's file order, into a
 fresh database there. A marker file records what was verified, and a cached copy is re-checked
 against it on every reuse, except that a refresh builds on the database this very cache built or
-verified (the one it serves) without hashing it again. The copy is opened with rocksdict in raw mode.
+verified (the one it serves) without hashing it again, and so does the reopening of a shard whose
+handle was closed to stay within the reader's ``max_open_shards``. The copy is opened with rocksdict
+in raw mode, read-only.
 
 Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
 only when no shard download of that run is in flight; otherwise the last such download deletes
@@ -126,6 +128,14 @@ class ShardCache:
         db = snapshot.handles.get(db_id)
         if db is not None:
             return db
+        return self._prepare(snapshot, db_id, open_it=True)
+
+    def build_shard(self, snapshot: LoadedSnapshot, db_id: int) -> None:
+        """Download or build shard ``db_id`` of ``snapshot`` into the cache without opening it (no descriptor held)."""
+        if db_id not in snapshot.handles and db_id not in snapshot.paths:
+            self._prepare(snapshot, db_id, open_it=False)
+
+    def _prepare(self, snapshot: LoadedSnapshot, db_id: int, *, open_it: bool) -> Rdict | None:
         shard = snapshot.shards.get(db_id)
         if shard is None:
             return None
@@ -135,7 +145,12 @@ class ShardCache:
                 return db
             self._begin_download(snapshot)
             try:
-                path = self._layered_copy(snapshot, shard) if shard.layers else self._local_copy(snapshot, shard)
+                path = snapshot.paths.get(db_id)
+                if path is None or not self._trusted_now(path):
+                    path = self._layered_copy(snapshot, shard) if shard.layers else self._local_copy(snapshot, shard)
+                    snapshot.paths[db_id] = path
+                if not open_it:
+                    return None
                 try:
                     db = Rdict(path, rocksdb_options(), access_type=AccessType.read_only(False))
                 except Exception as exc:

@@ -1,0 +1,92 @@
+"""A reader stays within a bounded number of open file descriptors whatever the shard count (issue #26).
+
+Each open shard database holds a descriptor per SST file, and a refresh used to open every changed
+shard of the new snapshot next to the old snapshot's: at 4000 shards a follower ran out of
+descriptors. The reader here runs in a child process whose soft ``RLIMIT_NOFILE`` is lowered below
+what "every shard open twice" needs; snapshots are real (``tests.snapshot_factory``: shard databases
+and delta layers written by ``core``), on the local store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from airflow_provider_shardyfusion.core.model.routing import route_key
+from tests.snapshot_factory import build_delta, build_snapshot
+
+NUM_DBS = 300
+KEYS_PER_SHARD = 4
+# A base shard is one SST, a changed one two (base + layer): every shard open in both snapshots
+# needs ~900 descriptors. 512 leaves a bounded reader (64 shards by default) plenty.
+NOFILE_LIMIT = 512
+
+_CHILD = textwrap.dedent("""
+    import json, os, resource, sys
+    root, delta_key, delta_run, model_path, limit = sys.argv[1:]
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit), hard))
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.storage import open_store
+    from tests.snapshot_factory import publish_current
+
+    def descriptors():
+        return len(os.listdir("/proc/self/fd"))
+
+    with open(model_path) as fh:
+        models = json.load(fh)
+    idle = descriptors()
+    out = {"idle": idle}
+    with ShardedReader(root) as reader:
+        before = {k: reader.get(int(k)) for k in models["base"]}
+        out["every_base_shard_read"] = descriptors()
+        publish_current(open_store(root), delta_key, delta_run)
+        out["swapped"] = reader.refresh()
+        out["run_id"] = reader.run_id
+        out["after_refresh"] = descriptors()
+        after = {k: reader.get(int(k)) for k in models["delta"]}
+        out["every_delta_shard_read"] = descriptors()
+        out["max_open_shards"] = reader._max_open_shards
+    out["before"] = {k: v.decode() for k, v in before.items()}
+    out["after"] = {k: v.decode() for k, v in after.items()}
+    print(json.dumps(out))
+""")
+
+
+def test_refresh_of_a_delta_changing_every_shard_stays_within_the_descriptor_limit(file_root, tmp_path):
+    keys: dict[int, list[int]] = {}
+    key = 0
+    while len(keys) < NUM_DBS or min(len(v) for v in keys.values()) < KEYS_PER_SHARD:
+        keys.setdefault(route_key(key, NUM_DBS), []).append(key)
+        key += 1
+    base = {k: f"base-{k}" for shard_keys in keys.values() for k in shard_keys}
+    build_snapshot(file_root, [(k, v.encode()) for k, v in base.items()], num_dbs=NUM_DBS, run_id="base",
+                   shard_layout="sst")
+    upserts = {shard_keys[0]: f"delta-{shard_keys[0]}" for shard_keys in keys.values()}  # every shard changes
+    delta = build_delta(file_root, upserts, run_id="delta", publish=False)
+    assert len(delta.manifest.shards) == NUM_DBS
+    models = {"base": base, "delta": {**base, **upserts}}
+    model_path = tmp_path / "models.json"
+    model_path.write_text(json.dumps(models))
+
+    repo = str(Path(__file__).resolve().parents[2])  # the child imports tests.snapshot_factory
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, file_root, delta.manifest_key, delta.run_id, str(model_path), str(NOFILE_LIMIT)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("descriptors:", {k: got[k] for k in ("idle", "every_base_shard_read", "after_refresh",
+                                                 "every_delta_shard_read", "max_open_shards")})
+    assert got["swapped"] and got["run_id"] == "delta"
+    assert got["before"] == {str(k): v for k, v in models["base"].items()}
+    assert got["after"] == {str(k): v for k, v in models["delta"].items()}
+    # Bounded: never more shard databases open than the bound, whatever the shard count.
+    assert got["max_open_shards"] < NUM_DBS
+    assert max(got["every_base_shard_read"], got["after_refresh"], got["every_delta_shard_read"]) \
+        <= got["idle"] + 3 * got["max_open_shards"]
