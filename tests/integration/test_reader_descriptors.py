@@ -90,3 +90,24 @@ def test_refresh_of_a_delta_changing_every_shard_stays_within_the_descriptor_lim
     assert got["max_open_shards"] < NUM_DBS
     assert max(got["every_base_shard_read"], got["after_refresh"], got["every_delta_shard_read"]) \
         <= got["idle"] + 3 * got["max_open_shards"]
+
+
+def test_a_reader_on_a_db_layout_base_refreshes_to_a_delta(file_root):
+    """A full snapshot in the default ``db`` layout (each shard a downloaded RocksDB folder), followed
+    by a reader that then refreshes to a delta: the changed shards are built on the cached base copies."""
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from airflow_provider_shardyfusion.core.storage import open_store
+    from tests.snapshot_factory import publish_current
+
+    num_dbs = 4
+    base = {k: f"base-{k}".encode() for k in range(40)}
+    build_snapshot(file_root, list(base.items()), num_dbs=num_dbs, run_id="base")
+    upserts = {k: f"delta-{k}" for k in range(0, 40, 3)}
+    delta = build_delta(file_root, upserts, run_id="delta", publish=False)
+    with ShardedReader(file_root) as reader:
+        assert {k: reader.get(k) for k in base} == base
+        publish_current(open_store(file_root), delta.manifest_key, delta.run_id)
+        assert reader.refresh() and reader.run_id == "delta"
+        expected = {**base, **{k: v.encode() for k, v in upserts.items()}}
+        got = {k: reader.get(k) for k in expected}
+    assert got == expected

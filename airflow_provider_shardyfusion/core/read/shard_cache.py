@@ -556,7 +556,11 @@ def _clone_db(source: str, into: str) -> dict[str, tuple[int, int, str]]:
     that are still those very inodes after ingestion, instead of hashing the shard again.
     """
     with open(os.path.join(source, _MARKER), encoding="utf-8") as fh:
-        recorded = {str(f["name"]): (int(f["size"]), str(f["checksum"])) for f in json.load(fh)["local_files"]}
+        marker = json.load(fh)
+    # An ingested shard records its local files; a downloaded database ("db" layout) is its manifest
+    # entry, whose files were verified one for one.
+    listed = marker.get("local_files") if "local_files" in marker else marker.get("files", ())
+    recorded = {str(f["name"]): (int(f["size"]), str(f["checksum"])) for f in listed}
     linked: dict[str, tuple[int, int, str]] = {}
     for name in os.listdir(source):
         path = os.path.join(source, name)
