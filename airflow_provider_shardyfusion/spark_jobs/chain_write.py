@@ -254,9 +254,8 @@ def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: in
                  task_attempt_id: int | None, faults: Faults) -> Iterator[dict[str, Any]]:
     """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
     a compaction's for every shard of the task."""
-    from ..core.errors import ShardAssignmentError
     from .routing_task import SHARD_ID_COL
-    from .shard_task import shard_runs, shards_of_task
+    from .shard_task import in_task_order, shard_runs, shards_of_task
 
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
     if plan.has_input:
@@ -264,15 +263,9 @@ def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: in
     else:
         collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
         runs = ((db_id, iter(())) for db_id in expected)
-    previous = -1
     with task_base(plan) as base:
-        for db_id, group in runs:
-            if db_id not in expected or db_id <= previous:
-                raise ShardAssignmentError(
-                    f"partition {task} received a row of shard {db_id} after shard {previous}; it writes the layers "
-                    f"of shards {expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
-                )
-            previous = db_id
+        for db_id, group in in_task_order(runs, task=task, expected=expected, num_dbs=plan.num_dbs,
+                                          writes="the layers of shards"):
             faults.before_shard_write(db_id, attempt)
             out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base)
             faults.after_shard_write(db_id, attempt, plan.run_id)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
-    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "make_write_fn", "sample_value", "shard_runs",
+    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "in_task_order", "make_write_fn", "sample_value", "shard_runs",
     "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
 ]
 
@@ -201,10 +201,26 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
         yield db_id, (b for _, b in group)
 
 
+def in_task_order(runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]], *, task: int, expected: range, num_dbs: int,
+                  writes: str) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+    """``runs`` of one task, checked to be its own shards in increasing id order."""
+    from ..core.errors import ShardAssignmentError
+
+    previous = -1
+    for db_id, group in runs:
+        if db_id not in expected or db_id <= previous:
+            # Spark's sort by shard id makes each id one run; anything else means partitioning broke.
+            raise ShardAssignmentError(
+                f"partition {task} received a row of shard {db_id} after shard {previous}; it writes {writes} "
+                f"{expected.start}..{expected.stop - 1} of {num_dbs} in id order"
+            )
+        previous = db_id
+        yield db_id, group
+
+
 def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
                       task_attempt_id: int | None, faults: Faults = NO_FAULTS) -> Iterator[TaskResult]:
     """Write the shards of one partition, in id order, one after another; one result each."""
-    from ..core.errors import ShardAssignmentError
     from ..core.storage import open_store
     from ..core.storage.rate_limit import WriteLimiter
 
@@ -212,16 +228,9 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
     # One bucket per task, as with one shard per task: its shards are written one at a time.
     limiter = WriteLimiter(plan.max_writes_per_second, plan.max_write_bytes_per_second)
-    previous = -1
     store = None
-    for db_id, group in shard_runs(batches, plan.shard_id_column):
-        if db_id not in expected or db_id <= previous:
-            # Spark's sort by shard id makes each id one run; anything else means partitioning broke.
-            raise ShardAssignmentError(
-                f"partition {task} received a row of shard {db_id} after shard {previous}; it writes shards "
-                f"{expected.start}..{expected.stop - 1} of {plan.num_dbs} in id order"
-            )
-        previous = db_id
+    for db_id, group in in_task_order(shard_runs(batches, plan.shard_id_column), task=task, expected=expected,
+                                      num_dbs=plan.num_dbs, writes="shards"):
         if store is None:  # one client per task (an S3 client costs far more than a small shard)
             store = open_store(plan.output_uri, plan.storage_options)
         faults.before_shard_write(db_id, attempt)
