@@ -2,9 +2,10 @@
 
 The driver resolves the base run, takes its routing, encodings and shard count, routes the changed
 rows with the base's sharding and partitions them by shard id (partition index == shard id, as for
-full writes). Each task reads its base shard through the reader (verified download of its layers)
-to learn which changed keys exist, and writes one layer: the change (delta) or the whole merged
-shard (compaction). Shards without changes get no task output in a delta and keep their layers.
+full writes). Each task downloads its base shards (every layer verified) into one local database
+(``core.write.delta.TaskBase``, ``core.write.compaction.TaskCompaction``) to learn which changed
+keys exist, and writes one layer per shard: the change (delta) or the whole merged shard
+(compaction, every shard of the task). Shards without changes get no layer in a delta and keep theirs.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ..core.model.config import WriteConfig
     from ..core.model.manifest import Manifest
     from ..core.model.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.write.compaction import TaskCompaction
     from ..core.write.delta import BuiltLayer, TaskBase
 
 __all__ = [
@@ -173,20 +175,27 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
 
 
 @contextlib.contextmanager
-def task_base(plan: ChainPlan) -> Iterator[TaskBase | None]:
-    """For a delta, the one local database of the base shards this task reads (``core.write.delta.TaskBase``)."""
+def task_base(plan: ChainPlan) -> Iterator[TaskBase | TaskCompaction]:
+    """The one local database of the base shards this task reads: a delta's for its existence
+    checks (``core.write.delta.TaskBase``), a compaction's to merge them one at a time
+    (``core.write.compaction.TaskCompaction``)."""
     from ..core.model.snapshot import SnapshotRoot
     from ..core.storage import open_store
+    from ..core.write.compaction import TaskCompaction
     from ..core.write.delta import TaskBase
 
-    if plan.compact:  # a compaction iterates each base shard: a database of its own (the reader's)
-        yield None
-        return
     store = open_store(plan.output_uri, plan.storage_options)
     base = SnapshotRoot(store).read_manifest(plan.base_manifest_ref)  # decoded once per process
-    # A delta's base shards are read for existence only; in memory they cost no fsync.
-    folder = scratch.memory_workdir(0, 1, prefix="shardyfusion-base-") or tempfile.mkdtemp(prefix="shardyfusion-base-")
-    shared = TaskBase(store, base, folder)
+    shared: TaskBase | TaskCompaction
+    if plan.compact:  # in memory when the largest shard fits as its layer would
+        largest = max((s.byte_size for s in base.shards), default=0)
+        folder = scratch.memory_workdir(largest, LAYER_MEMORY_MAX_BYTES, prefix="shardyfusion-compact-") \
+            or tempfile.mkdtemp(prefix="shardyfusion-compact-")
+        shared = TaskCompaction(store, base, folder)
+    else:
+        # A delta's base shards are read for existence only; in memory they cost no fsync.
+        folder = scratch.memory_workdir(0, 1, prefix="shardyfusion-base-") or tempfile.mkdtemp(prefix="shardyfusion-base-")
+        shared = TaskBase(store, base, folder)
     try:
         yield shared
     finally:
@@ -195,12 +204,11 @@ def task_base(plan: ChainPlan) -> Iterator[TaskBase | None]:
 
 
 def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
-                task_attempt_id: int | None, base: TaskBase | None = None) -> dict[str, Any]:
+                task_attempt_id: int | None, base: TaskBase | TaskCompaction) -> dict[str, Any]:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it.
 
-    ``base``: a delta's base shards of this task (``task_base``); None for a compaction."""
+    ``base``: the base shards of this task (``task_base``)."""
     from ..core.errors import ShardWriteError, ShardyfusionError
-    from ..core.read.reader import ShardedReader
     from ..core.storage import open_store
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
@@ -211,25 +219,21 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
     prefix = f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-"
-    # A delta's layer is its change, built in memory where there is room: SstFileWriter.finish's
-    # fsync on a busy disk cost more than the layer (thousands of shards).
-    change_bytes = 0 if plan.compact else sum(len(c.key) + len(c.value or b"") for c in changes)
-    work = (None if plan.compact else scratch.memory_workdir(change_bytes, LAYER_MEMORY_MAX_BYTES, prefix=prefix)) \
-        or tempfile.mkdtemp(prefix=prefix)
+    # A layer is built in memory where there is room: SstFileWriter.finish's fsync on a busy disk
+    # cost more than the layer (thousands of shards). A delta's is its change; a compacted one at
+    # most the base shard and the change.
+    entry = base.base.shard(db_id)
+    layer_bytes = sum(len(c.key) + len(c.value or b"") for c in changes) \
+        + (entry.byte_size if plan.compact and entry is not None else 0)
+    work = scratch.memory_workdir(layer_bytes, LAYER_MEMORY_MAX_BYTES, prefix=prefix) or tempfile.mkdtemp(prefix=prefix)
     try:
         folder = os.path.join(work, "layer")
         built: BuiltLayer | None
         if not plan.compact:
-            assert base is not None  # task_base gives a delta its base
-            entry = base.base.shard(db_id)
             built = write_delta_layer(folder, changes, base_db=base.shard_db(db_id),
                                       base_rows=entry.row_count if entry is not None else 0)
         else:
-            # One pass over the base shard: a local compaction first would cost more than it saves.
-            with ShardedReader(plan.output_uri, storage_options=plan.storage_options,
-                               manifest_ref=plan.base_manifest_ref, cache_dir=os.path.join(work, "base"),
-                               max_local_layers=None) as reader:
-                built = write_compacted_layer(folder, changes, base_db=reader.open_shard(db_id))
+            built = write_compacted_layer(folder, changes, base_db=base.shard_db(db_id))
         if built is None:  # compacted to nothing: an empty shard
             return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
         for f in built.files:
@@ -250,6 +254,20 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _every_shard(runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
+                 expected: range) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+    """``runs`` (in id order) with an empty one for each shard of ``expected`` they lack: a
+    compaction writes every shard of its task, changed or not (an auto-compacted delta's rows
+    reach only the shards they change)."""
+    pending = next(runs, None)
+    for db_id in expected:
+        if pending is not None and pending[0] == db_id:
+            yield pending
+            pending = next(runs, None)
+        else:
+            yield db_id, iter(())
+
+
 def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
                  task_attempt_id: int | None, faults: Faults) -> Iterator[dict[str, Any]]:
     """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
@@ -262,10 +280,12 @@ def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: in
         runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]] = shard_runs(batches, SHARD_ID_COL)
     else:
         collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
-        runs = ((db_id, iter(())) for db_id in expected)
+        runs = iter(())
+    runs = in_task_order(runs, task=task, expected=expected, num_dbs=plan.num_dbs, writes="the layers of shards")
+    if plan.compact:
+        runs = _every_shard(runs, expected)
     with task_base(plan) as base:
-        for db_id, group in in_task_order(runs, task=task, expected=expected, num_dbs=plan.num_dbs,
-                                          writes="the layers of shards"):
+        for db_id, group in runs:
             faults.before_shard_write(db_id, attempt)
             out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base)
             faults.after_shard_write(db_id, attempt, plan.run_id)

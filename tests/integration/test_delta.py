@@ -521,3 +521,20 @@ def test_many_small_shards_share_layer_tasks_and_read_back_exactly(spark, tmp_pa
     assert len({s.task_attempt_id for s in compacted.shards}) <= 16
     with ShardedReader(file_root) as reader:
         chain.check(reader, absent=deletes)
+
+
+def test_automatic_compaction_over_task_ranges_keeps_unchanged_shards(spark, tmp_path, file_root):
+    """A delta written compacted (merge + change in one job) on 40 shards in 16 tasks: its rows reach
+    2 shards, yet every shard of every task is compacted. Each task used to write only the shards
+    its rows reached, and the compacted manifest lost the other 38 with their rows."""
+    chain = Chain(spark, tmp_path, file_root, None)
+    chain.write("full", {k: f"v0-{k}" for k in range(400)}, num_dbs=40)
+    chain.write("delta", {1: "d1"}, [2], max_chain_depth=1)
+    chain.write("delta", {3: "d2", 1000: "new"}, [4], max_chain_depth=1)  # the base is at the limit
+    manifest = chain.manifest()
+    assert manifest.write_mode == "compact" and manifest.chain_depth == 0
+    assert len(manifest.shards) == 40 and manifest.row_count == len(chain.model) == 399
+    assert len({s.task_attempt_id for s in manifest.shards}) <= 16
+    with ShardedReader(file_root) as reader:
+        chain.check(reader, absent=[2, 4])
+        assert sum(reader.open_shard(s.db_id) is not None for s in manifest.shards) == 40
