@@ -2,9 +2,10 @@
 
 The driver resolves the base run, takes its routing, encodings and shard count, routes the changed
 rows with the base's sharding and partitions them by shard id (partition index == shard id, as for
-full writes). Each task reads its base shard through the reader (verified download of its layers)
-to learn which changed keys exist, and writes one layer: the change (delta) or the whole merged
-shard (compaction). Shards without changes get no task output in a delta and keep their layers.
+full writes). A delta task reads the key indexes of its base shards (``core.write.delta.TaskBase``)
+to learn which changed keys exist, a compaction task its base shard through the reader; each
+writes one layer: the change (delta) or the whole merged shard (compaction). Shards without
+changes get no task output in a delta and keep their layers.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
 
     ``base``: a delta's base shards of this task (``task_base``); None for a compaction."""
     from ..core.errors import ShardWriteError, ShardyfusionError
+    from ..core.model.manifest import stored_files
     from ..core.read.reader import ShardedReader
     from ..core.storage import open_store
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
@@ -232,13 +234,13 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
                 built = write_compacted_layer(folder, changes, base_db=reader.open_shard(db_id))
         if built is None:  # compacted to nothing: an empty shard
             return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
-        for f in built.files:
+        for f in stored_files(built.files, built.key_index):
             store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
         log.info("shard %d attempt %d: %s layer of %d file(s), %d bytes, %s -> %d rows, written to %s", db_id, attempt,
                  "compacted" if plan.compact else "delta", len(built.files), built.byte_size, built.counts.to_dict(),
                  built.row_count, db_url)
         return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=db_url,
-                           row_count=built.row_count, files=built.files, counts=built.counts,
+                           row_count=built.row_count, files=built.files, key_index=built.key_index, counts=built.counts,
                            min_key=built.min_key.hex() if built.min_key is not None else None,
                            max_key=built.max_key.hex() if built.max_key is not None else None).to_dict()
     except ShardyfusionError as exc:
