@@ -285,9 +285,9 @@ def test_a_fresh_load_of_a_chain_hashes_each_manifest_once(file_root, monkeypatc
 @pytest.mark.parametrize("key_index", [True, False], ids=["key-indexes", "base-without-key-indexes"])
 def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_path, key_index):
     """A delta task's base shards share one local database (core.write.delta.TaskBase): a key routes to one
-    shard, so each shard's existence answers stay exact, tombstones of later layers included. With a key
-    index on every layer it downloads those alone; a base written before key indexes (none on its full
-    layer) is read as its data layers."""
+    shard, so each shard's existence answers stay exact, tombstones of later layers included. A layer
+    with a key index is read as it alone; a layer written before key indexes (here the base's full
+    layers) as its data."""
     from airflow_provider_shardyfusion.core.write.delta import KEY_INDEX_FILE, Change, TaskBase, base_exists
 
     model = {k: b"v" for k in range(200)}
@@ -316,9 +316,12 @@ def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_
     finally:
         shared.close()
     layers = [layer for s in base.shards for layer in s.all_layers()]
+    assert all(layer.key_index is not None for layer in layers if layer.run_id == "t1")
+    assert any(layer.key_index is None for layer in layers) is not key_index
+    expected = [(f.name, f.size) for layer in layers
+                for f in ((layer.key_index,) if layer.key_index is not None else layer.files)]
+    assert sorted(downloaded) == sorted(expected)
+    assert shared.bytes_read == sum(size for _, size in downloaded)
     if key_index:
         assert {name for name, _ in downloaded} == {KEY_INDEX_FILE}
-        assert sorted(size for _, size in downloaded) == sorted(layer.key_index.size for layer in layers)
-        assert shared.bytes_read == sum(size for _, size in downloaded) < sum(layer.byte_size for layer in layers)
-    else:  # the delta's layers have key indexes, the base's full layers not: every shard reads its data
-        assert sorted(downloaded) == sorted((f.name, f.size) for layer in layers for f in layer.files)
+        assert shared.bytes_read < sum(layer.byte_size for layer in layers)

@@ -9,8 +9,8 @@ layer a writer produces (full shards, delta and compacted layers) has a key inde
 data: one SST ``keys-00000.sst`` of its keys with empty values (and a point tombstone per deleted
 key), so the key indexes of a shard, ingested oldest first, hold exactly the keys its layers do.
 A delta task downloads those (verified) and asks one batched look-up (RocksDB MultiGet) of the
-changed keys: it costs the keys of the shards it touches, not their values. A base written
-before key indexes existed is read as its data layers instead.
+changed keys: it costs the keys of the shards it touches, not their values. A layer written
+before key indexes existed is read as its data instead.
 
 A shard's change is sorted in memory: a delta is the change, not the table.
 """
@@ -355,10 +355,11 @@ class TaskBase:
     A key routes to exactly one shard, so one database answers each shard's ``base_exists``
     exactly, and a task creates one database instead of one per shard: at 1000s of small shards,
     creating, filling and closing a RocksDB per shard (through a reader and its cache) cost more
-    than the layers themselves. A shard whose every layer has a key index is read as its key
-    indexes (its keys, not its values); otherwise (a base written before key indexes) as its data
-    layers. Each file is verified against the base manifest (size, checksum) before it is
-    ingested; a shard's layers go in oldest first, so a newer put or tombstone wins as in a
+    than the layers themselves. Each layer is read as its key index (its keys, not its values)
+    where it has one, else (written before key indexes) as its data: both hold the same keys and
+    tombstones, so a shard mixing the two answers exactly too, and a base written before key
+    indexes costs what it did. Each file is verified against the base manifest (size, checksum)
+    before it is ingested; a shard's layers go in oldest first, so a newer put or tombstone wins as in a
     reader. For existence checks only: iterating it would mix the task's shards (and the values
     of key indexes are empty).
     """
@@ -382,10 +383,8 @@ class TaskBase:
             self._db = Rdict(os.path.join(self.folder, "db"), ingest_only_options())
         how = IngestExternalFileOptions()
         how.set_move_files(True)
-        layers = shard.all_layers()
-        indexed = all(layer.key_index is not None for layer in layers)
-        for layer in layers:
-            for f in (layer.key_index,) if indexed and layer.key_index is not None else layer.files:
+        for layer in shard.all_layers():
+            for f in (layer.key_index,) if layer.key_index is not None else layer.files:
                 local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
                 self._files += 1
                 self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
