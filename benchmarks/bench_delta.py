@@ -15,8 +15,9 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
    verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB MultiGet
    per shard of its changed keys; the values are never downloaded, unless a layer predates key
    indexes: then its data is read instead): replayed here with
-   ``TaskBase`` itself, one database for every changed shard, untimed in the ratios, split into
-   download + ingest and the MultiGet, with the bytes it read next to the base's data bytes;
+   ``TaskBase`` itself, one per task as the job splits the shards, untimed in the ratios, split
+   into download + ingest and the MultiGet (summed over the tasks), with the bytes it read next to
+   the base's data bytes;
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.model.config import build_write_config
-    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import TASKS_PER_CORE, run_write
+    from airflow_provider_shardyfusion.spark_jobs.session_info import default_parallelism
+    from airflow_provider_shardyfusion.spark_jobs.shard_task import shards_of_task
 
     rng = np.random.default_rng(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-delta-"))
@@ -279,19 +282,29 @@ def main(argv: list[str] | None = None) -> int:
     by_shard: dict[int, list[Change]] = {}
     for key in changed:
         by_shard.setdefault(route_key(key, base.num_dbs), []).append(Change(encode_key(key, base.key_encoding), b""))
-    # Where the writer's task puts it (chain_write.task_base): in memory where there is room.
-    folder = scratch.memory_workdir(0, 1, prefix="bench-existence-") or tempfile.mkdtemp(prefix="bench-existence-")
-    replay = TaskBase(store, base, folder)
-    try:
-        t0 = time.perf_counter()
-        dbs = {db_id: replay.shard_db(db_id) for db_id in sorted(by_shard)}
-        base_shards_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        found = sum(sum(base_exists(dbs[db_id], sorted(cs, key=lambda c: c.key))) for db_id, cs in by_shard.items())
-        multiget_s = time.perf_counter() - t0
-    finally:
-        replay.close()
-        shutil.rmtree(folder, ignore_errors=True)
+    # As the job's tasks do it: the shards split into its tasks' ranges, one TaskBase per task (one
+    # database of its shards' key indexes, in memory where there is room), shards in id order.
+    # One database for every shard would be slower than any task: a look-up visits each file ingested.
+    num_tasks = min(base.num_dbs, default_parallelism(spark) * TASKS_PER_CORE)
+    base_shards_s = multiget_s = 0.0
+    found = bytes_read = 0
+    for task in range(num_tasks):
+        folder = scratch.memory_workdir(0, 1, prefix="bench-existence-") or tempfile.mkdtemp(prefix="bench-existence-")
+        replay = TaskBase(store, base, folder)
+        try:
+            for db_id in shards_of_task(task, base.num_dbs, num_tasks):
+                if db_id not in by_shard:
+                    continue
+                t0 = time.perf_counter()
+                db = replay.shard_db(db_id)
+                t1 = time.perf_counter()
+                found += sum(base_exists(db, sorted(by_shard[db_id], key=lambda c: c.key)))
+                base_shards_s += t1 - t0
+                multiget_s += time.perf_counter() - t1
+            bytes_read += replay.bytes_read
+        finally:
+            replay.close()
+            shutil.rmtree(folder, ignore_errors=True)
     check(found == counts["updated"] + counts["deleted"],
           "existence replay: base holds a different number of the changed keys")
     indexed = [s for s in base.shards if s.key_index is not None]
@@ -394,10 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         "existence_check": {
             "how": "each task ingests the key indexes of its base shards (keys-00000.sst of every layer: keys with "
                    "empty values and tombstones, verified) into one local database (core.write.delta.TaskBase) and "
-                   "does one RocksDB MultiGet per shard; replayed here with TaskBase, one database for every "
-                   "changed shard",
+                   "does one RocksDB MultiGet per shard; replayed here with TaskBase, one per task as the job "
+                   "splits the shards (times summed over the tasks)",
             "base_shards_download_ingest_s": round(base_shards_s, 2), "multiget_s": round(multiget_s, 3),
-            "keys": len(changed), "shards": len(by_shard), "bytes_read": replay.bytes_read,
+            "keys": len(changed), "shards": len(by_shard), "tasks": num_tasks, "bytes_read": bytes_read,
         },
         "key_index": {
             "base_key_index_bytes": index_bytes, "base_data_bytes": base.byte_size,
