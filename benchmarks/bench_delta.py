@@ -10,11 +10,14 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
    Delta write time / full write time;
 4. ``refresh()`` of that reader: bytes downloaded / (the delta's layer bytes + its manifest bytes),
    and refresh time / time to open the new snapshot fresh (empty cache, every shard opened);
-5. how the writer learns whether a changed key existed (each task ingests the base shards it writes,
-   every layer verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB
-   MultiGet per shard of its changed keys): replayed here through a reader, a database per shard
-   (an upper bound of the writer's work), untimed in the ratios, split into download + ingest and
-   the MultiGet;
+5. how the writer learns whether a changed key existed (each task ingests the key indexes of the
+   base shards it writes, ``keys-00000.sst`` of every layer: keys with empty values and tombstones,
+   verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB MultiGet
+   per shard of its changed keys; the values are never downloaded, unless a layer predates key
+   indexes: then its data is read instead): replayed here with
+   ``TaskBase`` itself, one per task as the job splits the shards, untimed in the ratios, split
+   into download + ingest and the MultiGet (summed over the tasks), with the bytes it read next to
+   the base's data bytes;
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
@@ -55,9 +58,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from bench_write import generate
 
+from airflow_provider_shardyfusion.core import scratch
+from airflow_provider_shardyfusion.core.model.encoding import encode_key
+from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
 
 # SPEC §13 targets (ratios within this run)
 DELTA_WRITE_MAX = 0.2  # delta write / full write
@@ -161,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.model.config import build_write_config
-    from airflow_provider_shardyfusion.spark_jobs.driver import run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import TASKS_PER_CORE, run_write
+    from airflow_provider_shardyfusion.spark_jobs.session_info import default_parallelism
+    from airflow_provider_shardyfusion.spark_jobs.shard_task import shards_of_task
 
     rng = np.random.default_rng(args.seed)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardyfusion-bench-delta-"))
@@ -269,20 +278,38 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"refresh: {refresh_s:.2f}s, {refresh_bytes} bytes; fresh open: {fresh_open_s:.2f}s")
 
     # -- 5. the writer's existence check, replayed (untimed in the ratios) ---------------------------
-    base_ref = snapshots.read_run("base").manifest_ref
-    cache = str(work / "cache-existence")
-    t0 = time.perf_counter()
-    with ShardedReader(root, cache_dir=cache, manifest_ref=base_ref) as pinned:
-        for shard in pinned.manifest.shards:
-            pinned.open_shard(shard.db_id)
-        base_shards_s = time.perf_counter() - t0
-        changed = table.column("id").to_pylist()
-        t0 = time.perf_counter()
-        found = pinned.multi_get(changed)
-        multiget_s = time.perf_counter() - t0
-    shutil.rmtree(cache, ignore_errors=True)
-    check(sum(v is not None for v in found) == counts["updated"] + counts["deleted"],
+    changed = table.column("id").to_pylist()
+    by_shard: dict[int, list[Change]] = {}
+    for key in changed:
+        by_shard.setdefault(route_key(key, base.num_dbs), []).append(Change(encode_key(key, base.key_encoding), b""))
+    # As the job's tasks do it: the shards split into its tasks' ranges, one TaskBase per task (one
+    # database of its shards' key indexes, in memory where there is room), shards in id order.
+    # One database for every shard would be slower than any task: a look-up visits each file ingested.
+    num_tasks = min(base.num_dbs, default_parallelism(spark) * TASKS_PER_CORE)
+    base_shards_s = multiget_s = 0.0
+    found = bytes_read = 0
+    for task in range(num_tasks):
+        folder = scratch.memory_workdir(0, 1, prefix="bench-existence-") or tempfile.mkdtemp(prefix="bench-existence-")
+        replay = TaskBase(store, base, folder)
+        try:
+            for db_id in shards_of_task(task, base.num_dbs, num_tasks):
+                if db_id not in by_shard:
+                    continue
+                t0 = time.perf_counter()
+                db = replay.shard_db(db_id)
+                t1 = time.perf_counter()
+                found += sum(base_exists(db, sorted(by_shard[db_id], key=lambda c: c.key)))
+                base_shards_s += t1 - t0
+                multiget_s += time.perf_counter() - t1
+            bytes_read += replay.bytes_read
+        finally:
+            replay.close()
+            shutil.rmtree(folder, ignore_errors=True)
+    check(found == counts["updated"] + counts["deleted"],
           "existence replay: base holds a different number of the changed keys")
+    indexed = [s for s in base.shards if s.key_index is not None]
+    check(len(indexed) == len(base.shards), "base: a shard has no key index")
+    index_bytes = sum(s.key_index.size for s in indexed if s.key_index is not None)
 
     # -- 6. a chain of depth 8, then compaction ------------------------------------------------------
     chain_writes, chain_refreshes = [], []
@@ -378,11 +405,21 @@ def main(argv: list[str] | None = None) -> int:
             "manifest_bytes": delta_manifest_bytes,
         },
         "existence_check": {
-            "how": "each task ingests its base shards (every layer, verified) into one local database "
-                   "(core.write.delta.TaskBase) and does one RocksDB MultiGet per shard; replayed here through a reader, "
-                   "a database per shard (an upper bound)",
+            "how": "each task ingests the key indexes of its base shards (keys-00000.sst of every layer: keys with "
+                   "empty values and tombstones, verified) into one local database (core.write.delta.TaskBase) and "
+                   "does one RocksDB MultiGet per shard; replayed here with TaskBase, one per task as the job "
+                   "splits the shards (times summed over the tasks)",
             "base_shards_download_ingest_s": round(base_shards_s, 2), "multiget_s": round(multiget_s, 3),
-            "keys": len(changed),
+            "keys": len(changed), "shards": len(by_shard), "tasks": num_tasks, "bytes_read": bytes_read,
+        },
+        "key_index": {
+            "base_key_index_bytes": index_bytes, "base_data_bytes": base.byte_size,
+            "per_shard_key_index_bytes": round(index_bytes / max(1, len(indexed))),
+            "per_shard_data_bytes": round(base.byte_size / max(1, len(base.shards))),
+            "key_index_to_data": round(index_bytes / max(1, base.byte_size), 3),
+            "delta_layer_key_index_bytes": sum(la.key_index.size for s in delta.shards for la in s.layers
+                                               if la.run_id == delta.run_id and la.key_index is not None),
+            "delta_layer_data_bytes": delta_layer_bytes,
         },
         "refresh": {
             "s": round(refresh_s, 3), "bytes_downloaded": refresh_bytes,

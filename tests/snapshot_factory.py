@@ -127,6 +127,20 @@ def upload_shard(store: ObjectStore, local_dir: str, attempt_key: str) -> tuple[
     return tuple(files)
 
 
+def write_key_index(store: ObjectStore, folder: str, sorted_keys: list[bytes], attempt_key: str) -> ShardFile:
+    """A full shard's key index (core.write.delta.KEY_INDEX_FILE) of ``sorted_keys``, uploaded next to its data."""
+    from airflow_provider_shardyfusion.core.write.delta import finish_key_index, key_index_writer
+
+    os.makedirs(folder)
+    writer = key_index_writer(folder)
+    for key in sorted_keys:
+        writer[key] = b""
+    index = finish_key_index(writer, folder)
+    store.upload_file(os.path.join(folder, index.name), f"{attempt_key}/{index.name}")
+    shutil.rmtree(folder)
+    return index
+
+
 def publish_current(store: ObjectStore, manifest_key: str, run_id: str, when: datetime | None = None) -> CurrentPointer:
     pointer = CurrentPointer(manifest_ref=store.uri(manifest_key), run_id=run_id, updated_at=when or layout.utc_now())
     store.put(layout.CURRENT_KEY, pointer.to_bytes())
@@ -157,6 +171,7 @@ def build_snapshot(
     shard_layout: str = SHARD_LAYOUT_DB,
     ssts_per_shard: int = 1,
     writer: Mapping[str, Any] | None = None,
+    key_index: bool = False,
 ) -> BuiltSnapshot:
     """Write ``rows`` (key, value) as a snapshot under ``root`` and (by default) publish it.
 
@@ -165,6 +180,8 @@ def build_snapshot(
     the non-key CEL columns of a row. ``shard_layout="sst"`` ships each shard as
     ``ssts_per_shard`` SST files (no database), recorded in ``storage_engine``. ``writer``: extra
     writer info (``spark_app_id``, ``airflow``...) for the manifest and the run record.
+    ``key_index`` (with "sst"): each shard also gets its key index, as the Spark writer writes it;
+    without it, the shards are as written before key indexes existed.
     """
     store = open_store(root, dict(storage_options) if storage_options else None)
     run_id = layout.validate_run_id(run_id or layout.new_run_id())
@@ -206,10 +223,11 @@ def build_snapshot(
                 write_shard_db(local, items)
             akey = layout.attempt_key(run_id, db_id, attempt, task_attempt_id)
             files = upload_shard(store, local, akey)
+            index = write_key_index(store, f"{local}-keys", [k for k, _ in items], akey) if key_index else None
             shards.append(ShardEntry(
                 db_id=db_id, db_url=store.uri(akey), attempt=attempt, task_attempt_id=task_attempt_id,
                 row_count=len(items), byte_size=sum(f.size for f in files),
-                min_key=items[0][0].hex(), max_key=items[-1][0].hex(), files=files,
+                min_key=items[0][0].hex(), max_key=items[-1][0].hex(), files=files, key_index=index,
             ))
             shutil.rmtree(local)
     finally:
@@ -264,7 +282,7 @@ def build_delta(
     one layer per changed shard written by ``core.write.delta`` against the base shard, the format-3
     chain document (only the changed shards, the base by reference and checksum), a succeeded run
     record and (by default) ``_CURRENT``. Binary values; keys route with the base's hash sharding."""
-    from airflow_provider_shardyfusion.core.model.manifest import CHAIN_DOCUMENT_FORMAT_VERSION
+    from airflow_provider_shardyfusion.core.model.manifest import CHAIN_DOCUMENT_FORMAT_VERSION, stored_files
     from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.core.write.delta import (
@@ -299,9 +317,11 @@ def build_delta(
             built = write_delta_layer(os.path.join(work, f"db={db_id:05d}"), shard_changes,
                                       base_db=reader.open_shard(db_id), base_rows=entry.row_count if entry else 0)
             akey = layout.attempt_key(run_id, db_id, 0, 7)
-            files = upload_shard(store, built.folder, akey)
+            for f in stored_files(built.files, built.key_index):
+                store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
             results.append(LayerResult(db_id=db_id, attempt=0, task_attempt_id=7, db_url=store.uri(akey),
-                                       row_count=built.row_count, files=files, counts=built.counts,
+                                       row_count=built.row_count, files=built.files, key_index=built.key_index,
+                                       counts=built.counts,
                                        min_key=built.min_key.hex() if built.min_key else None,
                                        max_key=built.max_key.hex() if built.max_key else None))
     winners = select_layer_winners(results, base.num_dbs)

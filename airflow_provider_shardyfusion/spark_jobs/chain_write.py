@@ -2,10 +2,11 @@
 
 The driver resolves the base run, takes its routing, encodings and shard count, routes the changed
 rows with the base's sharding and partitions them by shard id (partition index == shard id, as for
-full writes). Each task downloads its base shards (every layer verified) into one local database
-(``core.write.delta.TaskBase``, ``core.write.compaction.TaskCompaction``) to learn which changed
-keys exist, and writes one layer per shard: the change (delta) or the whole merged shard
-(compaction, every shard of the task). Shards without changes get no layer in a delta and keep theirs.
+full writes). A delta task reads the key indexes of its base shards into one local database
+(``core.write.delta.TaskBase``) to learn which changed keys exist; a compaction task merges its
+base shards one at a time in one local database (``core.write.compaction.TaskCompaction``). Each
+writes one layer per shard: the change (delta) or the whole merged shard (compaction, every shard
+of the task). Shards without changes get no layer in a delta and keep theirs.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
 
     ``base``: the base shards of this task (``task_base``)."""
     from ..core.errors import ShardWriteError, ShardyfusionError
+    from ..core.model.manifest import stored_files
     from ..core.storage import open_store
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
@@ -236,13 +238,13 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
             built = write_compacted_layer(folder, changes, base_db=base.shard_db(db_id))
         if built is None:  # compacted to nothing: an empty shard
             return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
-        for f in built.files:
+        for f in stored_files(built.files, built.key_index):
             store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
         log.info("shard %d attempt %d: %s layer of %d file(s), %d bytes, %s -> %d rows, written to %s", db_id, attempt,
                  "compacted" if plan.compact else "delta", len(built.files), built.byte_size, built.counts.to_dict(),
                  built.row_count, db_url)
         return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=db_url,
-                           row_count=built.row_count, files=built.files, counts=built.counts,
+                           row_count=built.row_count, files=built.files, key_index=built.key_index, counts=built.counts,
                            min_key=built.min_key.hex() if built.min_key is not None else None,
                            max_key=built.max_key.hex() if built.max_key is not None else None).to_dict()
     except ShardyfusionError as exc:

@@ -113,6 +113,7 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         ShardWriteError,
         ShardyfusionError,
     )
+    from ..core.model.manifest import stored_files
     from ..core.storage import open_store
     from ..core.storage.rate_limit import WriteLimiter
     from ..core.write.arrow_codec import (
@@ -163,12 +164,13 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
         built = builder.finish()
         assert built is not None
         t_up = time.perf_counter()
-        for f in built.files:
+        for f in stored_files(built.files, built.key_index):
             store.upload_file(os.path.join(built.db_dir, f.name), f"{akey}/{f.name}")
         timings = dict(built.timings, upload_s=time.perf_counter() - t_up, task_s=time.perf_counter() - started)
         result = ShardResult(
             db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=db_url, row_count=built.row_count,
             byte_size=built.byte_size, min_key=built.min_key.hex(), max_key=built.max_key.hex(), files=built.files,
+            key_index=built.key_index,
             timings=timings,
         )
         log.info("shard %d attempt %d: %d rows, %d bytes written to %s", db_id, attempt, built.row_count, built.byte_size, db_url)

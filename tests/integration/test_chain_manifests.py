@@ -282,19 +282,31 @@ def test_a_fresh_load_of_a_chain_hashes_each_manifest_once(file_root, monkeypatc
     assert sorted(hashed) == sorted([mine, base])  # each manifest of the chain once, nothing else
 
 
-def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_path):
+@pytest.mark.parametrize("key_index", [True, False], ids=["key-indexes", "base-without-key-indexes"])
+def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_path, key_index):
     """A delta task's base shards share one local database (core.write.delta.TaskBase): a key routes to one
-    shard, so each shard's existence answers stay exact, tombstones of later layers included."""
-    from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
+    shard, so each shard's existence answers stay exact, tombstones of later layers included. A layer
+    with a key index is read as it alone; a layer written before key indexes (here the base's full
+    layers) as its data."""
+    from airflow_provider_shardyfusion.core.write.delta import KEY_INDEX_FILE, Change, TaskBase, base_exists
 
     model = {k: b"v" for k in range(200)}
-    build_snapshot(file_root, model.items(), num_dbs=6, run_id="t0", shard_layout="sst")
-    build_delta(file_root, {500: "new", 7: "x"}, [3, 4, 5], run_id="t1")
+    build_snapshot(file_root, model.items(), num_dbs=6, run_id="t0", shard_layout="sst", key_index=key_index)
+    build_delta(file_root, {500: "new", 7: "x"}, [3, 4, 5, 999], run_id="t1")
     model = _apply(model, {500: "new", 7: "x"}, [3, 4, 5])
     snapshots = SnapshotRoot(open_store(file_root))
     base = snapshots.read_manifest(snapshots.find_manifest("t1"))
-    shared = TaskBase(snapshots.store, base, str(tmp_path / "task"))
-    probes = [*range(0, 210), 500, 501]
+    store = snapshots.store
+    downloaded: list[tuple[str, int]] = []
+    real_download = store.download_file
+
+    def recording_download(key: str, local: str) -> None:
+        real_download(key, local)
+        downloaded.append((key.rsplit("/", 1)[1], os.path.getsize(local)))
+
+    store.download_file = recording_download  # the real download, counted
+    shared = TaskBase(store, base, str(tmp_path / "task"))
+    probes = [*range(0, 210), 500, 501, 999]
     try:
         for db_id in range(base.num_dbs):
             mine = [k for k in probes if route_key(k, base.num_dbs) == db_id]
@@ -303,3 +315,13 @@ def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_
         assert os.listdir(tmp_path / "task") == ["db"]  # one database; every verified file moved into it
     finally:
         shared.close()
+    layers = [layer for s in base.shards for layer in s.all_layers()]
+    assert all(layer.key_index is None for layer in layers if layer.run_id == "t1")  # small: read as data
+    assert all((layer.key_index is not None) is key_index for layer in layers if layer.run_id == "t0")
+    expected = [(f.name, f.size) for layer in layers
+                for f in ((layer.key_index,) if layer.key_index is not None else layer.files)]
+    assert sorted(downloaded) == sorted(expected)
+    assert shared.bytes_read == sum(size for _, size in downloaded)
+    if key_index:
+        assert {name for name, _ in downloaded} == {KEY_INDEX_FILE, "layer-00000.sst"}
+        assert shared.bytes_read < sum(layer.byte_size for layer in layers)

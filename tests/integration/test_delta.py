@@ -7,6 +7,7 @@ changes it asked for; the per-layer counts are checked against the same model.
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import timedelta
 
@@ -538,3 +539,84 @@ def test_automatic_compaction_over_task_ranges_keeps_unchanged_shards(spark, tmp
     with ShardedReader(file_root) as reader:
         chain.check(reader, absent=[2, 4])
         assert sum(reader.open_shard(s.db_id) is not None for s in manifest.shards) == 40
+
+
+def test_a_delta_reads_the_key_indexes_of_its_base_not_its_data(spark, tmp_path, file_root):
+    """Every full shard the job writes ships a key index next to its data (a small delta layer does
+    not); a delta's existence check downloads those instead of the data and still counts exactly; readers never ingest
+    them; validation checks them like the data; cleanup keeps them with their attempt."""
+    from airflow_provider_shardyfusion.core.lifecycle.integrity import check_storage
+    from airflow_provider_shardyfusion.core.model.encoding import encode_key
+    from airflow_provider_shardyfusion.core.model.routing import route_key
+    from airflow_provider_shardyfusion.core.write.delta import KEY_INDEX_FILE, Change, TaskBase, base_exists
+
+    chain = Chain(spark, tmp_path, file_root, None)
+    chain.write("full", {k: f"v0-{k}-" + "x" * 60 for k in range(400)})
+    full = chain.manifest()
+    assert all(s.key_index is not None and s.key_index.name == KEY_INDEX_FILE
+               and KEY_INDEX_FILE not in {f.name for f in s.files} for s in full.shards)
+    before = dict(chain.model)
+    upserts = {**{k: f"v1-{k}" for k in range(0, 400, 3)}, **{k: f"v1-{k}" for k in range(400, 440)}}
+    deletes = [*(k for k in range(1, 400, 10) if k % 3), 5000, 5001]
+    chain.write("delta", upserts, deletes)
+    delta = chain.manifest()
+    new_layers = [layer for s in delta.shards for layer in s.layers if layer.run_id == delta.run_id]
+    assert {k: sum(getattr(layer, k) for layer in new_layers) for k in expected_counts({}, {}, [])} \
+        == expected_counts(before, upserts, deletes)
+    layers = [layer for s in delta.shards for layer in s.all_layers()]
+    # The full layers have key indexes; the delta's small layers (a few values each) have none.
+    assert all((layer.key_index is None) is (layer.run_id == delta.run_id) for layer in layers)
+    assert all(("key_index" in layer) is (layer["run_id"] != delta.run_id)
+               for s in chain.stored()["shards"] for layer in s["layers"])
+
+    # A reader ingests the data alone: every key reads its value (a key index would answer b"").
+    cache = tmp_path / "cache"
+    with ShardedReader(file_root, cache_dir=str(cache)) as reader:
+        chain.check(reader, absent=[1, 11, 5000])
+    assert not [name for _, _, names in os.walk(cache) for name in names if name == KEY_INDEX_FILE]
+
+    # The next delta's existence check, as its task runs it: key indexes only, exact through tombstones.
+    store = open_store(file_root)
+    downloaded: list[str] = []
+    real_download = store.download_file
+
+    def recording_download(key: str, local: str) -> None:
+        real_download(key, local)
+        downloaded.append(key.rsplit("/", 1)[1])
+
+    store.download_file = recording_download  # the real download, counted
+    shared = TaskBase(store, delta, str(tmp_path / "task"))
+    probes = [*range(0, 450), 5000, 5001]
+    try:
+        for db_id in range(delta.num_dbs):
+            mine = [k for k in probes if route_key(k, delta.num_dbs) == db_id]
+            changes = [Change(encode_key(k, delta.key_encoding), b"y") for k in mine]
+            assert base_exists(shared.shard_db(db_id), changes) == [k in chain.model for k in mine], db_id
+    finally:
+        shared.close()
+    assert sorted(downloaded) == sorted(
+        KEY_INDEX_FILE if layer.key_index is not None else f.name for layer in layers for f in layer.files)
+    assert shared.bytes_read == sum(layer.key_index.size if layer.key_index is not None else layer.byte_size
+                                    for layer in layers)
+    assert shared.bytes_read < sum(layer.byte_size for layer in layers)
+
+    # Validation checks each key index: present, its size, its checksum.
+    snapshots = SnapshotRoot(store)
+    assert check_storage(snapshots, delta, verify_checksums=True) == []
+    victim = store.key_of(f"{new_layers[0].db_url}/{KEY_INDEX_FILE}")
+    local = tmp_path / "victim.sst"
+    store.download_file(victim, str(local))
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    local.write_bytes(bytes(data))
+    store.upload_file(str(local), victim)
+    assert check_storage(snapshots, delta) == []  # same size
+    (problem,) = check_storage(snapshots, delta, verify_checksums=True)
+    assert KEY_INDEX_FILE in problem and "checksum" in problem
+    store.delete_many([victim])
+    (problem,) = check_storage(snapshots, delta)
+    assert KEY_INDEX_FILE in problem and "is missing" in problem
+
+    # Cleanup removes attempt folders whole: a kept run's key indexes are no losing attempt nor orphan.
+    plan = make_plan(snapshots, keep_runs=2, grace_period=timedelta(0))
+    assert not [o.key for item in plan.items for o in item.objects if o.key.endswith(KEY_INDEX_FILE)], plan.to_dict()

@@ -574,3 +574,36 @@ def test_the_root_check_of_shard_urls_validates_each_run_id_once(monkeypatch):
         tampered = (*many.shards[:9], replace(many.shards[9], db_url=url), *many.shards[10:])
         with pytest.raises(ManifestValidationError, match=r"here: db_url .* of shard 9 is not under this snapshot's "):
             check_shard_urls(replace(many, shards=tampered), ROOT, "here")
+
+
+def test_a_key_index_is_stored_only_when_present_and_reads_back():
+    """Full shards (format 1) and layers (formats 2 and 3) carry an optional key index; stored
+    manifests without one keep their exact shard JSON (no ``key_index: null`` appears)."""
+    stored = json.loads((DATA / "manifest_v2_delta.json").read_bytes())
+    assert Manifest.from_dict(stored).to_dict()["shards"] == stored["shards"]
+    index = ShardFile(name="keys-00000.sst", size=51, checksum="xxh3_128:" + "c" * 32)
+    full = manifest(shards=(replace(shard(1), key_index=index),))
+    data = json.loads(full.to_bytes())
+    assert data["shards"][0]["key_index"] == {"checksum": index.checksum, "name": index.name, "size": 51}
+    again = Manifest.from_bytes(full.to_bytes())
+    assert again.shards[0].key_index == index and again.shards[0].files == full.shards[0].files
+    (layer,) = again.shards[0].all_layers()  # as the one full layer of a chain's shard
+    assert layer.key_index == index and layer.stored_files() == (*layer.files, index)
+    assert layer.byte_size == sum(f.size for f in layer.files)  # data only
+    with pytest.raises(ManifestValidationError, match="must be a relative path"):
+        Manifest.from_bytes(full.to_bytes().replace(b'"keys-00000.sst"', b'"../keys.sst"'))
+    wrong = r"'size' is missing or not int \(got '51'\) at \$\.shards\[0\]\.key_index\.size"
+    with pytest.raises(ManifestValidationError, match=wrong):
+        Manifest.from_bytes(full.to_bytes().replace(b'"size":51', b'"size":"51"'))
+
+
+def test_a_chain_shard_names_its_newest_layers_key_index():
+    data = json.loads((DATA / "manifest_v2_delta.json").read_bytes())
+    index = {"checksum": "xxh3_128:" + "d" * 32, "name": "keys-00000.sst", "size": 40}
+    data["shards"][0]["layers"][-1]["key_index"] = index
+    with pytest.raises(ManifestValidationError, match="db_url, files and key_index must be its newest layer's"):
+        Manifest.from_dict(data)
+    data["shards"][0]["key_index"] = index
+    read = Manifest.from_dict(data)
+    assert read.shards[0].layers[-1].key_index == read.shards[0].key_index == ShardFile.from_dict(index)
+    assert read.shards[0].layers[0].key_index is None  # a base written before key indexes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pyarrow as pa
@@ -137,3 +138,41 @@ def test_u32be_keys_ending_in_zero_bytes_keep_their_width(tmp_path):
     _, _built, items = build(tmp_path, "u32be", [(keys, [b"%d" % k for k in keys])])
     assert items == [(encoding.encode_key(k, "u32be"), b"%d" % k) for k in sorted(keys)]
     assert all(len(k) == 4 for k, _ in items)
+
+
+def key_index_items(path: str, tmp_path) -> list[tuple[bytes, bytes]]:
+    """What a key index holds, as a writer's existence check sees it: ingested into a database."""
+    db = Rdict(str(tmp_path / "keys-read"), options=Options(raw_mode=True))
+    try:
+        db.ingest_external_file([path])
+        return list(db.items())
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("presorted", [False, True])
+@pytest.mark.parametrize("runs", [1, 4])
+def test_an_sst_shard_ships_a_key_index_of_exactly_its_keys(tmp_path, presorted, runs):
+    """One key index per shard, whatever its sort runs: every key once (repeats across runs allowed), empty values."""
+    keys = list(range(0, 2_000, 2))
+    if not presorted:
+        random.Random(3).shuffle(keys)
+    keys.append(keys[-1])  # a repeat in the last run, overwritten by the last row seen
+    builder = ShardBuilder(str(tmp_path / "work"), "u64be", key_column="k", sort_run_rows=2_000 if runs == 1 else 300,
+                           presorted=presorted, allow_duplicate_keys=True, shard_layout="sst")
+    for i in range(0, len(keys), 50):
+        builder.add(pa.array(keys[i : i + 50]), pa.array([b"v%d" % k for k in keys[i : i + 50]], pa.binary()))
+    built = builder.finish()
+    assert len(built.files) == runs and built.row_count == 1_000
+    index = built.key_index
+    assert index is not None and index.name == "keys-00000.sst" and index.name not in {f.name for f in built.files}
+    path = f"{built.db_dir}/{index.name}"
+    assert (index.size, index.checksum) == (os.path.getsize(path), file_checksum(path))
+    assert key_index_items(path, tmp_path) == [(encoding.encode_key(k, "u64be"), b"") for k in range(0, 2_000, 2)]
+    assert index.size < built.byte_size
+    builder.close()
+
+
+def test_a_database_shard_has_no_key_index(tmp_path):
+    _, built, _ = build(tmp_path, "u64be", [([3, 1, 2], [b"a", b"b", b"c"])])
+    assert built.key_index is None

@@ -34,7 +34,10 @@ def test_a_shard_is_uploaded_under_its_attempt_with_sizes_and_checksums(file_roo
     assert result.row_count == 1_000 and result.db_id == 3
     assert result.db_url == open_store(file_root).uri(layout.attempt_key("run-t", 3, 1, 42))
     stored = {o.key.rsplit("/", 1)[1]: o.size for o in open_store(file_root).list(layout.shard_db_prefix("run-t", 3))}
-    assert stored == {f.name: f.size for f in result.files}
+    # The data and, next to it, its key index (sort runs of 250 rows: the runs' keys merged into one).
+    assert result.key_index is not None and result.key_index.name == "keys-00000.sst"
+    assert stored == {f.name: f.size for f in (*result.files, result.key_index)}
+    assert result.to_entry().key_index == result.key_index
     assert [row["id"] for row in out.sample] == [0, 1, 2]
     # What crosses from the task to the driver reads back the same.
     assert TaskResult.from_dict(json.loads(json.dumps(out.to_dict()))) == out

@@ -10,8 +10,8 @@ source of the manifest identity these rules compare against.
   own error.
 - ``manifest_problems``: the manifest bytes are the ones the writer finished with (the checksum
   and size it recorded in the run record), and they describe the run they are filed under.
-- ``check_storage``: every file the manifest names is on storage with its recorded size (and
-  checksum, when asked).
+- ``check_storage``: every file the manifest names (data and key indexes) is on storage with its
+  recorded size (and checksum, when asked).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _shard_problems(store: ObjectStore, run_id: str, shard: ShardEntry, scratch:
         where = f"shard {shard.db_id} of run {run_id!r}"
         if shard.layers:
             where += f" (layer {i}, written by run {layer.run_id!r})"
-        problems.extend(_files_problems(store, where, layer.db_url, layer.files, scratch))
+        problems.extend(_files_problems(store, where, layer.db_url, layer.stored_files(), scratch))
     return problems
 
 

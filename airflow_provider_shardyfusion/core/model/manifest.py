@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAIN_DOCUMENT_FORMAT_VERSION", "CHAIN_FORMAT_VERSION", "FULL_FORMAT_VERSION", "MANIFEST_FORMAT_VERSION", "SHARD_LAYOUTS",
     "SHARD_LAYOUT_DB", "SHARD_LAYOUT_SST", "WRITE_MODES", "Manifest", "ShardEntry", "ShardFile", "ShardLayer", "ShardingInfo",
-    "WriteMode",
+    "WriteMode", "stored_files",
 ]
 
 # 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers,
@@ -61,6 +61,11 @@ class ShardFile:
         return self
 
 
+def stored_files(files: tuple[ShardFile, ...], key_index: ShardFile | None) -> tuple[ShardFile, ...]:
+    """Every file of a shard's layer on storage: its data, then its key index if it has one."""
+    return (*files, key_index) if key_index is not None else files
+
+
 def _dotdot(url: str) -> bool:
     """Whether ``url`` has a ``..`` segment (the cheap substring test first: this runs once per shard)."""
     return "/.." in url and ".." in url.split("/")
@@ -85,6 +90,9 @@ class ShardLayer:
     db_url: str
     kind: Literal["full", "delta"]
     files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
+    # The layer's keys alone (KEY_INDEX_FILE): an empty value per put, a point tombstone per deletion.
+    # Never data: a writer ingests it to learn which keys exist; readers ingest ``files`` only.
+    key_index: ShardFile | None = field(default=None, metadata={"omit_none": True})
     puts: int = 0
     deletes: int = 0
     inserted: int = 0
@@ -94,7 +102,11 @@ class ShardLayer:
 
     @property
     def byte_size(self) -> int:
+        """Bytes of the layer's data (its key index is not data)."""
         return sum(f.size for f in self.files)
+
+    def stored_files(self) -> tuple[ShardFile, ...]:
+        return stored_files(self.files, self.key_index)
 
     def to_dict(self) -> dict[str, Any]:
         return ser.to_plain(self)
@@ -117,6 +129,8 @@ class ShardEntry:
     min_key: str  # hex of the encoded key
     max_key: str
     files: tuple[ShardFile, ...] = field(default=(), metadata={"entry": "file"})
+    # The shard's key index (see ShardLayer.key_index); absent in manifests written before it existed.
+    key_index: ShardFile | None = field(default=None, metadata={"omit_none": True})
     # A chain's shard (format 2): every layer, oldest first; db_url / files are then the newest
     # layer's and byte_size the sum of all. Empty for a full snapshot's shard: db_url / files are it.
     layers: tuple[ShardLayer, ...] = field(default_factory=tuple, metadata={"entry": "layer"})
@@ -130,7 +144,7 @@ class ShardEntry:
         except ConfigError as exc:  # validate() refuses such a manifest; say so in its terms
             raise _ERR(f"{_WHAT} shard {self.db_id}: {exc}") from None
         return (ShardLayer(run_id=run_id, db_url=self.db_url, kind="full",
-                           files=self.files, puts=self.row_count, inserted=self.row_count),)
+                           files=self.files, key_index=self.key_index, puts=self.row_count, inserted=self.row_count),)
 
     def to_dict(self) -> dict[str, Any]:
         return ser.to_plain(self)
@@ -212,7 +226,8 @@ class Manifest:
     def _validate_file_names(self) -> None:
         # Shards mostly share their few file names: check each distinct name once.
         names = {f.name for s in self.shards for f in s.files}
-        names.update(f.name for s in self.shards if s.layers for layer in s.layers for f in layer.files)
+        names.update(s.key_index.name for s in self.shards if s.key_index is not None)
+        names.update(f.name for s in self.shards if s.layers for layer in s.layers for f in layer.stored_files())
         for name in names:
             _check_file_name(name)
 
@@ -336,8 +351,8 @@ class Manifest:
                 raise _ERR(f"{where}: counts are negative or inconsistent (puts = inserted + updated, "
                            "deletes = deleted + deleted_absent)")
         newest = shard.layers[-1]
-        if (shard.db_url, shard.files) != (newest.db_url, newest.files):
-            raise _ERR(f"{_WHAT}: shard {shard.db_id}: db_url and files must be its newest layer's")
+        if (shard.db_url, shard.files, shard.key_index) != (newest.db_url, newest.files, newest.key_index):
+            raise _ERR(f"{_WHAT}: shard {shard.db_id}: db_url, files and key_index must be its newest layer's")
 
     @property
     def shard_layout(self) -> str:

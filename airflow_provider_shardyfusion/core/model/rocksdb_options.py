@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SST_FORMAT_VERSION", "rocksdb_options"]
+__all__ = ["SST_FORMAT_VERSION", "ingest_only_options", "rocksdb_options"]
 
 # Block-based table format 5 is readable since RocksDB 6.x; the default 6 is refused before 8.6
 # (e.g. Debian 12's RocksDB 7.8: "Corrupt or unsupported format_version: 6"). SPEC §5.
@@ -31,4 +31,13 @@ def rocksdb_options(*, auto_compactions: bool = True) -> Any:
     table = BlockBasedOptions()
     table.set_format_version(SST_FORMAT_VERSION)
     opts.set_block_based_table_factory(table)
+    return opts
+
+
+def ingest_only_options() -> Any:
+    """Options of a scratch database filled only by ingesting SSTs that overlap, then read."""
+    opts = rocksdb_options(auto_compactions=False)
+    # Overlapping files all land in level 0: never stall on them.
+    opts.set_level_zero_slowdown_writes_trigger(1 << 30)
+    opts.set_level_zero_stop_writes_trigger(1 << 30)
     return opts

@@ -47,7 +47,10 @@ def dumps(data: Mapping[str, Any]) -> bytes:
 def to_plain(obj: Any) -> Any:
     """A dataclass (nested dataclasses, tuples, dicts, datetimes) as JSON-ready values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        # A field added later with metadata omit_none is written only when set: objects without it
+        # keep the bytes every earlier release wrote (and their checksums).
+        return {f.name: to_plain(value) for f in dataclasses.fields(obj)
+                if (value := getattr(obj, f.name)) is not None or not f.metadata.get("omit_none")}
     if isinstance(obj, datetime):
         return layout.format_ts(obj)
     if isinstance(obj, (list, tuple)):

@@ -12,10 +12,9 @@ chain, building its cache on disk, copying and deleting it.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_shardyfusion.core.model import checksum
+from airflow_provider_shardyfusion.core.write.delta import TaskFiles
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
@@ -23,43 +22,30 @@ if TYPE_CHECKING:
 __all__ = ["TaskCompaction"]
 
 
-class TaskCompaction:
+class TaskCompaction(TaskFiles):
     """The base shards of one compaction task, one at a time, each in its own column family of the
-    task's database in ``folder``. Every file is verified against the base manifest (size,
-    checksum) before it is ingested; a shard's layers go in oldest first, so a newer put or
-    tombstone wins as in a reader, and iterating the shard yields its live rows only.
+    task's database in ``folder``. A shard's layers go in oldest first, every file verified, so
+    iterating the shard yields its live rows only.
     """
 
     def __init__(self, store: Any, base: Manifest, folder: str):
-        self.store, self.base, self.folder = store, base, folder
-        self._db: Any = None
+        super().__init__(store, base, folder)
         self._family: str | None = None
-        self._files = 0
 
     def shard_db(self, db_id: int) -> Any:
         """Base shard ``db_id`` alone, to read and iterate (None when the base has no such shard).
 
         The previous shard's column family is dropped first: its handle must not be used after."""
-        from rocksdict import IngestExternalFileOptions, Rdict
+        from airflow_provider_shardyfusion.core.model.rocksdb_options import ingest_only_options
 
         self._drop()
         shard = self.base.shard(db_id)
         if shard is None:
             return None
-        if self._db is None:
-            self._db = Rdict(os.path.join(self.folder, "db"), _options())
         self._family = f"shard-{db_id:05d}"
-        family = self._db.create_column_family(self._family, _options())
-        how = IngestExternalFileOptions()
-        how.set_move_files(True)
+        family = self._task_db().create_column_family(self._family, ingest_only_options())
         for layer in shard.all_layers():
-            for f in layer.files:
-                local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
-                self._files += 1
-                self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
-                checksum.verify_file(local, f.size, f.checksum,
-                                     source=f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})")
-                family.ingest_external_file([local], how)
+            self._ingest(family, db_id, layer, layer.files)
         return family
 
     def _drop(self) -> None:
@@ -70,15 +56,4 @@ class TaskCompaction:
     def close(self) -> None:
         if self._db is not None:
             self._drop()
-            self._db.close()
-            self._db = None
-
-
-def _options() -> Any:
-    from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
-
-    opts = rocksdb_options(auto_compactions=False)
-    # A shard's layers overlap in key range and all land in level 0: never stall on them.
-    opts.set_level_zero_slowdown_writes_trigger(1 << 30)
-    opts.set_level_zero_stop_writes_trigger(1 << 30)
-    return opts
+        super().close()

@@ -4,10 +4,13 @@ A delta layer is one SST holding the change of one shard, sorted by encoded key:
 upserted row and a point tombstone for every deleted key. Readers ingest layers oldest first, so
 a newer put replaces an older value and a tombstone hides it.
 
-Exact row counts need to know, for every changed key, whether the base snapshot holds it. The
-writer learns it by reading the base shard itself (the reader's verified download of its layers)
-and one batched look-up (RocksDB MultiGet) of the changed keys: a delta costs the shards it
-touches, never the whole table's input.
+Exact row counts need to know, for every changed key, whether the base snapshot holds it. Full
+and compacted layers, and delta layers with enough value bytes, have a key index next to their
+data: one SST ``keys-00000.sst`` of its keys with empty values (and a point tombstone per deleted
+key), so the key indexes of a shard, ingested oldest first, hold exactly the keys its layers do.
+A delta task downloads those (verified) and asks one batched look-up (RocksDB MultiGet) of the
+changed keys: it costs the keys of the shards it touches, not their values. A layer without one
+(a small delta layer, or written before key indexes existed) is read as its data instead.
 
 A shard's change is sorted in memory: a delta is the change, not the table.
 """
@@ -25,20 +28,26 @@ from airflow_provider_shardyfusion.core.model.manifest import ShardFile
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
-    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardLayer
 
 __all__ = [
     "COMPACT_RUN_ROWS",
+    "DELTA_KEY_INDEX_MIN_VALUE_BYTES",
+    "KEY_INDEX_FILE",
     "LAYER_FILE",
     "BuiltLayer",
     "Change",
     "LayerCounts",
     "LayerResult",
     "TaskBase",
+    "TaskFiles",
     "base_exists",
     "chain_shards",
     "chain_stats",
     "count_changes",
+    "finish_key_index",
+    "key_index_file",
+    "key_index_writer",
     "merged_items",
     "select_layer_winners",
     "sorted_changes",
@@ -47,6 +56,12 @@ __all__ = [
 ]
 
 LAYER_FILE = "layer-00000.sst"
+KEY_INDEX_FILE = "keys-00000.sst"
+# A delta layer whose values total less gets no key index: the next delta reads the small layer
+# itself for about what its index would cost (an SST's fixed overhead dominates both), and a
+# delta touching thousands of shards, or a stream batch every minute, would pay a second file per
+# shard (an S3 PUT now, a GET per later delta) for nothing. Full and compacted layers always get one.
+DELTA_KEY_INDEX_MIN_VALUE_BYTES = 64 * 1024
 # Rows written per SST of a compacted layer; a reader ingests them in order (sort runs do not overlap).
 COMPACT_RUN_ROWS = 2_000_000
 
@@ -89,6 +104,7 @@ class BuiltLayer:
     max_key: bytes | None
     counts: LayerCounts
     row_count: int  # rows of the shard once this layer is applied (exact)
+    key_index: ShardFile | None = None  # in ``folder`` too; uploaded with the files, never data
 
     @property
     def byte_size(self) -> int:
@@ -149,21 +165,44 @@ def _shard_file(folder: str, name: str) -> ShardFile:
     return ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path))
 
 
+def key_index_writer(folder: str) -> Any:
+    """The SST writer of a layer's key index in ``folder``: set ``writer[key] = b""`` per put, del per deletion."""
+    return _sst_writer(os.path.join(folder, KEY_INDEX_FILE))
+
+
+def finish_key_index(writer: Any, folder: str) -> ShardFile:
+    writer.finish()
+    return key_index_file(folder)
+
+
+def key_index_file(folder: str) -> ShardFile:
+    """The manifest's entry of the key index written in ``folder``."""
+    return _shard_file(folder, KEY_INDEX_FILE)
+
+
 def write_delta_layer(folder: str, changes: Sequence[Change], *, base_db: Any, base_rows: int) -> BuiltLayer:
-    """One SST of puts and tombstones in ``folder``; counts against ``base_db``."""
+    """One SST of puts and tombstones in ``folder``, and its key index when the values are worth
+    skipping (``DELTA_KEY_INDEX_MIN_VALUE_BYTES``); counts against ``base_db``."""
     if not changes:
         raise ValueError("a delta layer needs at least one change")
     counts = count_changes(changes, base_exists(base_db, changes))
     os.makedirs(folder, exist_ok=True)
     writer = _sst_writer(os.path.join(folder, LAYER_FILE))
+    indexed = sum(len(c.value) for c in changes if c.value is not None) >= DELTA_KEY_INDEX_MIN_VALUE_BYTES
+    keys = key_index_writer(folder) if indexed else None
     for change in changes:
         if change.value is None:
             del writer[change.key]
+            if keys is not None:
+                del keys[change.key]
         else:
             writer[change.key] = change.value
+            if keys is not None:
+                keys[change.key] = b""
     writer.finish()
     return BuiltLayer(folder=folder, files=(_shard_file(folder, LAYER_FILE),), min_key=changes[0].key,
-                      max_key=changes[-1].key, counts=counts, row_count=base_rows + counts.row_delta)
+                      max_key=changes[-1].key, counts=counts, row_count=base_rows + counts.row_delta,
+                      key_index=finish_key_index(keys, folder) if keys is not None else None)
 
 
 def merged_items(base_items: Iterable[tuple[bytes, bytes]], changes: Sequence[Change]) -> Iterator[tuple[bytes, bytes]]:
@@ -189,11 +228,12 @@ def merged_items(base_items: Iterable[tuple[bytes, bytes]], changes: Sequence[Ch
 
 def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: Any,
                           run_rows: int = COMPACT_RUN_ROWS) -> BuiltLayer | None:
-    """The whole shard (base + changes) as full SST(s) in ``folder``; None if it ends up empty."""
+    """The whole shard (base + changes) as full SST(s) in ``folder``, and its key index; None if it ends up empty."""
     counts = count_changes(changes, base_exists(base_db, changes))
     base_items = base_db.items() if base_db is not None else ()
     os.makedirs(folder, exist_ok=True)
     files: list[ShardFile] = []
+    keys: Any = None
     writer, name, in_run, rows = None, "", 0, 0
     first: bytes | None = None
     last: bytes | None = None
@@ -202,6 +242,9 @@ def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: An
             name = f"run-{len(files):05d}.sst"
             writer, in_run = _sst_writer(os.path.join(folder, name)), 0
         writer[key] = value
+        if keys is None:
+            keys = key_index_writer(folder)
+        keys[key] = b""
         first = key if first is None else first
         last = key
         in_run += 1
@@ -213,9 +256,10 @@ def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: An
     if writer is not None:
         writer.finish()
         files.append(_shard_file(folder, name))
-    if not rows:
+    if keys is None:
         return None
-    return BuiltLayer(folder=folder, files=tuple(files), min_key=first, max_key=last, counts=counts, row_count=rows)
+    return BuiltLayer(folder=folder, files=tuple(files), min_key=first, max_key=last, counts=counts, row_count=rows,
+                      key_index=finish_key_index(keys, folder))
 
 
 @dataclass(frozen=True)
@@ -231,6 +275,7 @@ class LayerResult:
     counts: LayerCounts = LayerCounts()
     min_key: str | None = None  # hex of the encoded key
     max_key: str | None = None
+    key_index: ShardFile | None = None
 
     def sort_key(self) -> tuple[int, int, str]:
         return (self.attempt, self.task_attempt_id if self.task_attempt_id is not None else -1, self.db_url or "")
@@ -238,14 +283,16 @@ class LayerResult:
     def to_dict(self) -> dict[str, Any]:
         return {"db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
                 "db_url": self.db_url, "row_count": self.row_count, "files": [f.to_dict() for f in self.files],
-                "counts": self.counts.to_dict(), "min_key": self.min_key, "max_key": self.max_key}
+                "counts": self.counts.to_dict(), "min_key": self.min_key, "max_key": self.max_key,
+                "key_index": self.key_index.to_dict() if self.key_index is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerResult:
         return cls(db_id=int(d["db_id"]), attempt=int(d["attempt"]), task_attempt_id=d.get("task_attempt_id"),
                    db_url=d.get("db_url"), row_count=int(d.get("row_count") or 0),
                    files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
-                   counts=LayerCounts(**(d.get("counts") or {})), min_key=d.get("min_key"), max_key=d.get("max_key"))
+                   counts=LayerCounts(**(d.get("counts") or {})), min_key=d.get("min_key"), max_key=d.get("max_key"),
+                   key_index=ShardFile.from_dict(d["key_index"]) if d.get("key_index") else None)
 
 
 def select_layer_winners(results: Iterable[LayerResult], num_dbs: int) -> dict[int, LayerResult]:
@@ -280,7 +327,7 @@ def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *
                 out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt,
                                       task_attempt_id=new.task_attempt_id, row_count=new.row_count,
                                       byte_size=sum(f.size for f in new.files), min_key=new.min_key or "",
-                                      max_key=new.max_key or "", files=new.files))
+                                      max_key=new.max_key or "", files=new.files, key_index=new.key_index))
             continue
         layers = before.all_layers() if before is not None else ()
         if new is None or new.db_url is None:
@@ -288,7 +335,8 @@ def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *
                 out.append(replace(before, layers=layers))
             continue
         c = new.counts
-        layer = ShardLayer(run_id=run_id, db_url=new.db_url, kind="delta", files=new.files, puts=c.puts,
+        layer = ShardLayer(run_id=run_id, db_url=new.db_url, kind="delta", files=new.files, key_index=new.key_index,
+                           puts=c.puts,
                            deletes=c.deletes, inserted=c.inserted, updated=c.updated, deleted=c.deleted,
                            deleted_absent=c.deleted_absent)
         layers = (*layers, layer)
@@ -298,7 +346,8 @@ def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *
         out.append(ShardEntry(db_id=db_id, db_url=new.db_url, attempt=new.attempt, task_attempt_id=new.task_attempt_id,
                               row_count=new.row_count, byte_size=sum(x.byte_size for x in layers),
                               min_key=min(lows, key=bytes.fromhex) if lows else "",
-                              max_key=max(highs, key=bytes.fromhex) if highs else "", files=new.files, layers=layers))
+                              max_key=max(highs, key=bytes.fromhex) if highs else "", files=new.files,
+                              key_index=new.key_index, layers=layers))
     return tuple(out)
 
 
@@ -312,50 +361,68 @@ def chain_stats(base: Manifest, shards: tuple[ShardEntry, ...], winners: dict[in
             "base_rows": base.row_count, **totals}
 
 
-class TaskBase:
-    """The base shards one task's delta reads, ingested into ONE local database in ``folder``.
-
-    A key routes to exactly one shard, so one database answers each shard's ``base_exists``
-    exactly, and a task creates one database instead of one per shard: at 1000s of small shards,
-    creating, filling and closing a RocksDB per shard (through a reader and its cache) cost more
-    than the layers themselves. Each file is verified against the base manifest (size, checksum)
-    before it is ingested; a shard's layers go in oldest first, so a newer put or tombstone wins as
-    in a reader. For existence checks only: iterating it would mix the task's shards.
-    """
+class TaskFiles:
+    """One local database of a Spark task in ``folder``, filled with its base shards' files, each
+    downloaded and verified against the base manifest (size, checksum) before it is ingested."""
 
     def __init__(self, store: Any, base: Manifest, folder: str):
         self.store, self.base, self.folder = store, base, folder
         self._db: Any = None
         self._files = 0
+        self.bytes_read = 0  # what the task downloaded (logged; the benchmark reports it)
 
-    def shard_db(self, db_id: int) -> Any:
-        """The database holding base shard ``db_id`` (None when the base has no such shard)."""
-        from rocksdict import IngestExternalFileOptions, Rdict
+    def _task_db(self) -> Any:
+        from rocksdict import Rdict
 
-        from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
+        from airflow_provider_shardyfusion.core.model.rocksdb_options import ingest_only_options
 
-        shard = self.base.shard(db_id)
-        if shard is None:
-            return None
-        if self._db is None:
-            opts = rocksdb_options(auto_compactions=False)
-            # Files of many shards overlap in key range and all land in level 0: never stall on them.
-            opts.set_level_zero_slowdown_writes_trigger(1 << 30)
-            opts.set_level_zero_stop_writes_trigger(1 << 30)
-            self._db = Rdict(os.path.join(self.folder, "db"), opts)
+        if self._db is None:  # files of many shards (or layers) overlap in key range
+            self._db = Rdict(os.path.join(self.folder, "db"), ingest_only_options())
+        return self._db
+
+    def _ingest(self, target: Any, db_id: int, layer: ShardLayer, files: Iterable[ShardFile]) -> None:
+        """Download, verify and ingest ``files`` of ``layer`` into ``target`` (the task database or one
+        of its column families), in order: a newer put or tombstone wins as in a reader."""
+        from rocksdict import IngestExternalFileOptions
+
         how = IngestExternalFileOptions()
         how.set_move_files(True)
-        for layer in shard.all_layers():
-            for f in layer.files:
-                local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
-                self._files += 1
-                self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
-                checksum.verify_file(local, f.size, f.checksum,
-                                     source=f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})")
-                self._db.ingest_external_file([local], how)
-        return self._db
+        for f in files:
+            local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
+            self._files += 1
+            self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
+            checksum.verify_file(local, f.size, f.checksum,
+                                 source=f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})")
+            target.ingest_external_file([local], how)
+            self.bytes_read += f.size
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None
+
+
+class TaskBase(TaskFiles):
+    """The keys of the base shards one task's delta reads, ingested into ONE local database in ``folder``.
+
+    A key routes to exactly one shard, so one database answers each shard's ``base_exists``
+    exactly, and a task creates one database instead of one per shard: at 1000s of small shards,
+    creating, filling and closing a RocksDB per shard (through a reader and its cache) cost more
+    than the layers themselves. Each layer is read as its key index (its keys, not its values)
+    where it has one, else (written before key indexes) as its data: both hold the same keys and
+    tombstones, so a shard mixing the two answers exactly too, and a base written before key
+    indexes costs what it did. Each file is verified against the base manifest (size, checksum)
+    before it is ingested; a shard's layers go in oldest first, so a newer put or tombstone wins as in a
+    reader. For existence checks only: iterating it would mix the task's shards (and the values
+    of key indexes are empty).
+    """
+
+    def shard_db(self, db_id: int) -> Any:
+        """The database holding base shard ``db_id`` (None when the base has no such shard)."""
+        shard = self.base.shard(db_id)
+        if shard is None:
+            return None
+        db = self._task_db()
+        for layer in shard.all_layers():
+            self._ingest(db, db_id, layer, (layer.key_index,) if layer.key_index is not None else layer.files)
+        return db

@@ -10,6 +10,11 @@ run, and readers ingest them; "db" ingests them into a RocksDB database here and
 on tmpfs, the largest fixed cost left when thousands of small shards are written). Later runs are
 checked for keys already stored: at the boundary for presorted input, else by look-ups in a
 database (the shard's own with "db"; with "sst" a scratch one that only overlapping runs pay for).
+
+An "sst" shard also gets its key index (``core.write.delta.KEY_INDEX_FILE``: its keys with empty
+values), which a later delta reads instead of the data to learn which keys exist. Each run writes
+its keys next to its data; a shard of several runs merges them in a scratch database (large
+shards only, where that costs little next to their data).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import shutil
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,8 +36,14 @@ from airflow_provider_shardyfusion.core import scratch
 from airflow_provider_shardyfusion.core.errors import InputDataError, show_value
 from airflow_provider_shardyfusion.core.model import checksum, encoding
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
-from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
+from airflow_provider_shardyfusion.core.model.rocksdb_options import ingest_only_options, rocksdb_options
 from airflow_provider_shardyfusion.core.write.arrow_codec import first_null_row
+from airflow_provider_shardyfusion.core.write.delta import (
+    KEY_INDEX_FILE,
+    finish_key_index,
+    key_index_file,
+    key_index_writer,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.storage.rate_limit import WriteLimiter
@@ -65,6 +77,7 @@ class BuiltShard:
     max_key: bytes
     files: tuple[ShardFile, ...]
     timings: dict[str, float] = field(default_factory=dict)
+    key_index: ShardFile | None = None  # in ``db_dir`` too ("sst" layout only); uploaded, never data
 
     @property
     def byte_size(self) -> int:
@@ -126,6 +139,7 @@ class ShardBuilder:
         # "sst": the run files shipped, and those not yet in the scratch look-up database.
         self._ssts: list[str] = []
         self._unchecked_ssts: list[str] = []
+        self._key_runs: list[str] = []  # each run's keys, merged into the key index by finish()
         self.rows_written = 0
         self._min: bytes | None = None
         self._max: bytes | None = None
@@ -284,6 +298,10 @@ class ShardBuilder:
         sst_path = os.path.join(self._build_dir, f"run-{self._runs:05d}.sst")
         writer = SstFileWriter(options=opts)
         writer.open(sst_path)
+        keys_writer = None
+        if not as_db:
+            keys_writer = SstFileWriter(options=opts)
+            keys_writer.open(os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst"))
         values = run.values if run.order is None else run.values.take(pa.array(run.order))
         n = len(run.keys)
         for start in range(0, n, self.batch_size):
@@ -294,7 +312,12 @@ class ShardBuilder:
             if self.limiter is not None and self.limiter.active:
                 self.limiter.acquire(len(ks), sum(map(len, ks)) + sum(map(len, vs)))
             deque(map(writer.__setitem__, ks, vs), maxlen=0)  # the per-row loop without Python bytecode
+            if keys_writer is not None:
+                deque(map(keys_writer.__setitem__, ks, repeat(b"")), maxlen=0)
         writer.finish()
+        if keys_writer is not None:
+            keys_writer.finish()
+            self._key_runs.append(os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst"))
         t2 = time.perf_counter()
         self.timings["sst_write_s"] += t2 - t1
         if as_db:
@@ -366,10 +389,35 @@ class ShardBuilder:
         files = [ShardFile(name=os.path.basename(p), size=os.path.getsize(p), checksum=checksum.file_checksum(p))
                  for p in paths]
         self.timings["checksum_s"] = time.perf_counter() - t0
+        key_index = self._key_index() if self._key_runs else None
         assert self._min is not None
         assert self._max is not None
         return BuiltShard(db_dir=self.db_dir, row_count=self.rows_written, min_key=self._min, max_key=self._max,
-                          files=tuple(files), timings=dict(self.timings))
+                          files=tuple(files), timings=dict(self.timings), key_index=key_index)
+
+    def _key_index(self) -> ShardFile:
+        """The shard's key index in ``db_dir``: its one run's keys, or the keys of all its runs merged."""
+        from rocksdict import IngestExternalFileOptions, Rdict
+
+        if len(self._key_runs) == 1:
+            os.replace(self._key_runs[0], os.path.join(self.db_dir, KEY_INDEX_FILE))
+            return key_index_file(self.db_dir)
+        t0 = time.perf_counter()
+        merged = os.path.join(self._build_dir, "keys-db")
+        db = Rdict(merged, ingest_only_options())
+        try:
+            ingest = IngestExternalFileOptions()
+            ingest.set_move_files(True)
+            for path in self._key_runs:  # one at a time: runs of unsorted input overlap
+                db.ingest_external_file([path], ingest)
+            writer = key_index_writer(self.db_dir)
+            deque(map(writer.__setitem__, db.keys(), repeat(b"")), maxlen=0)
+            key_index = finish_key_index(writer, self.db_dir)
+        finally:
+            db.close()
+            shutil.rmtree(merged, ignore_errors=True)
+        self.timings["key_index_merge_s"] = time.perf_counter() - t0
+        return key_index
 
     def close(self) -> None:
         if self._db is not None:

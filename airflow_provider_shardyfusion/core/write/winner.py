@@ -27,6 +27,7 @@ class ShardResult:
     min_key: str | None = None
     max_key: str | None = None
     files: tuple[ShardFile, ...] = ()
+    key_index: ShardFile | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -39,7 +40,7 @@ class ShardResult:
         return ShardEntry(
             db_id=self.db_id, db_url=self.db_url, attempt=self.attempt, task_attempt_id=self.task_attempt_id,
             row_count=self.row_count, byte_size=self.byte_size, min_key=self.min_key, max_key=self.max_key,
-            files=self.files,
+            files=self.files, key_index=self.key_index,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -47,7 +48,7 @@ class ShardResult:
             "db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
             "db_url": self.db_url, "row_count": self.row_count, "byte_size": self.byte_size,
             "min_key": self.min_key, "max_key": self.max_key, "files": [f.to_dict() for f in self.files],
-            "timings": dict(self.timings),
+            "key_index": self.key_index.to_dict() if self.key_index is not None else None, "timings": dict(self.timings),
         }
 
     @classmethod
@@ -58,6 +59,7 @@ class ShardResult:
             db_url=d.get("db_url"), row_count=int(d["row_count"]), byte_size=int(d.get("byte_size") or 0),
             min_key=d.get("min_key"), max_key=d.get("max_key"),
             files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
+            key_index=ShardFile.from_dict(d["key_index"]) if d.get("key_index") else None,
             timings={k: float(v) for k, v in (d.get("timings") or {}).items()},
         )
 
