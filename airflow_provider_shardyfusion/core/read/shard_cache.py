@@ -6,7 +6,7 @@ SST files only (``shard_layout`` "sst") is first ingested, in the manifest's fil
 fresh database there. A marker file records what was verified, and a cached copy is re-checked
 against it on every reuse, except that a refresh builds on the database this very cache built or
 verified (the one it serves) without hashing it again, and so does the reopening of a shard whose
-handle was closed to stay within the reader's ``max_open_shards``. The copy is opened with rocksdict
+handle was closed to stay within the reader's ``max_open_shards`` and ``max_open_files``. The copy is opened with rocksdict
 in raw mode, read-only.
 
 Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
@@ -158,7 +158,7 @@ class ShardCache:
                         f"cannot open shard {db_id} of run {snapshot.run_id!r} ({shard.db_url}) from {path}: {exc}"
                     ) from exc
                 try:
-                    snapshot.register(db_id, db)
+                    snapshot.register(db_id, db, _sst_count(path))
                 except StaleSnapshot:
                     db.close()  # never shared with another thread, so closing it cannot break a read
                     raise
@@ -474,6 +474,12 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
             if build_dir is not None:
                 shutil.copyfile(path, os.path.join(folder, name))
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
+
+
+def _sst_count(folder: str) -> int:
+    """Descriptors a read-only open of the database in ``folder`` holds: one per SST file (RocksDB's
+    table cache keeps every table open), nothing else once it is open."""
+    return max(1, sum(name.endswith(".sst") for name in os.listdir(folder)))
 
 
 def _sorted_runs(db: Rdict) -> int:
