@@ -781,6 +781,8 @@ def test_max_open_shards_bounds_open_files_and_reopens_without_downloading(file_
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ReaderError, match="max_open_shards"):
             ShardedReader(file_root, max_open_shards=bad)  # type: ignore[arg-type]
+        with pytest.raises(ReaderError, match="max_open_files"):
+            ShardedReader(file_root, max_open_files=bad)  # type: ignore[arg-type]
 
 
 # ---- CEL routing ------------------------------------------------------------------------------

@@ -25,18 +25,22 @@ KEYS_PER_SHARD = 4
 # needs ~900 descriptors. 512 leaves a bounded reader (64 shards by default) plenty.
 NOFILE_LIMIT = 512
 
-_CHILD = textwrap.dedent("""
+# Every child starts so: its soft open-files limit lowered to argv[1], its other arguments after it.
+_LIMITED = textwrap.dedent("""
     import json, os, resource, sys
-    root, delta_key, delta_run, model_path, limit = sys.argv[1:]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit), hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
-    from airflow_provider_shardyfusion.core.storage import open_store
-    from tests.snapshot_factory import publish_current
 
     def descriptors():
         return len(os.listdir("/proc/self/fd"))
+""")
 
+_CHILD = _LIMITED + textwrap.dedent("""
+    from airflow_provider_shardyfusion.core.storage import open_store
+    from tests.snapshot_factory import publish_current
+
+    root, delta_key, delta_run, model_path = sys.argv[2:]
     with open(model_path) as fh:
         models = json.load(fh)
     idle = descriptors()
@@ -73,14 +77,7 @@ def test_refresh_of_a_delta_changing_every_shard_stays_within_the_descriptor_lim
     model_path = tmp_path / "models.json"
     model_path.write_text(json.dumps(models))
 
-    repo = str(Path(__file__).resolve().parents[2])  # the child imports tests.snapshot_factory
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, file_root, delta.manifest_key, delta.run_id, str(model_path), str(NOFILE_LIMIT)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run_limited(_CHILD, NOFILE_LIMIT, file_root, delta.manifest_key, delta.run_id, str(model_path))
     print("descriptors:", {k: got[k] for k in ("idle", "every_base_shard_read", "after_refresh",
                                                  "every_delta_shard_read", "max_open_shards")})
     assert got["swapped"] and got["run_id"] == "delta"
@@ -111,3 +108,66 @@ def test_a_reader_on_a_db_layout_base_refreshes_to_a_delta(file_root):
         expected = {**base, **{k: v.encode() for k, v in upserts.items()}}
         got = {k: reader.get(k) for k in expected}
     assert got == expected
+
+
+CHAIN_DBS = 40
+CHAIN_DEPTH = 8
+# Every shard of a depth-8 chain read with its layers kept is nine SST files, each an open
+# descriptor: the shard bound alone (16 shards at this limit) needs ~150 for the open shards plus a
+# build's own, past this limit.
+CHAIN_NOFILE_LIMIT = 160
+
+_CHAIN_CHILD = _LIMITED + textwrap.dedent("""
+    root, model_path = sys.argv[2:]
+    with open(model_path) as fh:
+        model = json.load(fh)
+    out = {"idle": descriptors(), "peak": 0}
+    got = {}
+    with ShardedReader(root, max_local_layers=None) as reader:
+        for k in model:
+            value = reader.get(int(k))
+            got[k] = None if value is None else value.decode()
+            out["peak"] = max(out["peak"], descriptors())
+        out["run_id"] = reader.run_id
+        out["budget"] = reader._max_open_files
+    out["got"] = got
+    print(json.dumps(out))
+""")
+
+
+def test_a_deep_chain_with_every_layer_kept_reads_back_within_the_descriptor_limit(file_root, tmp_path):
+    """Shards of many SST files each: the reader's bound counts their files, not the shards (issue #26)."""
+    keys: dict[int, list[int]] = {}
+    key = 0
+    while len(keys) < CHAIN_DBS or min(len(v) for v in keys.values()) < CHAIN_DEPTH + 1:
+        keys.setdefault(route_key(key, CHAIN_DBS), []).append(key)
+        key += 1
+    model: dict[int, str | None] = {k: f"base-{k}" for shard_keys in keys.values() for k in shard_keys}
+    build_snapshot(file_root, [(k, v.encode()) for k, v in model.items() if v is not None], num_dbs=CHAIN_DBS,
+                   run_id="base", shard_layout="sst")
+    for step in range(1, CHAIN_DEPTH + 1):  # each delta changes every shard: one more layer each
+        upserts = {shard_keys[step]: f"delta{step}-{shard_keys[step]}" for shard_keys in keys.values()}
+        deletes = [shard_keys[0] for shard_keys in keys.values()] if step == CHAIN_DEPTH else []
+        build_delta(file_root, upserts, deletes, run_id=f"delta{step:02d}")
+        model.update(upserts)
+        model.update(dict.fromkeys(deletes))
+    model_path = tmp_path / "model.json"
+    model_path.write_text(json.dumps(model))
+
+    got = _run_limited(_CHAIN_CHILD, CHAIN_NOFILE_LIMIT, file_root, str(model_path))
+    print("descriptors:", {k: got[k] for k in ("idle", "peak", "budget")})
+    assert got["run_id"] == f"delta{CHAIN_DEPTH:02d}"
+    assert got["got"] == {str(k): v for k, v in model.items()}
+    assert got["peak"] < CHAIN_NOFILE_LIMIT
+    # Bounded by the budget in files, plus what one build holds (its layers, the database's own files).
+    assert got["peak"] <= got["idle"] + got["budget"] + 2 * (CHAIN_DEPTH + 1) + 8
+
+
+def _run_limited(script: str, limit: int, *args: str) -> dict:
+    """Run a child script under an open-files limit of ``limit``; what it printed last, decoded."""
+    repo = str(Path(__file__).resolve().parents[2])  # the child imports tests.snapshot_factory
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script, str(limit), *args],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -8,8 +8,9 @@ Retired shard handles are never closed explicitly: rocksdict refuses ``close()``
 thread is inside a read of the same handle ("Already borrowed"), and the read would then fail.
 Instead the retired snapshot drops its handles and each one closes (rocksdict closes on
 deallocation) as soon as the last read still using it returns. A handle evicted to keep at most
-``max_open`` shards open closes the same way: each open database holds a descriptor per SST file,
-so a reader with every shard of thousands open runs out of descriptors (issue #26).
+``max_open`` shards and ``max_files`` SST files open closes the same way: a read-only database
+holds a descriptor per SST file, so a reader with every shard of thousands open, or with shards of
+many layers each, runs out of descriptors (issue #26).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class LoadedSnapshot:
     """One followed snapshot: its manifest, how its keys are located, the shard handles open now.
 
     Not a frozen dataclass on purpose: ``handles`` fills lazily, holding at most ``max_open``
-    (the least recently opened is dropped first: a hit costs no bookkeeping), and ``paths`` keeps
+    databases of at most ``max_files`` SST files together (but always the newest one; the least
+    recently opened is dropped first: a hit costs no bookkeeping), and ``paths`` keeps
     the local folder of every shard built or verified for it, to reopen an evicted shard without
     checking it again. Everything else is fixed at construction. ``handles`` is read without a lock
     (a dict lookup is atomic in CPython) and written only under the shard's lock and ``mutex``.
@@ -54,17 +56,20 @@ class LoadedSnapshot:
         "handles",
         "locate",
         "manifest",
+        "max_files",
         "max_open",
         "mutex",
+        "open_files",
         "paths",
         "pointer",
         "retired",
         "run_id",
         "shard_locks",
         "shards",
+        "sst_files",
     )
 
-    def __init__(self, pointer: CurrentPointer, manifest: Manifest, *, max_open: int):
+    def __init__(self, pointer: CurrentPointer, manifest: Manifest, *, max_open: int, max_files: int):
         self.pointer = pointer
         self.manifest = manifest
         self.run_id = manifest.run_id
@@ -76,6 +81,9 @@ class LoadedSnapshot:
         self.shards: dict[int, ShardEntry] = {s.db_id: s for s in manifest.shards}
         self.handles: dict[int, Rdict] = {}
         self.max_open = max_open
+        self.max_files = max_files
+        self.sst_files: dict[int, int] = {}  # SST files of each open handle
+        self.open_files = 0
         self.paths: dict[int, str] = {}
         # One lock per shard: a shard is downloaded once however many threads want it.
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
@@ -89,16 +97,22 @@ class LoadedSnapshot:
         self.group: GroupKeys | None = locator.group
         self.cel_router: CelRouter | None = locator.cel_router
 
-    def register(self, db_id: int, db: Rdict) -> None:
+    def register(self, db_id: int, db: Rdict, sst_files: int) -> None:
         with self.mutex:
             if self.retired:
                 raise StaleSnapshot()
-            while len(self.handles) >= self.max_open:
-                del self.handles[next(iter(self.handles))]  # closes once no read uses it (see above)
+            while self.handles and (len(self.handles) >= self.max_open or self.open_files + sst_files > self.max_files):
+                evicted = next(iter(self.handles))
+                del self.handles[evicted]  # closes once no read uses it (see above)
+                self.open_files -= self.sst_files.pop(evicted)
             self.handles[db_id] = db
+            self.sst_files[db_id] = sst_files
+            self.open_files += sst_files
 
     def retire(self) -> None:
         """Stop serving: later reads retry on the new snapshot; handles close once unused."""
         with self.mutex:
             self.retired = True
             self.handles.clear()
+            self.sst_files.clear()
+            self.open_files = 0

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
-__all__ = ["RefreshReport", "ShardedReader", "default_max_open_shards"]
+__all__ = ["RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,15 @@ class ShardedReader:
     this is compacted in the cache once built, so look-ups on a deep chain cost about what they
     cost on a compacted snapshot, paid once per build in CPU and transient disk (up to the shard's
     size again). None keeps every layer as it is (cheapest builds, one more file per look-up per layer).
-    ``max_open_shards``: how many shard databases stay open at once (each holds a file descriptor per
-    SST file); past it the least recently opened one is closed and reopened on its next read, from
-    the cache and without checking it again. ``refresh()`` builds every changed shard the reader had
-    open but opens in the new snapshot only as many as fit within this bound next to the old one's.
-    None: an eighth of the process's soft open-files limit (``RLIMIT_NOFILE``), at least 16.
+    ``max_open_shards`` and ``max_open_files``: how many shard databases, and how many SST files
+    in them together, stay open at once (an open shard holds a file descriptor per SST file: one per
+    layer of a chain shard kept as it is); past either the least recently opened shard is closed and
+    reopened on its next read, from the cache and without checking it again. ``refresh()`` builds
+    every changed shard the reader had open but opens in the new snapshot only as many as fit within
+    these bounds next to the old one's. None: an eighth of the process's soft open-files limit
+    (``RLIMIT_NOFILE``) for shards, a quarter for files, at least 16 each: three readers whose shards
+    hold several files each fit next to one another, builds (a shard being built holds its layers
+    and a few files more) and the rest of the process.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -84,6 +88,7 @@ class ShardedReader:
         manifest_ref: str | None = None,
         max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
         max_open_shards: int | None = None,
+        max_open_files: int | None = None,
     ):
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
@@ -96,10 +101,11 @@ class ShardedReader:
         if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
                                              or max_local_layers < 1):
             raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
-        if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int)
-                                            or max_open_shards < 1):
-            raise ReaderError(f"max_open_shards must be a positive integer or None, got {max_open_shards!r}")
+        for name, bound in (("max_open_shards", max_open_shards), ("max_open_files", max_open_files)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+                raise ReaderError(f"{name} must be a positive integer or None, got {bound!r}")
         self._max_open_shards = max_open_shards if max_open_shards is not None else default_max_open_shards()
+        self._max_open_files = max_open_files if max_open_files is not None else default_max_open_files()
         self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers)
         self.last_refresh: RefreshReport | None = None
         try:
@@ -261,7 +267,8 @@ class ShardedReader:
         While the served copy still exists, a changed shard is built on it by ingesting only the
         layers it lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay
         cold as before. Only as many are opened as fit within ``max_open_shards`` next to the
-        handles ``old`` keeps open until the swap; the others open on their first read.
+        handles ``old`` keeps open until the swap (over the files bound by one shard's files at most);
+        the others open on their first read.
         """
         rebuilt = 0
         for db_id in list(old.paths):  # every shard it served, open now or closed to stay within the bound
@@ -271,7 +278,8 @@ class ShardedReader:
             prefix = before.all_layers()
             if entry.layers[:len(prefix)] != prefix:
                 continue  # not built on what is served (a rollback, another chain): stays cold
-            if len(old.handles) + len(new.handles) < self._max_open_shards:
+            if len(old.handles) + len(new.handles) < self._max_open_shards \
+                    and old.open_files + new.open_files < self._max_open_files:
                 self._cache.open_shard(new, db_id)
             else:
                 self._cache.build_shard(new, db_id)
@@ -361,13 +369,23 @@ class ShardedReader:
 
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer), max_open=self._max_open_shards)
+        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer), max_open=self._max_open_shards,
+                              max_files=self._max_open_files)
 
 
 def default_max_open_shards() -> int:
-    """An eighth of the soft open-files limit: room for shards of several SSTs each, the old snapshot's
-    handles during a refresh, and the rest of the process."""
+    """An eighth of the soft open-files limit: room for the old snapshot's handles during a refresh,
+    shard builds, other readers and the rest of the process."""
+    return max(16, _soft_nofile() // 8)
+
+
+def default_max_open_files() -> int:
+    """A quarter of the soft open-files limit: a follower of a 1000-shard chain (up to five files a
+    shard with the default ``max_local_layers``) keeps every shard open under a limit of 20000, and
+    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit."""
+    return max(16, _soft_nofile() // 4)
+
+
+def _soft_nofile() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(16, soft // 8)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft

@@ -6,7 +6,7 @@ SST files only (``shard_layout`` "sst") is first ingested, in the manifest's fil
 fresh database there. A marker file records what was verified, and a cached copy is re-checked
 against it on every reuse, except that a refresh builds on the database this very cache built or
 verified (the one it serves) without hashing it again, and so does the reopening of a shard whose
-handle was closed to stay within the reader's ``max_open_shards``. The copy is opened with rocksdict
+handle was closed to stay within the reader's ``max_open_shards`` and ``max_open_files``. The copy is opened with rocksdict
 in raw mode, read-only.
 
 Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
@@ -158,7 +158,7 @@ class ShardCache:
                         f"cannot open shard {db_id} of run {snapshot.run_id!r} ({shard.db_url}) from {path}: {exc}"
                     ) from exc
                 try:
-                    snapshot.register(db_id, db)
+                    snapshot.register(db_id, db, _sst_count(path))
                 except StaleSnapshot:
                     db.close()  # never shared with another thread, so closing it cannot break a read
                     raise
@@ -325,8 +325,12 @@ class ShardCache:
         """A database of the shard's layers ingested oldest first, newer winning and tombstones deleting.
 
         Built from a cached database of an earlier run of the chain when one holds a prefix of the
-        layers (its files are hard-linked: SSTs never change once written, and auto-compaction is
-        off), so a refresh ingests only the layers it lacks; else from every layer.
+        layers (its files are linked: SSTs never change once written, and auto-compaction is off),
+        so a refresh ingests only the layers it lacks; else from every layer. A clone is built in
+        memory when there is room, its SSTs symbolic links to the source's: opening, ingesting into
+        and closing a database on a disk costs fsyncs that made a refresh of a delta touching
+        every shard slower than opening the new snapshot fresh (measured on 200 small shards:
+        ~13 ms of ~20 ms a shard; in memory ~4 ms); only the new files are copied out.
         """
         run_id = snapshot.run_id
         final = layout.local_cache_dir(self.root, run_id, shard.db_id)
@@ -343,11 +347,13 @@ class ShardCache:
         try:
             source, done = self._clone_source(shard.db_id, layers, exclude=run_id)
             linked: dict[str, tuple[int, int, str]] = {}
+            # A new database is built in memory only when small (see MEMORY_BUILD_FROM_DISK_MAX_BYTES);
+            # a clone copies in nothing but the layers it lacks, and out only what it writes.
+            memory = scratch.memory_workdir(
+                shard.byte_size, MEMORY_BUILD_MAX_BYTES if source is not None else MEMORY_BUILD_FROM_DISK_MAX_BYTES,
+                prefix="shardyfusion-cache-")
             if source is not None:
-                linked = _clone_db(source, staging)
-            else:  # a new database: built in memory when small (see _ingest_into_db)
-                memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_FROM_DISK_MAX_BYTES,
-                                                prefix="shardyfusion-cache-")
+                linked = _clone_db(source, os.path.join(memory, "db") if memory else staging)
             todo = [_private_link(path, os.path.join(_incoming_dir(memory or staging, layer.run_id), os.path.basename(path)))
                     for layer in shard.layers[done:] for path in self._layer_files(snapshot, shard, layer)]
             if snapshot.retired:
@@ -472,8 +478,14 @@ def _ingest_into_db(folder: str, ssts: list[str], entry: dict[str, Any], shard: 
             checksum = known[2] if known is not None and same else file_checksum(path)
             local.append({"name": name, "size": st.st_size, "checksum": checksum})
             if build_dir is not None:
-                shutil.copyfile(path, os.path.join(folder, name))
+                _link_or_copy(path, os.path.join(folder, name))
     return json.dumps(dict(entry, local_files=local), sort_keys=True)
+
+
+def _sst_count(folder: str) -> int:
+    """Descriptors a read-only open of the database in ``folder`` holds: one per SST file (RocksDB's
+    table cache keeps every table open), nothing else once it is open."""
+    return max(1, sum(name.endswith(".sst") for name in os.listdir(folder)))
 
 
 def _sorted_runs(db: Rdict) -> int:
@@ -548,8 +560,24 @@ def _private_link(path: str, target: str) -> str:
     return target
 
 
+def _link_or_copy(path: str, target: str) -> None:
+    """Put a built database's file ``path`` at ``target``: a symbolic link into the cache (a clone's
+    SST, see ``_clone_db``) becomes a hard link to the file it names; anything else is copied."""
+    if os.path.islink(path):
+        try:
+            os.link(os.path.realpath(path), target)
+            return
+        except OSError:  # another file system: copy
+            pass
+    shutil.copyfile(path, target)
+
+
 def _clone_db(source: str, into: str) -> dict[str, tuple[int, int, str]]:
-    """A copy of a closed database that shares its SSTs (hard links) and copies its small metadata files.
+    """A copy of a closed database that shares its SSTs and copies its small metadata files.
+
+    The SSTs are hard links, or, when ``into`` is on another file system (a memory-backed build
+    folder), symbolic links: RocksDB only reads them, and ``_link_or_copy`` hard-links their
+    targets when the database is copied out.
 
     Returns, per linked SST, its inode with the size and checksum the source's marker records (the
     source was verified against them just before): the clone's marker reuses them for the files
@@ -562,6 +590,7 @@ def _clone_db(source: str, into: str) -> dict[str, tuple[int, int, str]]:
     listed = marker.get("local_files") if "local_files" in marker else marker.get("files", ())
     recorded = {str(f["name"]): (int(f["size"]), str(f["checksum"])) for f in listed}
     linked: dict[str, tuple[int, int, str]] = {}
+    os.makedirs(into, exist_ok=True)
     for name in os.listdir(source):
         path = os.path.join(source, name)
         if not os.path.isfile(path) or name == "LOCK" or name.startswith("LOG") or name == _MARKER:
@@ -570,8 +599,15 @@ def _clone_db(source: str, into: str) -> dict[str, tuple[int, int, str]]:
         if name.endswith(".sst"):
             try:
                 os.link(path, target)
-            except OSError:  # another file system: copy
-                pass
+            except OSError:  # another file system: a symbolic link, else a copy
+                try:
+                    os.symlink(os.path.abspath(path), target)
+                except OSError:
+                    pass
+                else:
+                    if name in recorded:
+                        linked[name] = (os.stat(target).st_ino, *recorded[name])
+                    continue
             else:
                 if name in recorded:
                     linked[name] = (os.stat(target).st_ino, *recorded[name])
