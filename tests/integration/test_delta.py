@@ -603,7 +603,7 @@ def test_a_delta_reads_the_key_indexes_of_its_base_not_its_data(spark, tmp_path,
     # Validation checks each key index: present, its size, its checksum.
     snapshots = SnapshotRoot(store)
     assert check_storage(snapshots, delta, verify_checksums=True) == []
-    victim = store.key_of(f"{new_layers[0].db_url}/{KEY_INDEX_FILE}")
+    victim = store.key_of(f"{full.shards[0].db_url}/{KEY_INDEX_FILE}")  # an inherited layer's, read by the delta
     local = tmp_path / "victim.sst"
     store.download_file(victim, str(local))
     data = bytearray(local.read_bytes())
