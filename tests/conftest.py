@@ -53,6 +53,16 @@ def pytest_configure(config):
         os.environ["PATH"] = str(refusal / "bin") + os.pathsep + os.environ["PATH"]
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.scheduling import FileSeconds, LongestFileFirst
+
+    config.pluginmanager.register(FileSeconds(), "shardyfusion-file-seconds")
+    return LongestFileFirst(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
