@@ -35,6 +35,14 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.pop("AWS_PROFILE", None)
 if VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = VENV_BIN + os.pathsep + os.environ.get("PATH", "")
+# The suite starts hundreds of Python processes (DAG runs, spark-submit drivers, Spark's Python
+# workers, CLIs); with PYTHONDONTWRITEBYTECODE each compiles Airflow, PySpark & co. from source again
+# (~4 s of CPU per Airflow process). Their bytecode goes to a cache of the suite's own instead, so the
+# source tree and the venv stay as free of .pyc files as the variable asked.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(ROOT / ".pytest_cache" / "pycache"))
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 
 def pytest_configure(config):
@@ -43,6 +51,16 @@ def pytest_configure(config):
         refusal = write_spark_refusal(Path(tempfile.mkdtemp(prefix="shardyfusion-no-spark-")))
         os.environ["SPARK_HOME"] = str(refusal)
         os.environ["PATH"] = str(refusal / "bin") + os.pathsep + os.environ["PATH"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.scheduling import FileSeconds, LongestFileFirst
+
+    config.pluginmanager.register(FileSeconds(), "shardyfusion-file-seconds")
+    return LongestFileFirst(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
