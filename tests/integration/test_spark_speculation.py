@@ -13,6 +13,7 @@ import time
 import pytest
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.model.manifest import stored_files
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.spark_cluster import WorkerSpec, standalone_cluster
 from tests.spark_helpers import assert_exact, int_table, read_snapshot, run, write_parquet
@@ -87,7 +88,7 @@ def test_speculative_copy_wins_and_the_slow_original_leaves_nothing(speculative_
     store = open_store(root)
     winner_prefixes = tuple(store.key_of(s.db_url) + "/" for s in manifest.shards)
     slow_prefix = layout.shard_db_prefix(manifest.run_id, SLOW_DB)
-    winner_files = sorted(store.key_of(winner.db_url) + "/" + f.name for f in winner.files)
+    winner_files = sorted(store.key_of(winner.db_url) + "/" + f.name for f in stored_files(winner.files, winner.key_index))
     # What the writer guarantees when run_write returns: only winners' objects are left in this run.
     left = _keys_under(store, layout.shards_prefix(manifest.run_id))
     assert left and all(k.startswith(winner_prefixes) for k in left), left
