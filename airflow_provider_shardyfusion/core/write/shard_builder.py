@@ -299,9 +299,10 @@ class ShardBuilder:
         writer = SstFileWriter(options=opts)
         writer.open(sst_path)
         keys_writer = None
+        keys_path = os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst")
         if not as_db:
             keys_writer = SstFileWriter(options=opts)
-            keys_writer.open(os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst"))
+            keys_writer.open(keys_path)
         values = run.values if run.order is None else run.values.take(pa.array(run.order))
         n = len(run.keys)
         for start in range(0, n, self.batch_size):
@@ -317,7 +318,7 @@ class ShardBuilder:
         writer.finish()
         if keys_writer is not None:
             keys_writer.finish()
-            self._key_runs.append(os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst"))
+            self._key_runs.append(keys_path)
         t2 = time.perf_counter()
         self.timings["sst_write_s"] += t2 - t1
         if as_db:
