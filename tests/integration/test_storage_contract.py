@@ -499,3 +499,22 @@ def test_async_reader_on_an_unreachable_endpoint_raises_storage_error():
     with pytest.raises(StorageError, match=re.escape("S3 get of s3://bucket/snap/_CURRENT failed: ")) as info:
         _aread("s3://bucket/snap", options, "_CURRENT")
     assert "Connect" in type(info.value.__cause__).__name__
+
+
+def test_a_second_s3_client_reads_no_service_model_files(s3_options, monkeypatch):
+    """Stores are opened per operation (readers, checks, publishes): after the first, a client must
+    not re-read botocore's JSON service models, which cost most of a new client. Each client still
+    gets its own session (credentials are per store) and works."""
+    from botocore.loaders import JSONFileLoader
+
+    from airflow_provider_shardyfusion.core.storage.base import StorageOptions
+    from airflow_provider_shardyfusion.core.storage.s3 import make_s3_client
+
+    options = StorageOptions.from_dict(s3_options)
+    make_s3_client(options)
+    reads = []
+    original = JSONFileLoader.load_file
+    monkeypatch.setattr(JSONFileLoader, "load_file", lambda self, path: reads.append(path) or original(self, path))
+    second = make_s3_client(options)
+    assert reads == []
+    assert "Buckets" in second.list_buckets()
