@@ -128,8 +128,8 @@ def upload_shard(store: ObjectStore, local_dir: str, attempt_key: str) -> tuple[
 
 
 def write_key_index(store: ObjectStore, folder: str, sorted_keys: list[bytes], attempt_key: str) -> ShardFile:
-    """A full shard's key index (core.write.delta.KEY_INDEX_FILE) of ``sorted_keys``, uploaded next to its data."""
-    from airflow_provider_shardyfusion.core.write.delta import finish_key_index, key_index_writer
+    """A full shard's key index (core.write.key_index.KEY_INDEX_FILE) of ``sorted_keys``, uploaded next to its data."""
+    from airflow_provider_shardyfusion.core.write.key_index import finish_key_index, key_index_writer
 
     os.makedirs(folder)
     writer = key_index_writer(folder)

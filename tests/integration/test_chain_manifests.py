@@ -288,7 +288,8 @@ def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_
     shard, so each shard's existence answers stay exact, tombstones of later layers included. A layer
     with a key index is read as it alone; a layer written before key indexes (here the base's full
     layers) as its data."""
-    from airflow_provider_shardyfusion.core.write.delta import KEY_INDEX_FILE, Change, TaskBase, base_exists
+    from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
+    from airflow_provider_shardyfusion.core.write.key_index import KEY_INDEX_FILE
 
     model = {k: b"v" for k in range(200)}
     build_snapshot(file_root, model.items(), num_dbs=6, run_id="t0", shard_layout="sst", key_index=key_index)

@@ -548,7 +548,8 @@ def test_a_delta_reads_the_key_indexes_of_its_base_not_its_data(spark, tmp_path,
     from airflow_provider_shardyfusion.core.lifecycle.integrity import check_storage
     from airflow_provider_shardyfusion.core.model.encoding import encode_key
     from airflow_provider_shardyfusion.core.model.routing import route_key
-    from airflow_provider_shardyfusion.core.write.delta import KEY_INDEX_FILE, Change, TaskBase, base_exists
+    from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
+    from airflow_provider_shardyfusion.core.write.key_index import KEY_INDEX_FILE
 
     chain = Chain(spark, tmp_path, file_root, None)
     chain.write("full", {k: f"v0-{k}-" + "x" * 60 for k in range(400)})

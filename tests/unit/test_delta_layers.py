@@ -11,14 +11,12 @@ from airflow_provider_shardyfusion.core.model.checksum import file_checksum
 from airflow_provider_shardyfusion.core.model.encoding import decode_key, encode_key
 from airflow_provider_shardyfusion.core.write.delta import (
     DELTA_KEY_INDEX_MIN_VALUE_BYTES,
-    KEY_INDEX_FILE,
     LAYER_FILE,
     Change,
-    finish_key_index,
-    key_index_writer,
     write_compacted_layer,
     write_delta_layer,
 )
+from airflow_provider_shardyfusion.core.write.key_index import KEY_INDEX_FILE, finish_key_index, key_index_writer
 
 
 def k(i: int) -> bytes:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_shardyfusion.core.errors import InputDataError, show_value
 from airflow_provider_shardyfusion.core.model import checksum, encoding
 from airflow_provider_shardyfusion.core.model.manifest import ShardFile
+from airflow_provider_shardyfusion.core.write.key_index import finish_key_index, key_index_writer, shard_file, sst_writer
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPACT_RUN_ROWS",
     "DELTA_KEY_INDEX_MIN_VALUE_BYTES",
-    "KEY_INDEX_FILE",
     "LAYER_FILE",
     "BuiltLayer",
     "Change",
@@ -45,9 +45,6 @@ __all__ = [
     "chain_shards",
     "chain_stats",
     "count_changes",
-    "finish_key_index",
-    "key_index_file",
-    "key_index_writer",
     "merged_items",
     "select_layer_winners",
     "sorted_changes",
@@ -56,7 +53,6 @@ __all__ = [
 ]
 
 LAYER_FILE = "layer-00000.sst"
-KEY_INDEX_FILE = "keys-00000.sst"
 # A delta layer whose values total less gets no key index: the next delta reads the small layer
 # itself for about what its index would cost (an SST's fixed overhead dominates both), and a
 # delta touching thousands of shards, or a stream batch every minute, would pay a second file per
@@ -150,36 +146,6 @@ def base_exists(base_db: Any, changes: Sequence[Change]) -> list[bool]:
     return [v is not None for v in found]
 
 
-def _sst_writer(path: str) -> Any:
-    from rocksdict import SstFileWriter
-
-    from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
-
-    writer = SstFileWriter(options=rocksdb_options())
-    writer.open(path)
-    return writer
-
-
-def _shard_file(folder: str, name: str) -> ShardFile:
-    path = os.path.join(folder, name)
-    return ShardFile(name=name, size=os.path.getsize(path), checksum=checksum.file_checksum(path))
-
-
-def key_index_writer(folder: str) -> Any:
-    """The SST writer of a layer's key index in ``folder``: set ``writer[key] = b""`` per put, del per deletion."""
-    return _sst_writer(os.path.join(folder, KEY_INDEX_FILE))
-
-
-def finish_key_index(writer: Any, folder: str) -> ShardFile:
-    writer.finish()
-    return key_index_file(folder)
-
-
-def key_index_file(folder: str) -> ShardFile:
-    """The manifest's entry of the key index written in ``folder``."""
-    return _shard_file(folder, KEY_INDEX_FILE)
-
-
 def write_delta_layer(folder: str, changes: Sequence[Change], *, base_db: Any, base_rows: int) -> BuiltLayer:
     """One SST of puts and tombstones in ``folder``, and its key index when the values are worth
     skipping (``DELTA_KEY_INDEX_MIN_VALUE_BYTES``); counts against ``base_db``."""
@@ -187,7 +153,7 @@ def write_delta_layer(folder: str, changes: Sequence[Change], *, base_db: Any, b
         raise ValueError("a delta layer needs at least one change")
     counts = count_changes(changes, base_exists(base_db, changes))
     os.makedirs(folder, exist_ok=True)
-    writer = _sst_writer(os.path.join(folder, LAYER_FILE))
+    writer = sst_writer(os.path.join(folder, LAYER_FILE))
     indexed = sum(len(c.value) for c in changes if c.value is not None) >= DELTA_KEY_INDEX_MIN_VALUE_BYTES
     keys = key_index_writer(folder) if indexed else None
     for change in changes:
@@ -200,7 +166,7 @@ def write_delta_layer(folder: str, changes: Sequence[Change], *, base_db: Any, b
             if keys is not None:
                 keys[change.key] = b""
     writer.finish()
-    return BuiltLayer(folder=folder, files=(_shard_file(folder, LAYER_FILE),), min_key=changes[0].key,
+    return BuiltLayer(folder=folder, files=(shard_file(folder, LAYER_FILE),), min_key=changes[0].key,
                       max_key=changes[-1].key, counts=counts, row_count=base_rows + counts.row_delta,
                       key_index=finish_key_index(keys, folder) if keys is not None else None)
 
@@ -240,7 +206,7 @@ def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: An
     for key, value in merged_items(base_items, changes):
         if writer is None:
             name = f"run-{len(files):05d}.sst"
-            writer, in_run = _sst_writer(os.path.join(folder, name)), 0
+            writer, in_run = sst_writer(os.path.join(folder, name)), 0
         writer[key] = value
         if keys is None:
             keys = key_index_writer(folder)
@@ -251,11 +217,11 @@ def write_compacted_layer(folder: str, changes: Sequence[Change], *, base_db: An
         rows += 1
         if in_run >= run_rows:
             writer.finish()
-            files.append(_shard_file(folder, name))
+            files.append(shard_file(folder, name))
             writer = None
     if writer is not None:
         writer.finish()
-        files.append(_shard_file(folder, name))
+        files.append(shard_file(folder, name))
     if keys is None:
         return None
     return BuiltLayer(folder=folder, files=tuple(files), min_key=first, max_key=last, counts=counts, row_count=rows,

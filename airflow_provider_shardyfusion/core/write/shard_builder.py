@@ -11,7 +11,7 @@ on tmpfs, the largest fixed cost left when thousands of small shards are written
 checked for keys already stored: at the boundary for presorted input, else by look-ups in a
 database (the shard's own with "db"; with "sst" a scratch one that only overlapping runs pay for).
 
-An "sst" shard also gets its key index (``core.write.delta.KEY_INDEX_FILE``: its keys with empty
+An "sst" shard also gets its key index (``core.write.key_index.KEY_INDEX_FILE``: its keys with empty
 values), which a later delta reads instead of the data to learn which keys exist. Each run writes
 its keys next to its data; a shard of several runs merges them in a scratch database (large
 shards only, where that costs little next to their data).
@@ -38,7 +38,7 @@ from airflow_provider_shardyfusion.core.model import checksum, encoding
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_DB, SHARD_LAYOUT_SST, SHARD_LAYOUTS, ShardFile
 from airflow_provider_shardyfusion.core.model.rocksdb_options import ingest_only_options, rocksdb_options
 from airflow_provider_shardyfusion.core.write.arrow_codec import first_null_row
-from airflow_provider_shardyfusion.core.write.delta import (
+from airflow_provider_shardyfusion.core.write.key_index import (
     KEY_INDEX_FILE,
     finish_key_index,
     key_index_file,
