@@ -273,7 +273,9 @@ class ShardedReader:
             return True
 
     def open_shard(self, db_id: int) -> Any:
-        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer."""
+        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer.
+
+        A live reader's is its live database: read it only, and know that a refresh ingests into it."""
         while True:
             state = self._current()
             try:
