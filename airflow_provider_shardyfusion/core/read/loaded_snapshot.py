@@ -174,7 +174,8 @@ class LoadedSnapshot:
         """
         with self.mutex:
             for db_id, live in self.live.items():
-                if db_id in self.handles:
+                # One pinned by a refresh that failed keeps that pin: its database may hold more now.
+                if db_id in self.handles and not isinstance(self.handles[db_id], PinnedShard):
                     self.handles[db_id] = PinnedShard(live.db.snapshot())
             self.generation += 1
             return dict(self.live)

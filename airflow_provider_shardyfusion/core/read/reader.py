@@ -315,15 +315,27 @@ class ShardedReader:
                 self._cache.build_shard(new, db_id)
             rebuilt += bool(added)
         if ingest:
-            # Downloads wait on storage (an S3 round trip each): several at once.
-            with ThreadPoolExecutor(_LAYER_DOWNLOADS) as pool:
-                downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job[2], job[4]), ingest))
-            old.pin_live()
-            for (db_id, live, entry, reused, _), files in zip(ingest, downloaded, strict=True):
+            self._ingest_live(old, new, ingest)
+        return rebuilt
+
+    def _ingest_live(self, old: LoadedSnapshot, new: LoadedSnapshot,
+                     jobs: list[tuple[int, LiveDb, ShardEntry, int, tuple[ShardLayer, ...]]]) -> None:
+        """Download and verify every job's layers, then pin ``old`` and ingest them; ``new`` serves the databases."""
+        # Downloads wait on storage (an S3 round trip each): several at once.
+        with ThreadPoolExecutor(_LAYER_DOWNLOADS) as pool:
+            downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job[2], job[4]), jobs))
+        old.pin_live()
+        done: list[LiveDb] = []
+        try:
+            for (db_id, live, entry, reused, _), files in zip(jobs, downloaded, strict=True):
                 if files:
                     self._cache.ingest_live(live, files, entry, new.run_id, reused_layers=reused)
+                    done.append(live)
                 self._cache.adopt_live(new, db_id, live)
-        return rebuilt
+        except BaseException:
+            for live in done:  # they hold layers of a snapshot nobody will serve: never ingest into them again
+                live.broken = True
+            raise
 
     def close(self) -> None:
         """Close every shard and, for a private cache, delete the downloads. Idempotent."""
