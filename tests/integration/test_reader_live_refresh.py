@@ -96,9 +96,19 @@ def test_a_read_racing_a_failed_refresh_sees_the_old_snapshot_whole(file_root, m
         # the shard whose handle the read held took its new layer before the failure
         assert taken and calls[0] == taken[0] and len(calls) == 2 and reader.run_id == "base"
         assert {k: reader.get(k) for k in base} == base
-        monkeypatch.setattr(shard_cache.ShardCache, "ingest_live", ingest)
         state.handles = dict(state.handles)
+        during: list[list[bytes | None]] = []
+
+        def read_then_ingest(self, live, files, shard, run_id, *, reused_layers):
+            # The next refresh has pinned the old snapshot again: the shard that took its layer in
+            # the failed refresh must still read as before.
+            if not during:
+                during.append(reader.multi_get(order))
+            ingest(self, live, files, shard, run_id, reused_layers=reused_layers)
+
+        monkeypatch.setattr(shard_cache.ShardCache, "ingest_live", read_then_ingest)
         assert reader.refresh() and reader.run_id == "delta"
+        assert during == [[base[k] for k in order]]
         assert {k: reader.get(k) for k in expected} == expected
         assert reader.multi_get(list(expected)) == list(expected.values())
 
