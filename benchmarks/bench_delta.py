@@ -4,12 +4,14 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 
 1. full write of the base: ``--rows`` int64 keys (scrambled order, ~100-byte values, the input
    bench_write.py generates, untimed) in ``--num-dbs`` shards;
-2. a reader opens the base with every shard opened (before the delta);
+2. a follower (``ShardedReader(live=True)``: shards served from live read-write databases, into
+   which a refresh ingests the new layers) opens the base with every shard opened (before the delta);
 3. a delta of ``--delta-pct`` % of the keys: half updates of existing keys, a quarter inserts of
    new keys, a quarter deletes of existing keys (the delta's parquet is written untimed).
    Delta write time / full write time;
 4. ``refresh()`` of that reader: bytes downloaded / (the delta's layer bytes + its manifest bytes),
-   and refresh time / time to open the new snapshot fresh (empty cache, every shard opened);
+   and refresh time / time to open the new snapshot fresh (empty cache, every shard opened, by a
+   default read-only reader);
 5. how the writer learns whether a changed key existed (each task ingests the key indexes of the
    base shards it writes, ``keys-00000.sst`` of every layer: keys with empty values and tombstones,
    verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB MultiGet
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"full write: {full_s:.2f}s, {base.byte_size} bytes")
 
     # -- 2. a reader on the base, every shard opened, before the delta ------------------------------
-    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs)
+    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs, live=True)
     _log(f"base opened fresh (every shard): {base_open_s:.2f}s")
 
     # -- 3. the measured delta -------------------------------------------------------------------

@@ -356,6 +356,16 @@ def build_delta(
 _KEY_SPAN = 1 << 40  # u64be keys of shard ``db_id`` lie in [db_id * span, (db_id + 1) * span)
 
 
+def keys_by_shard(num_dbs: int, per_shard: int) -> dict[int, list[int]]:
+    """The smallest int keys, by the shard hash routing sends them to, until every shard has ``per_shard``."""
+    keys: dict[int, list[int]] = {}
+    key = 0
+    while len(keys) < num_dbs or min(len(v) for v in keys.values()) < per_shard:
+        keys.setdefault(route_key(key, num_dbs), []).append(key)
+        key += 1
+    return keys
+
+
 def _fake_file(name: str, run_id: str, db_id: int, rows: int) -> ShardFile:
     digest = f"{hash((run_id, db_id, name)) & ((1 << 128) - 1):032x}"
     return ShardFile(name=name, size=40 * rows + 4096, checksum=f"xxh3_128:{digest}")

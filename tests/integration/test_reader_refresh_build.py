@@ -1,9 +1,8 @@
 """What ``refresh()`` to a delta does to the shards a reader serves (SPEC §13, issue #26).
 
-A changed shard is built on the database the reader serves by ingesting only the new layer; that
-build runs in memory (the served SSTs linked in, only new files copied out), because opening,
-ingesting into and closing a RocksDB database on the disk cache costs fsyncs that made a refresh
-of a delta touching every shard slower than opening the new snapshot fresh. Snapshots are real
+A live reader with a memory-backed folder ingests the new layer into the database it serves
+(``test_reader_live_refresh``). Without one, a changed shard is built in the cache on the database
+the reader serves by ingesting only the new layer (the served SSTs linked in). Snapshots are real
 (``tests.snapshot_factory``: shard databases and delta layers written by ``core``), on the local
 store; ``Rdict`` is wrapped only to record which folders are opened for writing.
 """
@@ -16,12 +15,11 @@ import pytest
 from rocksdict import Rdict
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read import shard_cache
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
-from tests.snapshot_factory import build_delta, build_snapshot, publish_current
+from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
 
 NUM_DBS = 6
 
@@ -34,21 +32,17 @@ def _ssts(folder: str) -> set[int]:
     return {os.stat(os.path.join(folder, n)).st_ino for n in os.listdir(folder) if n.endswith(".sst")}
 
 
-@pytest.mark.parametrize("memory", [True, False], ids=["in-memory", "on-disk"])
+@pytest.mark.parametrize("mode", ["live", "in-memory", "on-disk"])
 def test_a_refresh_builds_each_changed_shard_on_the_served_files_and_pinned_readers_keep_theirs(
-        file_root, tmp_path, monkeypatch, memory):
-    keys: dict[int, list[int]] = {}
-    key = 0
-    while len(keys) < NUM_DBS or min(len(v) for v in keys.values()) < 5:
-        keys.setdefault(route_key(key, NUM_DBS), []).append(key)
-        key += 1
+        file_root, tmp_path, monkeypatch, mode):
+    keys = keys_by_shard(NUM_DBS, 5)
     base = {k: f"base-{k}".encode() for shard_keys in keys.values() for k in shard_keys}
     build_snapshot(file_root, list(base.items()), num_dbs=NUM_DBS, run_id="base", shard_layout="sst")
     upserts = {shard_keys[1]: f"delta-{shard_keys[1]}" for shard_keys in keys.values()}  # every shard changes
     deletes = [shard_keys[2] for shard_keys in keys.values()]
     delta = build_delta(file_root, upserts, deletes, run_id="delta", publish=False)
     expected = {**base, **{k: v.encode() for k, v in upserts.items()}, **dict.fromkeys(deletes)}
-    if not memory:  # no memory-backed folder: the build runs in the cache's staging folder
+    if mode == "on-disk":  # no memory-backed folder: the build runs in the cache's staging folder
         monkeypatch.setattr(shard_cache.scratch, "memory_dir", lambda: None)
     written: list[str] = []
 
@@ -58,7 +52,7 @@ def test_a_refresh_builds_each_changed_shard_on_the_served_files_and_pinned_read
         return Rdict(path, *args, **kwargs)
 
     cache = str(tmp_path / "cache")
-    with ShardedReader(file_root, cache_dir=cache) as follower, \
+    with ShardedReader(file_root, cache_dir=cache, live=mode == "live") as follower, \
             ShardedReader(file_root, cache_dir=cache, manifest_ref=_base_ref(file_root)) as pinned:
         assert {k: follower.get(k) for k in base} == base
         assert {k: pinned.get(k) for k in base} == base
@@ -69,11 +63,15 @@ def test_a_refresh_builds_each_changed_shard_on_the_served_files_and_pinned_read
         report = follower.last_refresh
         assert report is not None and report.shards_rebuilt == NUM_DBS and report.layers_downloaded == NUM_DBS
         assert report.layers_reused == NUM_DBS  # each built on the served database, not from every layer
-        assert len(written) == NUM_DBS
-        in_cache = [p for p in written if p.startswith(cache + os.sep)]
-        assert in_cache == ([] if memory else written)
-        for db_id in range(NUM_DBS):  # the served SSTs are shared (hard links), not copied
-            assert served[db_id] < _ssts(layout.local_cache_dir(cache, "delta", db_id))
+        if mode == "live":  # the layer went into the live database: nothing built, nothing opened
+            assert written == []
+            assert not os.path.exists(layout.local_cache_dir(cache, "delta", 0))
+        else:
+            assert len(written) == NUM_DBS
+            in_cache = [p for p in written if p.startswith(cache + os.sep)]
+            assert in_cache == ([] if mode == "in-memory" else written)
+            for db_id in range(NUM_DBS):  # the served SSTs are shared (hard links), not copied
+                assert served[db_id] < _ssts(layout.local_cache_dir(cache, "delta", db_id))
         assert {k: follower.get(k) for k in expected} == expected
         assert follower.multi_get(list(expected)) == list(expected.values())
         assert {k: pinned.get(k) for k in base} == base  # the old run's folders are untouched

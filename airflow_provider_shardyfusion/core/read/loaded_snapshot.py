@@ -11,11 +11,20 @@ deallocation) as soon as the last read still using it returns. A handle evicted 
 ``max_open`` shards and ``max_files`` SST files open closes the same way: a read-only database
 holds a descriptor per SST file, so a reader with every shard of thousands open, or with shards of
 many layers each, runs out of descriptors (issue #26).
+
+A shard may be *live* (``live``): served from a read-write database private to the reader, into
+which ``refresh()`` ingests the new layers instead of building and opening the shard again. The
+old and the new snapshot then share that database: before the first ingestion the refresh pins the
+old snapshot (``pin_live``): its live handles become reads through a RocksDB snapshot taken then,
+and ``generation`` moves on, so a read that took a handle before the pin and read it after an
+ingestion sees the change of generation and reads again, through the pin.
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
@@ -26,16 +35,57 @@ from airflow_provider_shardyfusion.core.read.key_locator import GroupKeys, KeyLo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rocksdict import Rdict
+    from rocksdict import Rdict, Snapshot
 
     from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
     from airflow_provider_shardyfusion.core.model.routing import CelRouter
 
-__all__ = ["LoadedSnapshot", "StaleSnapshot"]
+__all__ = ["LiveDb", "LoadedSnapshot", "PinnedShard", "StaleSnapshot"]
+
+# What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
+_NOT_FOUND = "key not found"
 
 
 class StaleSnapshot(Exception):
     """Internal: the snapshot a read started on was swapped out by ``refresh()``/``close()``."""
+
+
+class LiveDb:
+    """A reader's private read-write database of one shard (see the module's docstring).
+
+    ``folder`` is removed once no snapshot holds this object any more. ``broken``: an ingestion
+    into it failed, so it may hold part of a snapshot nobody serves: no refresh ingests into it again.
+    """
+
+    __slots__ = ("__weakref__", "broken", "db", "folder")
+
+    def __init__(self, db: Rdict, folder: str):
+        self.db = db
+        self.folder = folder
+        self.broken = False
+        weakref.finalize(self, shutil.rmtree, folder, True)
+
+
+class PinnedShard:
+    """A live shard read as it was when pinned: ``get`` like an Rdict's (one key or a list)."""
+
+    __slots__ = ("_snapshot",)
+
+    def __init__(self, snapshot: Snapshot):
+        self._snapshot = snapshot
+
+    def get(self, key: Any) -> Any:
+        if isinstance(key, list):
+            return [self._get(k) for k in key]
+        return self._get(key)
+
+    def _get(self, key: Any) -> Any:
+        try:
+            return self._snapshot[key]
+        except Exception as exc:
+            if str(exc) == _NOT_FOUND:
+                return None
+            raise
 
 
 class LoadedSnapshot:
@@ -52,8 +102,10 @@ class LoadedSnapshot:
     __slots__ = (
         "cel_router",
         "decode",
+        "generation",
         "group",
         "handles",
+        "live",
         "locate",
         "manifest",
         "max_files",
@@ -79,12 +131,14 @@ class LoadedSnapshot:
                 f"(expected one of {list(SHARD_LAYOUTS)}); upgrade the reader"
             )
         self.shards: dict[int, ShardEntry] = {s.db_id: s for s in manifest.shards}
-        self.handles: dict[int, Rdict] = {}
+        self.handles: dict[int, Rdict | PinnedShard] = {}
         self.max_open = max_open
         self.max_files = max_files
         self.sst_files: dict[int, int] = {}  # SST files of each open handle
         self.open_files = 0
         self.paths: dict[int, str] = {}
+        self.live: dict[int, LiveDb] = {}  # the open handles that are live databases
+        self.generation = 0
         # One lock per shard: a shard is downloaded once however many threads want it.
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
         self.mutex = threading.Lock()
@@ -97,22 +151,40 @@ class LoadedSnapshot:
         self.group: GroupKeys | None = locator.group
         self.cel_router: CelRouter | None = locator.cel_router
 
-    def register(self, db_id: int, db: Rdict, sst_files: int) -> None:
+    def register(self, db_id: int, db: Rdict, sst_files: int, live: LiveDb | None = None) -> None:
         with self.mutex:
             if self.retired:
                 raise StaleSnapshot()
             while self.handles and (len(self.handles) >= self.max_open or self.open_files + sst_files > self.max_files):
                 evicted = next(iter(self.handles))
                 del self.handles[evicted]  # closes once no read uses it (see above)
+                self.live.pop(evicted, None)
                 self.open_files -= self.sst_files.pop(evicted)
             self.handles[db_id] = db
             self.sst_files[db_id] = sst_files
             self.open_files += sst_files
+            if live is not None:
+                self.live[db_id] = live
+
+    def pin_live(self) -> dict[int, LiveDb]:
+        """Serve every live shard through a RocksDB snapshot of its database as it is now; return them.
+
+        Called before a refresh ingests into them: this snapshot keeps answering as before until it
+        is retired (or, if the refresh fails, for good).
+        """
+        with self.mutex:
+            for db_id, live in self.live.items():
+                # One pinned by a refresh that failed keeps that pin: its database may hold more now.
+                if db_id in self.handles and not isinstance(self.handles[db_id], PinnedShard):
+                    self.handles[db_id] = PinnedShard(live.db.snapshot())
+            self.generation += 1
+            return dict(self.live)
 
     def retire(self) -> None:
         """Stop serving: later reads retry on the new snapshot; handles close once unused."""
         with self.mutex:
             self.retired = True
             self.handles.clear()
+            self.live.clear()
             self.sst_files.clear()
             self.open_files = 0

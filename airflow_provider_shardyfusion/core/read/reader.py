@@ -15,6 +15,7 @@ import logging
 import resource
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,18 +24,21 @@ from airflow_provider_shardyfusion.core.errors import ManifestValidationError, O
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
-from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
+from airflow_provider_shardyfusion.core.read.loaded_snapshot import LiveDb, LoadedSnapshot, StaleSnapshot
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
     import os
 
-    from airflow_provider_shardyfusion.core.model.manifest import Manifest
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardLayer
 
 __all__ = ["RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards"]
 
 log = logging.getLogger(__name__)
+
+# Layer downloads one refresh runs at once.
+_LAYER_DOWNLOADS = 8
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,18 @@ class ShardedReader:
     ``max_open_shards`` and ``max_open_files``: how many shard databases, and how many SST files
     in them together, stay open at once (an open shard holds a file descriptor per SST file: one per
     layer of a chain shard kept as it is); past either the least recently opened shard is closed and
-    reopened on its next read, from the cache and without checking it again. ``refresh()`` builds
-    every changed shard the reader had open but opens in the new snapshot only as many as fit within
-    these bounds next to the old one's. None: an eighth of the process's soft open-files limit
-    (``RLIMIT_NOFILE``) for shards, a quarter for files, at least 16 each: three readers whose shards
-    hold several files each fit next to one another, builds (a shard being built holds its layers
-    and a few files more) and the rest of the process.
+    reopened on its next read, from the cache and without checking it again. ``live=True`` (a
+    follower; not with ``manifest_ref``): each SST-layout shard is served from a private read-write
+    clone in a memory-backed folder (six descriptors more, counted as files), and ``refresh()``
+    ingests a delta's new layers into the open databases, shared with the old snapshot until the
+    swap (which reads them pinned to a RocksDB snapshot meanwhile), instead of building and opening
+    the shards again. Otherwise (and for a shard a live reader had closed, or past
+    ``max_local_layers``) ``refresh()`` builds every changed shard the reader had open but opens in
+    the new snapshot only as many as fit within the bounds next to the old one's. None: an eighth
+    of the process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for files (half
+    for a live reader), at least 16 each: three read-only readers whose shards hold several files
+    each fit next to one another, builds (a shard being built holds its layers and a few files
+    more) and the rest of the process.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -89,6 +99,7 @@ class ShardedReader:
         max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
         max_open_shards: int | None = None,
         max_open_files: int | None = None,
+        live: bool = False,
     ):
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
@@ -105,8 +116,10 @@ class ShardedReader:
             if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
                 raise ReaderError(f"{name} must be a positive integer or None, got {bound!r}")
         self._max_open_shards = max_open_shards if max_open_shards is not None else default_max_open_shards()
-        self._max_open_files = max_open_files if max_open_files is not None else default_max_open_files()
-        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers)
+        if live and self._pinned:
+            raise ReaderError("live=True is for a reader that follows _CURRENT; a manifest_ref reader never refreshes")
+        self._max_open_files = max_open_files if max_open_files is not None else default_max_open_files(live=live)
+        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers, live=live)
         self.last_refresh: RefreshReport | None = None
         try:
             pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()
@@ -151,10 +164,13 @@ class ShardedReader:
         """
         state = self._state
         if state is not None:
+            generation = state.generation
             db_id, stored = state.locate(key, routing_context)
             db = state.handles.get(db_id)
             if db is not None:
                 data = db.get(stored)
+                if state.generation != generation:  # pinned by a refresh meanwhile: read through the pin
+                    return self._get_slow(key, routing_context)
                 if data is None:
                     return None
                 decode = state.decode
@@ -181,11 +197,15 @@ class ShardedReader:
                 )
         while True:
             state = self._current()
+            generation = state.generation
             try:
                 shared = routing_context if contexts is None and isinstance(routing_context, Mapping) else None
-                return self._multi_get(state, keys, shared, contexts)
+                values = self._multi_get(state, keys, shared, contexts)
             except StaleSnapshot:
                 self._check_swapped(state)
+                continue
+            if state.generation == generation:  # else a refresh pinned this snapshot meanwhile: read again
+                return values
 
     def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
         """The shard id ``key`` routes to (the writer's function, SPEC §4)."""
@@ -253,7 +273,9 @@ class ShardedReader:
             return True
 
     def open_shard(self, db_id: int) -> Any:
-        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer."""
+        """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer.
+
+        A live reader's is its live database: read it only, and know that a refresh ingests into it."""
         while True:
             state = self._current()
             try:
@@ -264,27 +286,56 @@ class ShardedReader:
     def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
         """Build in ``new`` every shard ``old`` serves that is part of ``new``'s chain; return how many changed.
 
-        While the served copy still exists, a changed shard is built on it by ingesting only the
-        layers it lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay
-        cold as before. Only as many are opened as fit within ``max_open_shards`` next to the
-        handles ``old`` keeps open until the swap (over the files bound by one shard's files at most);
-        the others open on their first read.
+        A live shard (see ``ShardCache``) takes the layers it lacks into its own database, shared
+        with ``new``: every such layer is downloaded and verified first, then ``old`` is pinned and
+        they are ingested, so nothing ``old`` serves changes if a download fails. Otherwise, while
+        the served copy still exists, a changed shard is built on it by ingesting only the layers it
+        lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay cold as
+        before. Only as many are opened as fit within ``max_open_shards`` next to the handles
+        ``old`` keeps open until the swap (over the files bound by one shard's files at most); the
+        others open on their first read.
         """
         rebuilt = 0
-        for db_id in list(old.paths):  # every shard it served, open now or closed to stay within the bound
+        ingest: list[tuple[int, LiveDb, ShardEntry, int, tuple[ShardLayer, ...]]] = []
+        for db_id in list(old.paths.keys() | old.live.keys()):  # every shard it served, open now or not
             entry, before = new.shards.get(db_id), old.shards.get(db_id)
             if entry is None or before is None or not entry.layers:
                 continue
             prefix = before.all_layers()
             if entry.layers[:len(prefix)] != prefix:
                 continue  # not built on what is served (a rollback, another chain): stays cold
-            if len(old.handles) + len(new.handles) < self._max_open_shards \
+            added = entry.layers[len(prefix):]
+            live = old.live.get(db_id)
+            if live is not None and self._cache.can_ingest_live(live, len(added)):
+                ingest.append((db_id, live, entry, len(prefix), added))
+            elif len(old.handles) + len(new.handles) < self._max_open_shards \
                     and old.open_files + new.open_files < self._max_open_files:
                 self._cache.open_shard(new, db_id)
             else:
                 self._cache.build_shard(new, db_id)
-            rebuilt += len(entry.layers) > len(prefix)
+            rebuilt += bool(added)
+        if ingest:
+            self._ingest_live(old, new, ingest)
         return rebuilt
+
+    def _ingest_live(self, old: LoadedSnapshot, new: LoadedSnapshot,
+                     jobs: list[tuple[int, LiveDb, ShardEntry, int, tuple[ShardLayer, ...]]]) -> None:
+        """Download and verify every job's layers, then pin ``old`` and ingest them; ``new`` serves the databases."""
+        # Downloads wait on storage (an S3 round trip each): several at once.
+        with ThreadPoolExecutor(_LAYER_DOWNLOADS) as pool:
+            downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job[2], job[4]), jobs))
+        old.pin_live()
+        done: list[LiveDb] = []
+        try:
+            for (db_id, live, entry, reused, _), files in zip(jobs, downloaded, strict=True):
+                if files:
+                    self._cache.ingest_live(live, files, entry, new.run_id, reused_layers=reused)
+                    done.append(live)
+                self._cache.adopt_live(new, db_id, live)
+        except BaseException:
+            for live in done:  # they hold layers of a snapshot nobody will serve: never ingest into them again
+                live.broken = True
+            raise
 
     def close(self) -> None:
         """Close every shard and, for a private cache, delete the downloads. Idempotent."""
@@ -320,6 +371,7 @@ class ShardedReader:
     def _get_slow(self, key: Any, routing_context: Mapping[str, Any] | None) -> Any:
         while True:
             state = self._current()
+            generation = state.generation
             db_id, stored = state.locate(key, routing_context)
             try:
                 db = self._cache.open_shard(state, db_id)
@@ -328,6 +380,8 @@ class ShardedReader:
                 data = db.get(stored)
             except StaleSnapshot:
                 self._check_swapped(state)
+                continue
+            if state.generation != generation:
                 continue
             if data is None:
                 return None
@@ -379,11 +433,13 @@ def default_max_open_shards() -> int:
     return max(16, _soft_nofile() // 8)
 
 
-def default_max_open_files() -> int:
+def default_max_open_files(*, live: bool = False) -> int:
     """A quarter of the soft open-files limit: a follower of a 1000-shard chain (up to five files a
     shard with the default ``max_local_layers``) keeps every shard open under a limit of 20000, and
-    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit."""
-    return max(16, _soft_nofile() // 4)
+    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit. Half
+    for a live reader: its databases hold six descriptors more each, and a refresh opens nothing
+    next to the old snapshot's (which the quarter leaves room for)."""
+    return max(16, _soft_nofile() // (2 if live else 4))
 
 
 def _soft_nofile() -> int:
