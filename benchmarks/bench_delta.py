@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_provider_shardyfusion.core.model.config import build_write_config
-    from airflow_provider_shardyfusion.spark_jobs.driver import TASKS_PER_CORE, run_write
+    from airflow_provider_shardyfusion.spark_jobs.driver import DELTA_TASKS_PER_CORE, run_write
     from airflow_provider_shardyfusion.spark_jobs.session_info import default_parallelism
     from airflow_provider_shardyfusion.spark_jobs.shard_task import shards_of_task
 
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     # As the job's tasks do it: the shards split into its tasks' ranges, one TaskBase per task (one
     # database of its shards' key indexes, in memory where there is room), shards in id order.
     # One database for every shard would be slower than any task: a look-up visits each file ingested.
-    num_tasks = min(base.num_dbs, default_parallelism(spark) * TASKS_PER_CORE)
+    num_tasks = min(base.num_dbs, default_parallelism(spark) * DELTA_TASKS_PER_CORE)
     base_shards_s = multiget_s = 0.0
     found = bytes_read = 0
     for task in range(num_tasks):

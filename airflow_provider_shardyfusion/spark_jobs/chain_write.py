@@ -69,8 +69,9 @@ class ChainPlan:
     allow_duplicate_keys: bool
     compact: bool
     has_input: bool
-    # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks, as
-    # for full writes), task t writes the layers of shards_of_task(t) one after another.
+    # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks: 8
+    # per core for a compaction, as for full writes, 2 for a delta), task t writes the layers of
+    # shards_of_task(t) one after another.
     num_tasks: int = 0
     num_dbs: int = 0
 
@@ -211,13 +212,12 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     ``base``: the base shards of this task (``task_base``)."""
     from ..core.errors import ShardWriteError, ShardyfusionError
     from ..core.model.manifest import stored_files
-    from ..core.storage import open_store
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
     changes = _changes_of(plan, batches) if plan.has_input else []
     if not changes and not plan.compact:
         return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
-    store = open_store(plan.output_uri, plan.storage_options)
+    store = base.store  # the task's: one client for all its shards
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
     prefix = f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-"

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ..core.model.config import WriteConfig
 
 __all__ = [
-    "TASKS_PER_CORE", "read_input", "run_write", "writer_info",
+    "DELTA_TASKS_PER_CORE", "TASKS_PER_CORE", "read_input", "run_write", "writer_info",
 ]
 
 log = logging.getLogger("shardyfusion.job")
@@ -229,7 +229,8 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
         value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
         compact=compact, has_input=df is not None,
-        num_tasks=_num_tasks(spark, base.num_dbs), num_dbs=base.num_dbs,
+        num_tasks=_num_tasks(spark, base.num_dbs, TASKS_PER_CORE if compact else DELTA_TASKS_PER_CORE),
+        num_dbs=base.num_dbs,
     )
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
@@ -360,11 +361,15 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
 # Beyond this many tasks per core, one task writes several shards (SPEC §10): each task costs a
 # launch, a Python round trip and a result, ~40 ms that 1000s of small shards paid one by one.
 TASKS_PER_CORE = 8
+# A delta's tasks: its work is the change, a few ms a shard, so the ~40-80 ms each Python task
+# costs (measured here with an empty task) dominated it at 1000s of shards; two waves still
+# balance a core that lags.
+DELTA_TASKS_PER_CORE = 2
 
 
-def _num_tasks(spark, num_dbs: int) -> int:
-    """One task per shard while num_dbs fits TASKS_PER_CORE waves of the cluster's cores."""
-    return min(num_dbs, session_info.default_parallelism(spark) * TASKS_PER_CORE)
+def _num_tasks(spark, num_dbs: int, per_core: int = TASKS_PER_CORE) -> int:
+    """One task per shard while num_dbs fits ``per_core`` waves of the cluster's cores."""
+    return min(num_dbs, session_info.default_parallelism(spark) * per_core)
 
 
 def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[TaskResult]:

@@ -166,6 +166,15 @@ def test_manifest_bytes_are_compact_sorted_json():
     assert json.loads(data)["sharding"]["hash_algorithm"] == "xxh3_64"
 
 
+def test_manifest_is_encoded_once_and_a_changed_copy_anew():
+    """A publish stores the bytes and records their checksum: one encoding (~0.1 s at 1000 shards, a
+    tenth of a small delta's write), and a replaced manifest never answers with its original's bytes."""
+    m = manifest()
+    assert m.to_bytes() is m.to_bytes()
+    other = replace(m, run_id="run-2")
+    assert json.loads(other.to_bytes())["run_id"] == "run-2" and json.loads(m.to_bytes())["run_id"] != "run-2"
+
+
 def test_manifest_empty_shard_list_is_valid():
     assert Manifest.from_bytes(manifest(shards=()).to_bytes()).shards == ()
 
