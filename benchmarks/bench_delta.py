@@ -4,7 +4,7 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 
 1. full write of the base: ``--rows`` int64 keys (scrambled order, ~100-byte values, the input
    bench_write.py generates, untimed) in ``--num-dbs`` shards;
-2. a follower (``ShardedReader(live=True)``: shards served from live read-write databases, into
+2. a follower (``ShardedReader(live=True)`` where its shards fit: shards served from live databases, into
    which a refresh ingests the new layers) opens the base with every shard opened (before the delta);
 3. a delta of ``--delta-pct`` % of the keys: half updates of existing keys, a quarter inserts of
    new keys, a quarter deletes of existing keys (the delta's parquet is written untimed).
@@ -23,11 +23,12 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
-   taking turns chunk by chunk). The chain is read by the reader that refreshed along it and by a
-   fresh one (both default: a shard's local database is compacted past ``max_local_layers``; the
-   target holds for the slower of the two), and, for the figure only, by a fresh reader keeping
-   every layer (``max_local_layers=None``) when its files fit in half the process's open-files
-   limit (not at 4000 shards under a limit of 20000). Each reader may keep every shard open;
+   one reader at a time, each closed before the next opens: the readers of one process share its
+   open-files limit, and each may keep all its shards open in three quarters of it). The chain is
+   read by the reader that refreshed along it (live where its shards' descriptors fit) and by a
+   fresh one (default: a shard's local database is compacted past ``max_local_layers``; the target
+   holds for the slower of the two), and, for the figure only, by a fresh reader keeping every
+   layer (``max_local_layers=None``) where its files fit (not at 4000 shards under a limit of 20000);
 7. correctness, cheaply: every manifest's rows (and each delta's inserted/updated/deleted) equal
    the counts this script expects from the changes it made; sampled deleted keys read None and
    sampled updated / inserted keys read their newest value, on the chain and on the compacted
@@ -70,6 +71,7 @@ from airflow_provider_shardyfusion.core.read.reader import (
     default_max_open_files,
     default_max_open_shards,
 )
+from airflow_provider_shardyfusion.core.read.shard_cache import LIVE_DB_FILES
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
 
@@ -216,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         return snapshots.load_manifest(pointer), size
 
     # The readers of this process share one open-files limit. The defaults (an eighth of it for
-    # shards) suit a few readers of fewer shards; at 4000 shards they made every timed reader close
-    # and reopen shards between look-ups. Each reader here may keep all its shards open (twice as
-    # many for the follower: old and new snapshot during a refresh); files stay at the default.
+    # shards, a quarter for files) suit a few readers of fewer shards; at 4000 shards they made every
+    # timed reader close and reopen shards between look-ups. So the readers are timed one at a time,
+    # each closed before the next opens, and each may keep all its shards open (twice as many for the
+    # follower: old and new snapshot during a refresh) in three quarters of the limit.
+    files_budget = 3 * default_max_open_files()
+
     def open_every_shard(cache: str | None = None, *, shards: int = args.num_dbs, **kw) -> tuple[float, ShardedReader]:
         t0 = time.perf_counter()
-        reader = ShardedReader(root, cache_dir=cache, max_open_shards=max(default_max_open_shards(), shards), **kw)
+        reader = ShardedReader(root, cache_dir=cache, max_open_shards=max(default_max_open_shards(), shards),
+                               max_open_files=files_budget, **kw)
         for shard in reader.manifest.shards:
             reader.open_shard(shard.db_id)
         return time.perf_counter() - t0, reader
@@ -262,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"full write: {full_s:.2f}s, {base.byte_size} bytes")
 
     # -- 2. a reader on the base, every shard opened, before the delta ------------------------------
-    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs, live=True)
+    # A live database holds six descriptors besides its SST files: past the budget the follower
+    # would reopen shards on every few look-ups, so it is live only where its shards fit.
+    follower_live = args.num_dbs * (LIVE_DB_FILES + 2) <= files_budget
+    if not follower_live:
+        _log(f"follower not live: {args.num_dbs} live shards need ~{args.num_dbs * (LIVE_DB_FILES + 2)} "
+             f"descriptors > {files_budget}")
+    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs, live=follower_live)
     _log(f"base opened fresh (every shard): {base_open_s:.2f}s")
 
     # -- 3. the measured delta -------------------------------------------------------------------
@@ -342,32 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{run_id}: write {s:.2f}s, refresh {r:.2f}s")
     chain, _ = live_manifest()
     check(chain.chain_depth == CHAIN_DEPTH, f"chain depth {chain.chain_depth} != {CHAIN_DEPTH}")
-    # Fresh readers of the depth-8 run: by default a shard's local database is compacted once it holds
-    # more than ShardedReader's max_local_layers; max_local_layers=None keeps every layer as a file.
-    chain_open_s, chain_reader = open_every_shard(str(work / "cache-chain"))
-    # Keeping every layer costs a file per layer per shard; past what one reader may hold here it
-    # would only measure reopening, so it is left out (it is a figure, not a target).
-    layered_files = args.num_dbs * (CHAIN_DEPTH + 1)
-    layered_budget = 2 * default_max_open_files()  # half the process's limit
-    layered_reader = None
-    if layered_files <= layered_budget:
-        layered_open_s, layered_reader = open_every_shard(str(work / "cache-layered"), max_local_layers=None,
-                                                          max_open_files=layered_budget)
-    else:
-        layered_open_s = float("nan")
-        _log(f"reader keeping every layer left out: {layered_files} files > {layered_budget} it may hold")
-
-    _log("compaction")
-    compact_s, compact_record = write(root, write_mode="compact", run_id="compact")
-    compacted, _ = live_manifest()
-    check_manifest(compacted, model.rows, None, "compact")
-    check(compacted.chain_depth == 0 and not any(s.layers for s in compacted.shards), "compaction left layers")
-    compact_open_s, compact_reader = open_every_shard(str(work / "cache-compact"))
-    check(chain_reader.run_id == follower.run_id == chain.run_id
-          and (layered_reader is None or layered_reader.run_id == chain.run_id)
-          and compact_reader.run_id == "compact", "readers on the wrong runs")
-
-    # -- 7. correctness on both readers, then get p50 ------------------------------------------------
+    # -- 7. correctness and get p50, one reader at a time (see files_budget) --------------------------
     def sample(keys: list[int]) -> list[int]:
         keys = sorted(keys)
         return [keys[i] for i in rng.choice(len(keys), size=min(args.check_sample, len(keys)), replace=False)]
@@ -375,10 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     gone = sample([k for k in model.deleted])
     updated = sample([k for k in model.latest if k < args.rows])
     inserted = sample([k for k in model.latest if k >= args.rows])
-    readers = {"chain": chain_reader, "chain_followed": follower, "compacted": compact_reader}
-    if layered_reader is not None:
-        readers["chain_layers_kept"] = layered_reader
-    for name, reader in readers.items():
+    alive = np.flatnonzero(model.alive)
+    spent: dict[str, list[int]] = {}
+    clock = time.perf_counter_ns
+
+    def read_and_time(name: str, reader: ShardedReader, run_id: str) -> None:
+        check(reader.run_id == run_id, f"{name}: reads {reader.run_id}, not {run_id}")
         check(reader.multi_get(gone) == [None] * len(gone), f"{name}: a deleted key reads a value")
         check(all(reader.get(k) is None for k in gone[:100]), f"{name}: get of a deleted key reads a value")
         for what, keys in (("updated", updated), ("inserted", inserted)):
@@ -386,31 +375,44 @@ def main(argv: list[str] | None = None) -> int:
             check(reader.multi_get(keys) == want, f"{name}: an {what} key does not read its newest value")
             check(all(reader.get(k) == w for k, w in zip(keys[:100], want, strict=False)),
                   f"{name}: get of an {what} key does not read its newest value")
+        _log(f"warming the {name} reader")
+        warm = alive[rng.integers(0, len(alive), size=args.lookups)].tolist()
+        check(all(reader.get(k) is not None for k in warm), f"{name}: an existing key reads None")
+        _log(f"timing get over {args.lookups} keys on the {name} reader")
+        get, sink = reader.get, spent.setdefault(name, [])
+        for key in alive[rng.integers(0, len(alive), size=args.lookups)].tolist():
+            t0 = clock()
+            get(key)
+            sink.append(clock() - t0)
+        sink.sort()
+        reader.close()
 
-    live = np.flatnonzero(model.alive)
-    draws = {side: live[rng.integers(0, len(live), size=args.lookups)].tolist() for side in readers}
-    warm = live[rng.integers(0, len(live), size=args.lookups)].tolist()
-    for side, reader in readers.items():
-        _log(f"warming the {side} reader")
-        check(all(reader.get(k) is not None for k in warm), f"{side}: an existing key reads None")
-    _log(f"timing get over {args.lookups} keys on each")
-    clock = time.perf_counter_ns
-    spent: dict[str, list[int]] = {side: [] for side in readers}
-    sides = list(readers)
-    for n, start in enumerate(range(0, args.lookups, 1000)):  # taking turns, rotating who goes first
-        for side in sides[n % len(sides):] + sides[:n % len(sides)]:
-            get, sink = readers[side].get, spent[side]
-            for key in draws[side][start:start + 1000]:
-                t0 = clock()
-                get(key)
-                sink.append(clock() - t0)
-    for ns in spent.values():
-        ns.sort()
+    read_and_time("chain_followed", follower, chain.run_id)
+    # Fresh readers of the depth-8 run: by default a shard's local database is compacted once it holds
+    # more than ShardedReader's max_local_layers; max_local_layers=None keeps every layer as a file.
+    chain_open_s, chain_reader = open_every_shard(str(work / "cache-chain"))
+    read_and_time("chain", chain_reader, chain.run_id)
+    # Keeping every layer costs a file per layer per shard; past what one reader may hold here it
+    # would only measure reopening, so it is left out (it is a figure, not a target).
+    layered_files = args.num_dbs * (CHAIN_DEPTH + 1)
+    layered_open_s = None
+    if layered_files <= files_budget:
+        layered_open_s, layered_reader = open_every_shard(str(work / "cache-layered"), max_local_layers=None)
+        read_and_time("chain_layers_kept", layered_reader, chain.run_id)
+    else:
+        _log(f"reader keeping every layer left out: {layered_files} files > {files_budget} it may hold")
+
+    _log("compaction")
+    compact_s, compact_record = write(root, write_mode="compact", run_id="compact")
+    compacted, _ = live_manifest()
+    check_manifest(compacted, model.rows, None, "compact")
+    check(compacted.chain_depth == 0 and not any(s.layers for s in compacted.shards), "compaction left layers")
+    compact_open_s, compact_reader = open_every_shard(str(work / "cache-compact"))
+    read_and_time("compacted", compact_reader, "compact")
+
     p50 = {side: _percentile(ns, 0.5) for side, ns in spent.items()}
     compact_p50 = p50["compacted"]
     chain_p50 = max(p50["chain"], p50["chain_followed"])  # the target holds for both default readers
-    for reader in readers.values():
-        reader.close()
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
 
@@ -454,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "chain": {
             "depth": chain.chain_depth, "keys_per_delta": n_chain, "pct_per_delta": args.chain_delta_pct,
             "write_s": chain_writes, "refreshes": chain_refreshes, "fresh_open_every_shard_s": round(chain_open_s, 3),
-            "fresh_open_every_shard_layers_kept_s": round(layered_open_s, 3) if layered_reader else None,
+            "fresh_open_every_shard_layers_kept_s": round(layered_open_s, 3) if layered_open_s else None,
             "layer_bytes": chain.byte_size - base.byte_size,
         },
         "compaction": {
@@ -463,9 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "get": {
             "lookups": args.lookups,
-            **{f"{side}_p50_us": round(p50[side], 3) for side in readers},
-            **{f"{side}_p99_us": round(_percentile(spent[side], 0.99), 3) for side in readers},
-            "chain_layers_kept_p50_ratio": round(p50["chain_layers_kept"] / compact_p50, 3) if layered_reader else None,
+            **{f"{side}_p50_us": round(p50[side], 3) for side in spent},
+            **{f"{side}_p99_us": round(_percentile(spent[side], 0.99), 3) for side in spent},
+            "chain_layers_kept_p50_ratio":
+                round(p50["chain_layers_kept"] / compact_p50, 3) if "chain_layers_kept" in p50 else None,
+            "follower_live": follower_live,
         },
         "targets": {
             f"delta_write_le_{DELTA_WRITE_MAX:g}x_full": _target(delta_s / full_s, DELTA_WRITE_MAX),
