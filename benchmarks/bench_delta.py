@@ -23,8 +23,9 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 6. 7 more deltas of ``--chain-delta-pct`` % each (same mix) up to a chain of depth 8, then
    ``write_mode="compact"``: compaction time / full write time, and ``get`` p50 over random
    existing keys on the depth-8 chain versus the compacted snapshot (one thread, warm readers,
-   one reader at a time, each closed before the next opens: the readers of one process share its
-   open-files limit, and each may keep all its shards open in three quarters of it). The chain is
+   taking turns of 1000 keys so a drift of the machine falls on each alike; the readers of one
+   process share its open-files limit, three quarters of which the bench may use, so a reader whose
+   descriptors would leave too little for the next is timed alone and closed first). The chain is
    read by the reader that refreshed along it (live where its shards' descriptors fit) and by a
    fresh one (default: a shard's local database is compacted past ``max_local_layers``; the target
    holds for the slower of the two), and, for the figure only, by a fresh reader keeping every
@@ -90,6 +91,7 @@ FULL_ROWS = 10_000_000
 SCALE_ROWS = 2_000_000
 SCALE_FROM_DBS = 256
 WARMUP_MAX_DBS = 16  # the warm-up starts the JVM and every code path; more shards warm nothing more
+TURN_KEYS = 1000  # get calls a reader makes in its turn when readers are timed by turns
 
 
 def _log(msg: str) -> None:
@@ -103,6 +105,10 @@ def _value(step: int, key: int) -> str:
 
 def _percentile(sorted_ns: list[int], q: float) -> float:
     return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * q))] / 1000.0
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def _target(ratio: float, limit: float) -> dict:
@@ -219,15 +225,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # The readers of this process share one open-files limit. The defaults (an eighth of it for
     # shards, a quarter for files) suit a few readers of fewer shards; at 4000 shards they made every
-    # timed reader close and reopen shards between look-ups. So the readers are timed one at a time,
-    # each closed before the next opens, and each may keep all its shards open (twice as many for the
-    # follower: old and new snapshot during a refresh) in three quarters of the limit.
+    # timed reader close and reopen shards between look-ups. So the readers together may keep all
+    # their shards open (twice as many for the follower: old and new snapshot during a refresh) in
+    # three quarters of the limit; those that do not fit together are timed alone (see read_and_time).
     files_budget = 3 * default_max_open_files()
+
+    # Readers kept open to be timed by turns hold at most half the budget together (see read_and_time),
+    # and each reader opened beside them may use the rest.
+    baseline_descriptors = _open_descriptors()
 
     def open_every_shard(cache: str | None = None, *, shards: int = args.num_dbs, **kw) -> tuple[float, ShardedReader]:
         t0 = time.perf_counter()
+        held = _open_descriptors() - baseline_descriptors
         reader = ShardedReader(root, cache_dir=cache, max_open_shards=max(default_max_open_shards(), shards),
-                               max_open_files=files_budget, **kw)
+                               max_open_files=files_budget - held, **kw)
         for shard in reader.manifest.shards:
             reader.open_shard(shard.db_id)
         return time.perf_counter() - t0, reader
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"{run_id}: write {s:.2f}s, refresh {r:.2f}s")
     chain, _ = live_manifest()
     check(chain.chain_depth == CHAIN_DEPTH, f"chain depth {chain.chain_depth} != {CHAIN_DEPTH}")
-    # -- 7. correctness and get p50, one reader at a time (see files_budget) --------------------------
+    # -- 7. correctness and get p50 ------------------------------------------------------------------
     def sample(keys: list[int]) -> list[int]:
         keys = sorted(keys)
         return [keys[i] for i in rng.choice(len(keys), size=min(args.check_sample, len(keys)), replace=False)]
@@ -365,8 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     alive = np.flatnonzero(model.alive)
     spent: dict[str, list[int]] = {}
     clock = time.perf_counter_ns
+    # Readers timed by turns, a chunk of keys each in turn, so a drift of the machine (load, clock)
+    # falls on every reader alike; those that would not fit together in the budget are timed alone.
+    by_turns: dict[str, ShardedReader] = {}
 
-    def read_and_time(name: str, reader: ShardedReader, run_id: str) -> None:
+    def check_and_warm(name: str, reader: ShardedReader, run_id: str) -> None:
         check(reader.run_id == run_id, f"{name}: reads {reader.run_id}, not {run_id}")
         check(reader.multi_get(gone) == [None] * len(gone), f"{name}: a deleted key reads a value")
         check(all(reader.get(k) is None for k in gone[:100]), f"{name}: get of a deleted key reads a value")
@@ -378,29 +392,48 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"warming the {name} reader")
         warm = alive[rng.integers(0, len(alive), size=args.lookups)].tolist()
         check(all(reader.get(k) is not None for k in warm), f"{name}: an existing key reads None")
-        _log(f"timing get over {args.lookups} keys on the {name} reader")
-        get, sink = reader.get, spent.setdefault(name, [])
-        for key in alive[rng.integers(0, len(alive), size=args.lookups)].tolist():
-            t0 = clock()
-            get(key)
-            sink.append(clock() - t0)
-        sink.sort()
-        reader.close()
+
+    def time_gets(readers: dict[str, ShardedReader]) -> None:
+        _log(f"timing get over {args.lookups} keys on the {', '.join(readers)} reader(s)"
+             f"{' by turns' if len(readers) > 1 else ''}")
+        keys = alive[rng.integers(0, len(alive), size=args.lookups)].tolist()
+        for start in range(0, len(keys), TURN_KEYS):
+            chunk = keys[start:start + TURN_KEYS]
+            for name, reader in readers.items():
+                get, sink = reader.get, spent.setdefault(name, [])
+                for key in chunk:
+                    t0 = clock()
+                    get(key)
+                    sink.append(clock() - t0)
+        for name, reader in readers.items():
+            spent[name].sort()
+            reader.close()
+
+    def read_and_time(name: str, reader: ShardedReader, run_id: str, *, alone: bool = False) -> None:
+        check_and_warm(name, reader, run_id)
+        held = _open_descriptors() - baseline_descriptors
+        if not alone and held <= files_budget // 2:
+            by_turns[name] = reader
+        else:
+            _log(f"{name} reader timed alone (" + ("a figure only" if alone else
+                 f"{held} descriptors held > half the budget of {files_budget}") + ")")
+            time_gets({name: reader})
 
     read_and_time("chain_followed", follower, chain.run_id)
     # Fresh readers of the depth-8 run: by default a shard's local database is compacted once it holds
     # more than ShardedReader's max_local_layers; max_local_layers=None keeps every layer as a file.
     chain_open_s, chain_reader = open_every_shard(str(work / "cache-chain"))
     read_and_time("chain", chain_reader, chain.run_id)
-    # Keeping every layer costs a file per layer per shard; past what one reader may hold here it
-    # would only measure reopening, so it is left out (it is a figure, not a target).
+    # Keeping every layer costs a file per layer per shard: timed alone (it is a figure, not a target)
+    # and left out where its files would not fit beside the readers kept for the targets.
     layered_files = args.num_dbs * (CHAIN_DEPTH + 1)
     layered_open_s = None
-    if layered_files <= files_budget:
+    if _open_descriptors() - baseline_descriptors + layered_files <= files_budget:
         layered_open_s, layered_reader = open_every_shard(str(work / "cache-layered"), max_local_layers=None)
-        read_and_time("chain_layers_kept", layered_reader, chain.run_id)
+        read_and_time("chain_layers_kept", layered_reader, chain.run_id, alone=True)
     else:
-        _log(f"reader keeping every layer left out: {layered_files} files > {files_budget} it may hold")
+        _log(f"reader keeping every layer left out: {layered_files} files > what the budget of {files_budget} "
+             f"leaves beside the readers kept")
 
     _log("compaction")
     compact_s, compact_record = write(root, write_mode="compact", run_id="compact")
@@ -409,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     check(compacted.chain_depth == 0 and not any(s.layers for s in compacted.shards), "compaction left layers")
     compact_open_s, compact_reader = open_every_shard(str(work / "cache-compact"))
     read_and_time("compacted", compact_reader, "compact")
+    if by_turns:
+        time_gets(by_turns)
 
     p50 = {side: _percentile(ns, 0.5) for side, ns in spent.items()}
     compact_p50 = p50["compacted"]
@@ -469,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             **{f"{side}_p99_us": round(_percentile(spent[side], 0.99), 3) for side in spent},
             "chain_layers_kept_p50_ratio":
                 round(p50["chain_layers_kept"] / compact_p50, 3) if "chain_layers_kept" in p50 else None,
-            "follower_live": follower_live,
+            "follower_live": follower_live, "timed_by_turns": list(by_turns),
         },
         "targets": {
             f"delta_write_le_{DELTA_WRITE_MAX:g}x_full": _target(delta_s / full_s, DELTA_WRITE_MAX),
