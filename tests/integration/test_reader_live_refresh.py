@@ -179,6 +179,20 @@ def test_evicting_a_live_shard_releases_its_descriptors(file_root):
         print("descriptors:", {"shards": num_dbs, "held": held, "bound": bound})
         assert held <= bound
         assert {k: reader.get(k) for k in base} == base  # evicted shards open again, exactly
+        # A refresh still builds every shard the reader served, closed meanwhile or not, refresh after refresh.
+        expected = dict(base)
+        for step in (1, 2):
+            upserts = {shard_keys[0]: f"step{step}-{shard_keys[0]}".encode() for shard_keys in keys.values()}
+            build_delta(file_root, upserts, run_id=f"delta{step}")
+            assert reader.refresh() and reader.last_refresh is not None
+            assert reader.last_refresh.shards_rebuilt == num_dbs
+            expected.update(upserts)
+            live = set(reader._state.live)  # the shards the refresh ingested into, served last
+            # Reads of the other shards close those live shards again before the next refresh.
+            others = {k: v for k, v in expected.items() if reader.shard_for_key(k) not in live}
+            assert {k: reader.get(k) for k in others} == others
+            assert _descriptors() - idle <= bound
+        assert {k: reader.get(k) for k in expected} == expected
 
 
 def test_a_live_shard_past_max_local_layers_is_compacted_in_place(file_root, monkeypatch):

@@ -250,8 +250,7 @@ class ShardCache:
         if not shard.layers and not shard.files:
             raise ReaderError(f"shard {shard.db_id} of run {snapshot.run_id!r} ({shard.db_url}) lists no files in the manifest")
         files = [path for layer in shard.all_layers() for path in self._layer_files(snapshot, shard, layer)]
-        # Marks the shard as served, so a refresh builds it again after an eviction (see ``_carry_over``).
-        snapshot.paths[shard.db_id] = layout.local_layer_dir(self.root, shard.all_layers()[-1].run_id, shard.db_id)
+        self._mark_served(snapshot, shard.db_id)
         if not open_it:
             return None
         if snapshot.retired:
@@ -349,10 +348,15 @@ class ShardCache:
             ) from exc
         self.stats.shard_built(reused_layers=reused_layers)
 
-    @staticmethod
-    def adopt_live(snapshot: LoadedSnapshot, db_id: int, live: LiveDb) -> None:
+    def adopt_live(self, snapshot: LoadedSnapshot, db_id: int, live: LiveDb) -> None:
         """Serve shard ``db_id`` of ``snapshot`` from ``live`` (which already holds exactly its layers)."""
         snapshot.register(db_id, live.db, live.files(), live)
+        self._mark_served(snapshot, db_id)
+
+    def _mark_served(self, snapshot: LoadedSnapshot, db_id: int) -> None:
+        """Record that ``snapshot`` serves live shard ``db_id`` (its newest layer's folder): a refresh
+        builds it again though it was closed meanwhile (see ``ShardedReader._carry_over``)."""
+        snapshot.paths[db_id] = layout.local_layer_dir(self.root, snapshot.shards[db_id].all_layers()[-1].run_id, db_id)
 
     def keep_run(self, run_id: str) -> None:
         """Cancel a pending deletion of ``run_id``'s folder (a refresh back to that run)."""
