@@ -9,11 +9,13 @@ the swap. Snapshots are real (``tests.snapshot_factory``), on the local store.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from rocksdict import Rdict
 
 from airflow_provider_shardyfusion.core.errors import ReaderError
+from airflow_provider_shardyfusion.core.model.rocksdb_options import live_shard_options
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read import shard_cache
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
@@ -195,12 +197,22 @@ def test_evicting_a_live_shard_releases_its_descriptors(file_root):
         assert {k: reader.get(k) for k in expected} == expected
 
 
+def _merging_off() -> object:
+    """The live shards' options without RocksDB's background merging (see ``live_shard_options``), so
+    what the bound on sorted runs does alone is seen, not a race with the background."""
+    opts = live_shard_options()
+    opts.set_disable_auto_compactions(True)
+    return opts
+
+
 def test_a_live_shard_past_max_local_layers_is_compacted_in_place(file_root, monkeypatch):
     """A refresh leaving a live shard with more than ``max_local_layers`` sorted runs compacts it in
-    place (no database opened, the old snapshot reading its values through its pin meanwhile)."""
+    place (no database opened), under the pin of the old snapshot, which keeps reading its values:
+    the first such refresh pins a live database never written to (RocksDB sequence number 0)."""
     keys = keys_by_shard(NUM_DBS, 3)
     base = {k: f"base-{k}".encode() for shard_keys in keys.values() for k in shard_keys}
     build_snapshot(file_root, list(base.items()), num_dbs=NUM_DBS, run_id="base", shard_layout="sst")
+    monkeypatch.setattr(shard_cache, "live_shard_options", _merging_off)
     opened: list[str] = []
     refreshing = [False]  # build_delta reads the base with a reader of its own: not recorded
 
@@ -209,28 +221,55 @@ def test_a_live_shard_past_max_local_layers_is_compacted_in_place(file_root, mon
             opened.append(path)
         return Rdict(path, *args, **kwargs)
 
+    ingest = shard_cache.ShardCache.ingest_live
+    pinned_reads: list[list[bytes | None]] = []
+
+    def read_old_then_ingest(self, live, files, shard, run_id, *, reused_layers):
+        ingest(self, live, files, shard, run_id, reused_layers=reused_layers)  # compacted in there
+        pinned_reads.append(reader.multi_get(list(expected)))  # the old snapshot, through its pin
+
     expected = dict(base)
-    with ShardedReader(file_root, live=True, max_local_layers=2) as reader:
+    with ShardedReader(file_root, live=True, max_local_layers=1) as reader:
         assert {k: reader.get(k) for k in base} == base
         served = dict(reader._state.handles)
         monkeypatch.setattr(shard_cache, "Rdict", recording_rdict)
+        monkeypatch.setattr(shard_cache.ShardCache, "ingest_live", read_old_then_ingest)
         compacted = []
         for step in (1, 2):
             upserts = {shard_keys[0]: f"step{step}-{shard_keys[0]}" for shard_keys in keys.values()}
             deletes = [shard_keys[step] for shard_keys in keys.values()]
             build_delta(file_root, upserts, deletes, run_id=f"delta{step}")
-            old = reader._state
+            old, pinned_reads[:] = reader._state, []
             refreshing[0] = True
             assert reader.refresh() and reader.run_id == f"delta{step}"
             refreshing[0] = False
+            assert pinned_reads == [list(expected.values())] * NUM_DBS
             assert reader.last_refresh is not None
             compacted.append(reader.last_refresh.shards_compacted)
             expected.update({k: v.encode() for k, v in upserts.items()})
             expected.update(dict.fromkeys(deletes))
             assert {k: reader.get(k) for k in expected} == expected
             assert old.retired
-        assert compacted == [0, NUM_DBS]  # 2 runs, then 3 > 2: compacted into one
+        assert compacted == [NUM_DBS, NUM_DBS]  # 2 sorted runs > 1 each time: compacted into one
         assert opened == []  # compacted where it is: no database built or opened
         assert all(reader._state.handles[db_id] is db for db_id, db in served.items())
         assert all(shard_cache._sorted_runs(live.db) == 1 for live in reader._state.live.values())
+        assert reader.multi_get(list(expected)) == list(expected.values())
+
+
+def test_a_live_shard_merges_a_refreshs_layers_in_the_background(file_root):
+    """Between bounds, RocksDB merges each ingested layer into the level below in the background, so
+    a follower's shards read from one sorted run again, as a fresh reader's compacted ones do."""
+    _, expected, _, delta = _chain(file_root)
+    with ShardedReader(file_root, live=True) as reader:
+        reader.multi_get(list(expected))
+        publish_current(open_store(file_root), delta.manifest_key, delta.run_id)
+        assert reader.refresh() and reader.last_refresh is not None
+        assert reader.last_refresh.shards_compacted == 0  # 2 runs: within max_local_layers
+        lives = list(reader._state.live.values())
+        deadline = time.monotonic() + 30
+        while any(shard_cache._sorted_runs(live.db) > 1 for live in lives) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [shard_cache._sorted_runs(live.db) for live in lives] == [1] * NUM_DBS
+        assert {k: reader.get(k) for k in expected} == expected
         assert reader.multi_get(list(expected)) == list(expected.values())
