@@ -15,7 +15,8 @@ shard's verified files as published (its layers, oldest first, downloaded once i
 ``layers/`` folder; the database's SSTs are symbolic links to them), into which ``refresh()``
 ingests the layers a delta adds (``ingest_live``) instead of building and opening the shard again
 (see ``loaded_snapshot``), and which is compacted in place once it holds more than
-``max_local_layers`` sorted runs. Column families share a database's fixed descriptors (LOCK, LOG,
+``max_local_layers`` sorted runs; one closed to stay within the reader's bounds is dropped, and
+built again from its layers (checked again) on its next read. Column families share a database's fixed descriptors (LOCK, LOG,
 WAL, MANIFEST, its folder), but creating one rewrites the database's OPTIONS file, which lists them
 all (measured: 0.25 ms more per column family already there, so one database of 4000 would take
 about 1 s per shard): a live database holds at most ``LIVE_SHARDS_PER_DB`` of them.
