@@ -72,7 +72,7 @@ from airflow_provider_shardyfusion.core.read.reader import (
     default_max_open_files,
     default_max_open_shards,
 )
-from airflow_provider_shardyfusion.core.read.shard_cache import LIVE_DB_FILES
+from airflow_provider_shardyfusion.core.read.shard_cache import LIVE_CF_FILES, live_fixed_files
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
 
@@ -279,12 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"full write: {full_s:.2f}s, {base.byte_size} bytes")
 
     # -- 2. a reader on the base, every shard opened, before the delta ------------------------------
-    # A live database holds six descriptors besides its SST files: past the budget the follower
+    # A live shard holds one descriptor besides its SST files (two: the base and the measured
+    # delta's layer), and each live database of up to 16 shards six: past the budget the follower
     # would reopen shards on every few look-ups, so it is live only where its shards fit.
-    follower_live = args.num_dbs * (LIVE_DB_FILES + 2) <= files_budget
+    live_files = args.num_dbs * (LIVE_CF_FILES + 2) + live_fixed_files(args.num_dbs)
+    follower_live = live_files <= files_budget
     if not follower_live:
-        _log(f"follower not live: {args.num_dbs} live shards need ~{args.num_dbs * (LIVE_DB_FILES + 2)} "
-             f"descriptors > {files_budget}")
+        _log(f"follower not live: {args.num_dbs} live shards need ~{live_files} descriptors > {files_budget}")
     base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs, live=follower_live)
     _log(f"base opened fresh (every shard): {base_open_s:.2f}s")
 

@@ -1,20 +1,25 @@
 """A live reader's refresh to a delta ingests the new layers into the databases it serves (SPEC §13, issue #26).
 
 Building and opening every changed shard again cost about as much as opening the new snapshot
-fresh; a live reader (``live=True``) serves its shards from private read-write databases
-and ingests each new layer into the open one, the old snapshot pinned to a RocksDB snapshot until
+fresh; a live reader (``live=True``) serves its shards from live shards (column families of private
+read-write databases) and ingests each new layer into the open one, the old snapshot pinned to a RocksDB snapshot until
 the swap. Snapshots are real (``tests.snapshot_factory``), on the local store.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 from rocksdict import Rdict
 
 from airflow_provider_shardyfusion.core.errors import ReaderError
+from airflow_provider_shardyfusion.core.model.rocksdb_options import live_shard_options
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read import shard_cache
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.read.shard_cache import LIVE_CF_FILES, live_fixed_files
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
 
@@ -133,4 +138,138 @@ def test_only_a_live_reader_opens_live_databases(file_root, monkeypatch):
         ShardedReader(file_root, manifest_ref=manifest_ref, live=True)
     with ShardedReader(file_root, live=True) as follower:  # the recording sees live databases where there are some
         assert {k: follower.get(k) for k in base} == base
-    assert len(written) == NUM_DBS
+    assert len(written) == 1  # one live database holds up to LIVE_SHARDS_PER_DB live shards
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_live_reader_holds_its_ssts_and_a_few_descriptors_more(file_root):
+    """Live shards share live databases (column families): a live reader of many shards holds about
+    one descriptor per SST and one per shard more, not a database's six per shard (issue #26)."""
+    num_dbs = 48
+    keys = keys_by_shard(num_dbs, 2)
+    base = {k: f"base-{k}".encode() for shard_keys in keys.values() for k in shard_keys}
+    build_snapshot(file_root, list(base.items()), num_dbs=num_dbs, run_id="base", shard_layout="sst")
+    idle = _descriptors()
+    with ShardedReader(file_root, live=True) as reader:
+        assert {k: reader.get(k) for k in base} == base
+        state = reader._state
+        assert len(state.handles) == num_dbs and len(state.live) == num_dbs
+        ssts = sum(len(shard.files) for shard in reader.manifest.shards)  # as published, ingested as they are
+        held = _descriptors() - idle
+        print("descriptors:", {"shards": num_dbs, "ssts": ssts, "held": held, "counted": state.open_files})
+        assert ssts >= num_dbs
+        assert ssts <= held <= ssts + num_dbs * LIVE_CF_FILES + live_fixed_files(num_dbs)
+        assert state.open_files == ssts + num_dbs * LIVE_CF_FILES
+    assert _descriptors() <= idle  # closing releases every one
+
+
+def test_evicting_a_live_shard_releases_its_descriptors(file_root):
+    """A live shard evicted to stay within ``max_open_files`` drops its column family: its SSTs close."""
+    num_dbs = 24
+    keys = keys_by_shard(num_dbs, 2)
+    base = {k: f"base-{k}".encode() for shard_keys in keys.values() for k in shard_keys}
+    build_snapshot(file_root, list(base.items()), num_dbs=num_dbs, run_id="base", shard_layout="sst")
+    bound = 8 * (1 + LIVE_CF_FILES) + live_fixed_files(num_dbs)  # room for 8 live shards of one SST
+    idle = _descriptors()
+    with ShardedReader(file_root, live=True, max_open_files=bound) as reader:
+        assert {k: reader.get(k) for k in base} == base  # every shard opened, most evicted again
+        assert len(reader._state.handles) <= 8
+        held = _descriptors() - idle
+        print("descriptors:", {"shards": num_dbs, "held": held, "bound": bound})
+        assert held <= bound
+        assert {k: reader.get(k) for k in base} == base  # evicted shards open again, exactly
+        # A refresh still builds every shard the reader served, closed meanwhile or not, refresh after refresh.
+        expected = dict(base)
+        for step in (1, 2):
+            upserts = {shard_keys[0]: f"step{step}-{shard_keys[0]}".encode() for shard_keys in keys.values()}
+            build_delta(file_root, upserts, run_id=f"delta{step}")
+            assert reader.refresh() and reader.last_refresh is not None
+            assert reader.last_refresh.shards_rebuilt == num_dbs
+            expected.update(upserts)
+            live = set(reader._state.live)  # the shards the refresh ingested into, served last
+            # Reads of the other shards close those live shards again before the next refresh.
+            others = {k: v for k, v in expected.items() if reader.shard_for_key(k) not in live}
+            assert {k: reader.get(k) for k in others} == others
+            assert _descriptors() - idle <= bound
+        assert {k: reader.get(k) for k in expected} == expected
+
+
+def _merging_off() -> object:
+    """The live shards' options without RocksDB's background merging (see ``live_shard_options``), so
+    what the bound on sorted runs does alone is seen, not a race with the background."""
+    opts = live_shard_options()
+    opts.set_disable_auto_compactions(True)
+    return opts
+
+
+def test_a_live_shard_past_max_local_layers_is_compacted_in_place(file_root, monkeypatch):
+    """A refresh leaving a live shard with more than ``max_local_layers`` sorted runs compacts it in
+    place (no database opened), under the pin of the old snapshot, which keeps reading its values:
+    the first such refresh pins a live database never written to (RocksDB sequence number 0)."""
+    keys = keys_by_shard(NUM_DBS, 3)
+    base = {k: f"base-{k}".encode() for shard_keys in keys.values() for k in shard_keys}
+    build_snapshot(file_root, list(base.items()), num_dbs=NUM_DBS, run_id="base", shard_layout="sst")
+    monkeypatch.setattr(shard_cache, "live_shard_options", _merging_off)
+    opened: list[str] = []
+    refreshing = [False]  # build_delta reads the base with a reader of its own: not recorded
+
+    def recording_rdict(path, *args, **kwargs):
+        if refreshing[0]:
+            opened.append(path)
+        return Rdict(path, *args, **kwargs)
+
+    ingest = shard_cache.ShardCache.ingest_live
+    pinned_reads: list[list[bytes | None]] = []
+
+    def read_old_then_ingest(self, live, files, shard, run_id, *, reused_layers):
+        ingest(self, live, files, shard, run_id, reused_layers=reused_layers)  # compacted in there
+        pinned_reads.append(reader.multi_get(list(expected)))  # the old snapshot, through its pin
+
+    expected = dict(base)
+    with ShardedReader(file_root, live=True, max_local_layers=1) as reader:
+        assert {k: reader.get(k) for k in base} == base
+        served = dict(reader._state.handles)
+        monkeypatch.setattr(shard_cache, "Rdict", recording_rdict)
+        monkeypatch.setattr(shard_cache.ShardCache, "ingest_live", read_old_then_ingest)
+        compacted = []
+        for step in (1, 2):
+            upserts = {shard_keys[0]: f"step{step}-{shard_keys[0]}" for shard_keys in keys.values()}
+            deletes = [shard_keys[step] for shard_keys in keys.values()]
+            build_delta(file_root, upserts, deletes, run_id=f"delta{step}")
+            old, pinned_reads[:] = reader._state, []
+            refreshing[0] = True
+            assert reader.refresh() and reader.run_id == f"delta{step}"
+            refreshing[0] = False
+            assert pinned_reads == [list(expected.values())] * NUM_DBS
+            assert reader.last_refresh is not None
+            compacted.append(reader.last_refresh.shards_compacted)
+            expected.update({k: v.encode() for k, v in upserts.items()})
+            expected.update(dict.fromkeys(deletes))
+            assert {k: reader.get(k) for k in expected} == expected
+            assert old.retired
+        assert compacted == [NUM_DBS, NUM_DBS]  # 2 sorted runs > 1 each time: compacted into one
+        assert opened == []  # compacted where it is: no database built or opened
+        assert all(reader._state.handles[db_id] is db for db_id, db in served.items())
+        assert all(shard_cache._sorted_runs(live.db) == 1 for live in reader._state.live.values())
+        assert reader.multi_get(list(expected)) == list(expected.values())
+
+
+def test_a_live_shard_merges_a_refreshs_layers_in_the_background(file_root):
+    """Between bounds, RocksDB merges each ingested layer into the level below in the background, so
+    a follower's shards read from one sorted run again, as a fresh reader's compacted ones do."""
+    _, expected, _, delta = _chain(file_root)
+    with ShardedReader(file_root, live=True) as reader:
+        reader.multi_get(list(expected))
+        publish_current(open_store(file_root), delta.manifest_key, delta.run_id)
+        assert reader.refresh() and reader.last_refresh is not None
+        assert reader.last_refresh.shards_compacted == 0  # 2 runs: within max_local_layers
+        lives = list(reader._state.live.values())
+        deadline = time.monotonic() + 30
+        while any(shard_cache._sorted_runs(live.db) > 1 for live in lives) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [shard_cache._sorted_runs(live.db) for live in lives] == [1] * NUM_DBS
+        assert {k: reader.get(k) for k in expected} == expected
+        assert reader.multi_get(list(expected)) == list(expected.values())

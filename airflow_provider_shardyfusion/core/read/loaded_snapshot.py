@@ -12,8 +12,9 @@ deallocation) as soon as the last read still using it returns. A handle evicted 
 holds a descriptor per SST file, so a reader with every shard of thousands open, or with shards of
 many layers each, runs out of descriptors (issue #26).
 
-A shard may be *live* (``live``): served from a read-write database private to the reader, into
-which ``refresh()`` ingests the new layers instead of building and opening the shard again. The
+A shard may be *live* (``live``): served from a column family of a read-write database private to
+the reader, into which ``refresh()`` ingests the new layers instead of building and opening the
+shard again. The
 old and the new snapshot then share that database: before the first ingestion the refresh pins the
 old snapshot (``pin_live``): its live handles become reads through a RocksDB snapshot taken then,
 and ``generation`` moves on, so a read that took a handle before the pin and read it after an
@@ -22,7 +23,6 @@ ingestion sees the change of generation and reads again, through the pin.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,12 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
     from airflow_provider_shardyfusion.core.model.routing import CelRouter
 
-__all__ = ["LiveDb", "LoadedSnapshot", "PinnedShard", "StaleSnapshot"]
+__all__ = ["LIVE_CF_FILES", "NUM_LEVELS", "LiveDb", "LoadedSnapshot", "PinnedShard", "StaleSnapshot"]
+
+# RocksDB's default number of levels (every database here uses it).
+NUM_LEVELS = 7
+# Descriptors a live shard's column family holds besides its SSTs: a handle on the database's folder.
+LIVE_CF_FILES = 1
 
 # What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
 _NOT_FOUND = "key not found"
@@ -51,19 +56,27 @@ class StaleSnapshot(Exception):
 
 
 class LiveDb:
-    """A reader's private read-write database of one shard (see the module's docstring).
+    """A reader's private read-write copy of one shard: a column family ``name`` of a live database
+    (see ``ShardCache``); ``db`` reads and ingests into that column family only.
 
-    ``folder`` is removed once no snapshot holds this object any more. ``broken``: an ingestion
-    into it failed, so it may hold part of a snapshot nobody serves: no refresh ingests into it again.
+    ``release`` runs (dropping the column family, which closes its SST files once no read uses it)
+    when no snapshot holds this object any more. ``broken``: an ingestion into it failed, so it may
+    hold part of a snapshot nobody serves: no refresh ingests into it again.
     """
 
-    __slots__ = ("__weakref__", "broken", "db", "folder")
+    __slots__ = ("__weakref__", "broken", "db", "name")
 
-    def __init__(self, db: Rdict, folder: str):
+    def __init__(self, db: Rdict, name: str, release: Callable[[], None]):
         self.db = db
-        self.folder = folder
+        self.name = name
         self.broken = False
-        weakref.finalize(self, shutil.rmtree, folder, True)
+        weakref.finalize(self, release)
+
+    def files(self) -> int:
+        """Descriptors this shard holds: one per SST file of its column family (RocksDB keeps every
+        table open) and the directory handle the column family keeps (measured)."""
+        return LIVE_CF_FILES + sum(self.db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
+                                   for level in range(NUM_LEVELS))
 
 
 class PinnedShard:

@@ -21,17 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ReaderError
+from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST, ShardEntry, ShardLayer
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LiveDb, LoadedSnapshot, StaleSnapshot
-from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
+from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache, live_fixed_files
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
     import os
 
-    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardLayer
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
 __all__ = ["RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards"]
 
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 
 # Layer downloads one refresh runs at once.
 _LAYER_DOWNLOADS = 8
+
+
+@dataclass(frozen=True)
+class _LiveJob:
+    """A live shard a refresh ingests into: ``added`` layers of ``entry`` after the ``reused`` ones it holds."""
+
+    live: LiveDb
+    entry: ShardEntry
+    reused: int
+    added: tuple[ShardLayer, ...]
 
 
 @dataclass(frozen=True)
@@ -73,17 +84,19 @@ class ShardedReader:
     in them together, stay open at once (an open shard holds a file descriptor per SST file: one per
     layer of a chain shard kept as it is); past either the least recently opened shard is closed and
     reopened on its next read, from the cache and without checking it again. ``live=True`` (a
-    follower; not with ``manifest_ref``): each SST-layout shard is served from a private read-write
-    clone in a memory-backed folder (six descriptors more, counted as files), and ``refresh()``
-    ingests a delta's new layers into the open databases, shared with the old snapshot until the
-    swap (which reads them pinned to a RocksDB snapshot meanwhile), instead of building and opening
-    the shards again. Otherwise (and for a shard a live reader had closed, or past
-    ``max_local_layers``) ``refresh()`` builds every changed shard the reader had open but opens in
-    the new snapshot only as many as fit within the bounds next to the old one's. None: an eighth
-    of the process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for files (half
-    for a live reader), at least 16 each: three read-only readers whose shards hold several files
-    each fit next to one another, builds (a shard being built holds its layers and a few files
-    more) and the rest of the process.
+    follower; not with ``manifest_ref``): each SST-layout shard is served from a private live shard,
+    a column family of a read-write database in a memory-backed folder (up to 16 shards a database),
+    filled from the shard's files as published; it holds one descriptor more than its SSTs, and its
+    database six for 16 shards (counted as files). ``refresh()`` ingests a delta's new layers into
+    the open live shards, shared with the old snapshot until the swap (which reads them pinned to a
+    RocksDB snapshot meanwhile), and compacts in place one left with more than ``max_local_layers``
+    sorted runs, instead of building and opening the shards again. Otherwise (and for a shard a
+    live reader had closed) ``refresh()`` builds every changed shard the reader had open but opens
+    in the new snapshot only as many as fit within the bounds next to the old one's. None: an
+    eighth of the process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for
+    files (a third for a live reader), at least 16 each: three read-only readers whose shards hold
+    several files each fit next to one another, builds (a shard being built holds its layers and a
+    few files more) and the rest of the process.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -286,9 +299,10 @@ class ShardedReader:
     def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
         """Build in ``new`` every shard ``old`` serves that is part of ``new``'s chain; return how many changed.
 
-        A live shard (see ``ShardCache``) takes the layers it lacks into its own database, shared
+        A live shard (see ``ShardCache``) takes the layers it lacks into its column family, shared
         with ``new``: every such layer is downloaded and verified first, then ``old`` is pinned and
-        they are ingested, so nothing ``old`` serves changes if a download fails. Otherwise, while
+        they are ingested (and the shard compacted in place past ``max_local_layers``), so nothing
+        ``old`` serves changes if a download fails. Otherwise, while
         the served copy still exists, a changed shard is built on it by ingesting only the layers it
         lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay cold as
         before. Only as many are opened as fit within ``max_open_shards`` next to the handles
@@ -296,7 +310,7 @@ class ShardedReader:
         others open on their first read.
         """
         rebuilt = 0
-        ingest: list[tuple[int, LiveDb, ShardEntry, int, tuple[ShardLayer, ...]]] = []
+        ingest: list[_LiveJob] = []
         for db_id in list(old.paths.keys() | old.live.keys()):  # every shard it served, open now or not
             entry, before = new.shards.get(db_id), old.shards.get(db_id)
             if entry is None or before is None or not entry.layers:
@@ -306,8 +320,8 @@ class ShardedReader:
                 continue  # not built on what is served (a rollback, another chain): stays cold
             added = entry.layers[len(prefix):]
             live = old.live.get(db_id)
-            if live is not None and self._cache.can_ingest_live(live, len(added)):
-                ingest.append((db_id, live, entry, len(prefix), added))
+            if live is not None and not live.broken:
+                ingest.append(_LiveJob(live, entry, len(prefix), added))
             elif len(old.handles) + len(new.handles) < self._max_open_shards \
                     and old.open_files + new.open_files < self._max_open_files:
                 self._cache.open_shard(new, db_id)
@@ -318,20 +332,19 @@ class ShardedReader:
             self._ingest_live(old, new, ingest)
         return rebuilt
 
-    def _ingest_live(self, old: LoadedSnapshot, new: LoadedSnapshot,
-                     jobs: list[tuple[int, LiveDb, ShardEntry, int, tuple[ShardLayer, ...]]]) -> None:
-        """Download and verify every job's layers, then pin ``old`` and ingest them; ``new`` serves the databases."""
+    def _ingest_live(self, old: LoadedSnapshot, new: LoadedSnapshot, jobs: list[_LiveJob]) -> None:
+        """Download and verify every job's layers, then pin ``old`` and ingest them; ``new`` serves the live shards."""
         # Downloads wait on storage (an S3 round trip each): several at once.
         with ThreadPoolExecutor(_LAYER_DOWNLOADS) as pool:
-            downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job[2], job[4]), jobs))
+            downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job.entry, job.added), jobs))
         old.pin_live()
         done: list[LiveDb] = []
         try:
-            for (db_id, live, entry, reused, _), files in zip(jobs, downloaded, strict=True):
+            for job, files in zip(jobs, downloaded, strict=True):
                 if files:
-                    self._cache.ingest_live(live, files, entry, new.run_id, reused_layers=reused)
-                    done.append(live)
-                self._cache.adopt_live(new, db_id, live)
+                    self._cache.ingest_live(job.live, files, job.entry, new.run_id, reused_layers=job.reused)
+                    done.append(job.live)
+                self._cache.adopt_live(new, job.entry.db_id, job.live)
         except BaseException:
             for live in done:  # they hold layers of a snapshot nobody will serve: never ingest into them again
                 live.broken = True
@@ -423,8 +436,12 @@ class ShardedReader:
 
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        return LoadedSnapshot(pointer, self._snapshots.load_manifest(pointer), max_open=self._max_open_shards,
-                              max_files=self._max_open_files)
+        manifest = self._snapshots.load_manifest(pointer)
+        max_files = self._max_open_files
+        if self._cache.live and manifest.shard_layout == SHARD_LAYOUT_SST:
+            # The live databases' own descriptors, held once for the old and the new snapshot.
+            max_files = max(1, max_files - live_fixed_files(min(len(manifest.shards), self._max_open_shards)))
+        return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
 
 
 def default_max_open_shards() -> int:
@@ -436,10 +453,11 @@ def default_max_open_shards() -> int:
 def default_max_open_files(*, live: bool = False) -> int:
     """A quarter of the soft open-files limit: a follower of a 1000-shard chain (up to five files a
     shard with the default ``max_local_layers``) keeps every shard open under a limit of 20000, and
-    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit. Half
-    for a live reader: its databases hold six descriptors more each, and a refresh opens nothing
-    next to the old snapshot's (which the quarter leaves room for)."""
-    return max(16, _soft_nofile() // (2 if live else 4))
+    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit. A
+    third for a live reader: a live shard holds ~1.4 descriptors more than its SSTs (its column
+    family's and its share of its database's), so 1000 shards of up to four sorted runs need ~5400,
+    and a refresh opens nothing next to the old snapshot's (which the quarter leaves room for)."""
+    return max(16, _soft_nofile() // (3 if live else 4))
 
 
 def _soft_nofile() -> int:

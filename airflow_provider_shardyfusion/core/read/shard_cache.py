@@ -7,10 +7,19 @@ fresh database there. A marker file records what was verified, and a cached copy
 against it on every reuse, except that a refresh builds on the database this very cache built or
 verified (the one it serves) without hashing it again, and so does the reopening of a shard whose
 handle was closed to stay within the reader's ``max_open_shards`` and ``max_open_files``. The copy is opened with rocksdict
-in raw mode, read-only, or, for a reader that follows ``_CURRENT`` (``live``), as a live database:
-a read-write clone of it in a memory-backed folder (its SSTs symbolic links to the cached ones),
-into which ``refresh()`` ingests the layers a delta adds (``ingest_live``) instead of building and
-opening the shard again (see ``loaded_snapshot``).
+in raw mode, read-only.
+
+A reader that follows ``_CURRENT`` (``live``) serves an SST-layout shard instead from a *live*
+shard: a column family of a read-write database in a memory-backed folder, filled by ingesting the
+shard's verified files as published (its layers, oldest first, downloaded once into the cache's
+``layers/`` folder; the database's SSTs are symbolic links to them), into which ``refresh()``
+ingests the layers a delta adds (``ingest_live``) instead of building and opening the shard again
+(see ``loaded_snapshot``), and which is compacted in place once it holds more than
+``max_local_layers`` sorted runs; one closed to stay within the reader's bounds is dropped, and
+built again from its layers (checked again) on its next read. Column families share a database's fixed descriptors (LOCK, LOG,
+WAL, MANIFEST, its folder), but creating one rewrites the database's OPTIONS file, which lists them
+all (measured: 0.25 ms more per column family already there, so one database of 4000 would take
+about 1 s per shard): a live database holds at most ``LIVE_SHARDS_PER_DB`` of them.
 
 Cached files are deleted (a retired run's folder on ``refresh()``, a private cache on ``close()``)
 only when no shard download of that run is in flight; otherwise the last such download deletes
@@ -21,12 +30,14 @@ them when it ends. A download for a retired snapshot stops at its next file and 
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
 import shutil
 import tempfile
 import threading
+import uuid
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -36,16 +47,23 @@ from airflow_provider_shardyfusion.core import layout, scratch
 from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError, ReaderError
 from airflow_provider_shardyfusion.core.model.checksum import file_checksum, verify_file
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST, ShardEntry, ShardFile, ShardLayer
-from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
-from airflow_provider_shardyfusion.core.read.loaded_snapshot import LiveDb, LoadedSnapshot, PinnedShard, StaleSnapshot
+from airflow_provider_shardyfusion.core.model.rocksdb_options import live_shard_options, rocksdb_options
+from airflow_provider_shardyfusion.core.read.loaded_snapshot import (
+    LIVE_CF_FILES,
+    NUM_LEVELS,
+    LiveDb,
+    LoadedSnapshot,
+    PinnedShard,
+    StaleSnapshot,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from airflow_provider_shardyfusion.core.storage import ObjectStore
 
-__all__ = ["DEFAULT_MAX_LOCAL_LAYERS", "LIVE_DB_FILES", "MEMORY_BUILD_FROM_DISK_MAX_BYTES", "MEMORY_BUILD_MAX_BYTES",
-           "CacheStats", "ShardCache"]
+__all__ = ["DEFAULT_MAX_LOCAL_LAYERS", "LIVE_CF_FILES", "LIVE_DB_FILES", "LIVE_SHARDS_PER_DB",
+           "MEMORY_BUILD_FROM_DISK_MAX_BYTES", "MEMORY_BUILD_MAX_BYTES", "CacheStats", "ShardCache", "live_fixed_files"]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +83,34 @@ MEMORY_BUILD_FROM_DISK_MAX_BYTES = 16 << 20
 # even when its bloom filter says no; past this many runs a built database is compacted locally so
 # a deep chain reads about as fast as a compacted snapshot (measured: depth 8 read 2.6x slower).
 DEFAULT_MAX_LOCAL_LAYERS = 4
-# Descriptors a live (read-write) database holds besides its SSTs: LOCK, LOG, WAL, MANIFEST and its
-# folder twice (measured); counted against the reader's max_open_files.
+# Descriptors a live (read-write) database holds besides its column families' (LIVE_CF_FILES and
+# the SSTs of each): LOCK, LOG, WAL, MANIFEST and its folder twice (measured).
 LIVE_DB_FILES = 6
-# Ingestion into a live database: copied in, never moving (or linking) a cached layer file away.
+# Live shards (column families) per live database: creating one costs ~0.25 ms per column family
+# already there (see the module's docstring), so 16 keep opening a shard at ~2 ms while their
+# database's fixed descriptors cost each shard ~0.4.
+LIVE_SHARDS_PER_DB = 16
+# A new layer of a refresh is copied into the memory-backed folder (small, and no fsync); a shard's
+# files at its first opening are linked (RocksDB syncs the file it links: a disk write of a freshly
+# downloaded shard, but its data stays out of memory), the cached file never moved away.
 _COPY_IN = IngestExternalFileOptions()
+_LINK_IN = IngestExternalFileOptions()
+_LINK_IN.set_move_files(True)
+
+
+def live_fixed_files(shards: int) -> int:
+    """Descriptors the live databases of a reader serving ``shards`` live shards hold besides theirs."""
+    return LIVE_DB_FILES * -(-shards // LIVE_SHARDS_PER_DB)
+
+
+class _LiveDatabase:
+    """One live database (see the module's docstring) and how many live shards it holds now."""
+
+    __slots__ = ("db", "shards")
+
+    def __init__(self, db: Rdict):
+        self.db = db
+        self.shards = 0
 
 
 class CacheStats:
@@ -136,6 +177,16 @@ class ShardCache:
         self._live_root = scratch.memory_workdir(0, 1, prefix="shardyfusion-live-") if live else None
         if self._live_root is not None:
             weakref.finalize(self, shutil.rmtree, self._live_root, True)
+        # Guards the live databases' list and their column families' creation and dropping (a
+        # dropped shard's finalizer may run in any thread, maybe inside a lock of this cache).
+        self._live_lock = threading.RLock()
+        self._live_dbs: list[_LiveDatabase] = []
+        self._live_seq = 0
+
+    @property
+    def live(self) -> bool:
+        """Whether this cache serves SST-layout shards as live shards."""
+        return self._live_root is not None
 
     def open_shard(self, snapshot: LoadedSnapshot, db_id: int) -> Rdict | PinnedShard | None:
         """The open shard ``db_id`` of ``snapshot``, downloading it on first use; None if empty."""
@@ -159,6 +210,8 @@ class ShardCache:
                 return db
             self._begin_download(snapshot)
             try:
+                if self._live_root is not None and snapshot.manifest.shard_layout == SHARD_LAYOUT_SST:
+                    return self._prepare_live(snapshot, shard, open_it=open_it)
                 path = snapshot.paths.get(db_id)
                 if path is None or not self._trusted_now(path):
                     path = self._layered_copy(snapshot, shard) if shard.layers else self._local_copy(snapshot, shard)
@@ -179,41 +232,101 @@ class ShardCache:
                 self._end_download(snapshot.run_id)
 
     def _open(self, snapshot: LoadedSnapshot, shard: ShardEntry, path: str) -> Rdict:
-        """Open the verified local copy in ``path`` of ``shard`` (live where this cache can) and register it."""
-        live = None
+        """Open the verified local copy in ``path`` of ``shard`` read-only and register it."""
         try:
-            if self._live_root is not None and snapshot.manifest.shard_layout == SHARD_LAYOUT_SST:
-                live = self._open_live(path, shard.db_id)
-                db = live.db
-            else:
-                db = Rdict(path, rocksdb_options(), access_type=AccessType.read_only(False))
+            db = Rdict(path, rocksdb_options(), access_type=AccessType.read_only(False))
         except Exception as exc:
             raise ReaderError(
                 f"cannot open shard {shard.db_id} of run {snapshot.run_id!r} ({shard.db_url}) from {path}: {exc}"
             ) from exc
         try:
-            snapshot.register(shard.db_id, db, _sst_count(live.folder) + LIVE_DB_FILES if live else _sst_count(path),
-                              live)
+            snapshot.register(shard.db_id, db, _sst_count(path))
         except StaleSnapshot:
             db.close()  # never shared with another thread, so closing it cannot break a read
             raise
         return db
 
-    def _open_live(self, path: str, db_id: int) -> LiveDb:
-        """A live database of the verified cached shard database in ``path``."""
-        assert self._live_root is not None
-        folder = tempfile.mkdtemp(prefix=f"db={db_id:05d}-", dir=self._live_root)
+    def _prepare_live(self, snapshot: LoadedSnapshot, shard: ShardEntry, *, open_it: bool) -> Rdict | None:
+        """Download ``shard``'s layers (``open_it``: and serve it from a new live shard, see the module's docstring)."""
+        if not shard.layers and not shard.files:
+            raise ReaderError(f"shard {shard.db_id} of run {snapshot.run_id!r} ({shard.db_url}) lists no files in the manifest")
+        files = [path for layer in shard.all_layers() for path in self._layer_files(snapshot, shard, layer)]
+        self._mark_served(snapshot, shard.db_id)
+        if not open_it:
+            return None
+        if snapshot.retired:
+            raise StaleSnapshot()
+        live = self._new_live(shard.db_id)
         try:
-            _clone_db(path, folder)
-            return LiveDb(Rdict(folder, rocksdb_options(auto_compactions=False)), folder)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            self._ingest(live, files, link=True)
+            self._compact_deep(live, shard, snapshot.run_id)
+        except Exception as exc:
+            raise ReaderError(
+                f"cannot open shard {shard.db_id} of run {snapshot.run_id!r} ({shard.db_url}) as a live shard "
+                f"({live.name} in {self._live_root}): {exc}"
+            ) from exc
+        self.stats.shard_built(reused_layers=0)
+        self.adopt_live(snapshot, shard.db_id, live)
+        return live.db
+
+    def _new_live(self, db_id: int) -> LiveDb:
+        """An empty live shard for shard ``db_id``, in a live database with room (a new one if none has)."""
+        assert self._live_root is not None
+        with self._live_lock:
+            home = next((d for d in self._live_dbs if d.shards < LIVE_SHARDS_PER_DB), None)
+            if home is None:
+                folder = tempfile.mkdtemp(prefix="db-", dir=self._live_root)
+                home = _LiveDatabase(Rdict(folder, live_shard_options()))
+                # A RocksDB snapshot at sequence number 0 (a database only ingested into at the
+                # bottom level stays there) makes a compaction drop what it should keep for it
+                # (measured: a pinned shard's compaction kept 2 of 189 keys): a first write moves
+                # the sequence on, so ``pin_live`` never takes one there.
+                home.db.put(b"sequence", b"")
+                self._live_dbs.append(home)
+            self._live_seq += 1
+            # Never a dropped shard's name: a read may still use that column family.
+            name = f"db={db_id:05d}.{self._live_seq}"
+            home.db.create_column_family(name, live_shard_options())
+            home.shards += 1
+            return LiveDb(home.db.get_column_family(name), name, functools.partial(
+                _drop_live, self._live_lock, self._live_dbs, home, name))
+
+    def _ingest(self, live: LiveDb, files: list[str], *, link: bool) -> None:
+        """Ingest the verified ``files`` into ``live``, oldest first; a failure marks ``live`` broken."""
+        assert self._live_root is not None
+        try:
+            for path in files:  # one at a time: files of one layer may overlap, and the later one wins
+                if not link:
+                    live.db.ingest_external_file([path], _COPY_IN)
+                    continue
+                # RocksDB moves what it ingests; a symbolic link moved into the database (a hard link
+                # of the link) reads the cached file, which stays where it is.
+                incoming = os.path.join(self._live_root, f".in-{uuid.uuid4().hex}.sst")
+                os.symlink(os.path.abspath(path), incoming)
+                try:
+                    live.db.ingest_external_file([incoming], _LINK_IN)
+                finally:
+                    if os.path.lexists(incoming):
+                        os.unlink(incoming)
+        except Exception:
+            live.broken = True
             raise
 
-    def can_ingest_live(self, live: LiveDb, layers: int) -> bool:
-        """Whether ``layers`` more layers may be ingested into ``live`` (not past ``max_local_layers`` sorted runs)."""
-        return not live.broken and (self._max_local_layers is None
-                                    or _sorted_runs(live.db) + layers <= self._max_local_layers)
+    def _compact_deep(self, live: LiveDb, shard: ShardEntry, run_id: str) -> None:
+        """Compact ``live`` in place once it holds more than ``max_local_layers`` sorted runs.
+
+        A pinned snapshot of it (``LoadedSnapshot.pin_live``) keeps reading what it read: compaction
+        keeps every version a RocksDB snapshot still sees.
+        """
+        if self._max_local_layers is None or (runs := _sorted_runs(live.db)) <= self._max_local_layers:
+            return
+        try:
+            live.db.compact_range(None, None)
+        except Exception:
+            live.broken = True
+            raise
+        log.info("shard %s of run %s: %d sorted runs of its live shard compacted into one", shard.db_id, run_id, runs)
+        self.stats.shard_compacted()
 
     def layer_files(self, snapshot: LoadedSnapshot, shard: ShardEntry, layers: tuple[ShardLayer, ...]) -> list[str]:
         """The verified local files of ``layers`` of ``shard``, oldest first (downloaded once per cache)."""
@@ -224,27 +337,32 @@ class ShardCache:
             self._end_download(snapshot.run_id)
 
     def ingest_live(self, live: LiveDb, files: list[str], shard: ShardEntry, run_id: str, *, reused_layers: int) -> None:
-        """Ingest the verified layer ``files`` (see ``layer_files``) into ``live``, oldest first.
+        """Ingest the verified layer ``files`` (see ``layer_files``) into ``live``, oldest first, and
+        compact it in place past ``max_local_layers`` sorted runs.
 
         RocksDB copies each file in (the memory-backed folder is another file system): the cached
         layer stays as verified. A failure marks ``live`` broken: it may hold part of the layers,
         which no snapshot serves.
         """
         try:
-            for path in files:  # one at a time: files of one layer may overlap, and the later one wins
-                live.db.ingest_external_file([path], _COPY_IN)
+            self._ingest(live, files, link=False)
+            self._compact_deep(live, shard, run_id)
         except Exception as exc:
-            live.broken = True
             raise ReaderError(
                 f"cannot ingest the new layers of shard {shard.db_id} of run {run_id!r} ({shard.db_url}) into its "
-                f"live database in {live.folder}: {exc}"
+                f"live shard ({live.name} in {self._live_root}): {exc}"
             ) from exc
         self.stats.shard_built(reused_layers=reused_layers)
 
-    @staticmethod
-    def adopt_live(snapshot: LoadedSnapshot, db_id: int, live: LiveDb) -> None:
+    def adopt_live(self, snapshot: LoadedSnapshot, db_id: int, live: LiveDb) -> None:
         """Serve shard ``db_id`` of ``snapshot`` from ``live`` (which already holds exactly its layers)."""
-        snapshot.register(db_id, live.db, _sst_count(live.folder) + LIVE_DB_FILES, live)
+        snapshot.register(db_id, live.db, live.files(), live)
+        self._mark_served(snapshot, db_id)
+
+    def _mark_served(self, snapshot: LoadedSnapshot, db_id: int) -> None:
+        """Record that ``snapshot`` serves live shard ``db_id`` (its newest layer's folder): a refresh
+        builds it again though it was closed meanwhile (see ``ShardedReader._carry_over``)."""
+        snapshot.paths[db_id] = layout.local_layer_dir(self.root, snapshot.shards[db_id].all_layers()[-1].run_id, db_id)
 
     def keep_run(self, run_id: str) -> None:
         """Cancel a pending deletion of ``run_id``'s folder (a refresh back to that run)."""
@@ -494,6 +612,9 @@ class ShardCache:
         if self._cleanup is not None:
             self._cleanup()
         if self._live_root is not None:
+            with self._live_lock:
+                # Each live database closes once its last live shard is dropped (see ``_drop_live``).
+                self._live_dbs.clear()
             shutil.rmtree(self._live_root, ignore_errors=True)
 
 
@@ -561,10 +682,24 @@ def _sst_count(folder: str) -> int:
     return max(1, sum(name.endswith(".sst") for name in os.listdir(folder)))
 
 
+def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], home: _LiveDatabase, name: str) -> None:
+    """Drop a live shard no snapshot holds any more: its SSTs close once no read uses them (RocksDB
+    keeps a dropped column family readable through the handles still out); an emptied live database
+    closes once nothing refers to it."""
+    with lock:
+        home.shards -= 1
+        try:
+            home.db.drop_column_family(name)
+        except Exception as exc:  # a closed reader's folder is gone already: nothing more to release
+            log.debug("live shard %s: not dropped: %s", name, exc)
+        if home.shards == 0 and home in databases:
+            databases.remove(home)
+
+
 def _sorted_runs(db: Rdict) -> int:
     """How many files a point look-up may visit: each level-0 file, plus one per other non-empty level."""
     runs = 0
-    for level in range(7):  # RocksDB's default num_levels
+    for level in range(NUM_LEVELS):
         files = db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
         runs += files if level == 0 else min(files, 1)
     return runs
