@@ -273,3 +273,26 @@ def test_a_live_shard_merges_a_refreshs_layers_in_the_background(file_root):
         assert [shard_cache._sorted_runs(live.db) for live in lives] == [1] * NUM_DBS
         assert {k: reader.get(k) for k in expected} == expected
         assert reader.multi_get(list(expected)) == list(expected.values())
+
+
+@pytest.mark.parametrize("room", ["none", "one shard"])
+def test_a_live_reader_short_of_memory_serves_the_other_shards_read_only(file_root, monkeypatch, caplog, room):
+    """Merges rewrite a live shard into the memory-backed folder: a reader keeps its live shards within
+    half of the room that folder had (a container's /dev/shm may be 64 MB) and reads the rest from the
+    cache, exactly, before and after a refresh."""
+    base, expected, _, delta = _chain(file_root)
+    with ShardedReader(file_root) as plain:
+        sizes = [shard.byte_size for shard in plain.manifest.shards]
+    free = 0 if room == "none" else 2 * max(sizes)  # half of it is the budget: the largest shard alone
+    monkeypatch.setattr(shard_cache, "_free_bytes", lambda folder: free)
+    with ShardedReader(file_root, live=True) as reader:
+        assert {k: reader.get(k) for k in base} == base
+        live = len(reader._state.live)
+        assert len(reader._state.handles) == NUM_DBS
+        assert live == 0 if room == "none" else 1 <= live < NUM_DBS
+        assert "no room for shard" in caplog.text
+        publish_current(open_store(file_root), delta.manifest_key, delta.run_id)
+        assert reader.refresh() and reader.run_id == "delta"
+        assert reader.last_refresh is not None and reader.last_refresh.shards_rebuilt == NUM_DBS
+        assert {k: reader.get(k) for k in expected} == expected
+        assert reader.multi_get(list(expected)) == list(expected.values())

@@ -113,6 +113,15 @@ class _LiveDatabase:
         self.shards = 0
 
 
+class _LiveBytes:
+    """Bytes of the live shards a cache holds (shared with their finalizers, which must not hold the cache)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class CacheStats:
     """What a cache downloaded and built; ``ShardedReader.last_refresh`` reports the part one refresh caused."""
 
@@ -182,6 +191,11 @@ class ShardCache:
         self._live_lock = threading.RLock()
         self._live_dbs: list[_LiveDatabase] = []
         self._live_seq = 0
+        # Merges and compactions rewrite a live shard's data into the memory-backed folder, so its
+        # live shards together may hold at most half of what that folder had free (a container's
+        # /dev/shm is often 64 MB); past it a shard is served read-only from the cache instead.
+        self._live_budget = _free_bytes(self._live_root) // 2 if self._live_root is not None else 0
+        self._live_held = _LiveBytes()  # of the live shards held now, as published
 
     @property
     def live(self) -> bool:
@@ -210,7 +224,8 @@ class ShardCache:
                 return db
             self._begin_download(snapshot)
             try:
-                if self._live_root is not None and snapshot.manifest.shard_layout == SHARD_LAYOUT_SST:
+                if self._live_root is not None and snapshot.manifest.shard_layout == SHARD_LAYOUT_SST \
+                        and self._live_room(shard):
                     return self._prepare_live(snapshot, shard, open_it=open_it)
                 path = snapshot.paths.get(db_id)
                 if path is None or not self._trusted_now(path):
@@ -256,7 +271,7 @@ class ShardCache:
             return None
         if snapshot.retired:
             raise StaleSnapshot()
-        live = self._new_live(shard.db_id)
+        live = self._new_live(shard.db_id, shard.byte_size)
         try:
             self._ingest(live, files, link=True)
             self._compact_deep(live, shard, snapshot.run_id)
@@ -269,10 +284,23 @@ class ShardCache:
         self.adopt_live(snapshot, shard.db_id, live)
         return live.db
 
-    def _new_live(self, db_id: int) -> LiveDb:
-        """An empty live shard for shard ``db_id``, in a live database with room (a new one if none has)."""
+    def _live_room(self, shard: ShardEntry) -> bool:
+        """Whether the memory-backed folder has room for ``shard`` as a live shard (see ``_live_budget``)."""
         assert self._live_root is not None
         with self._live_lock:
+            if self._live_held.bytes + shard.byte_size <= self._live_budget \
+                    and _free_bytes(self._live_root) >= 2 * shard.byte_size:
+                return True
+        log.warning("live shards in %s: no room for shard %s (%d bytes; %d of %d bytes held): it is served "
+                    "read-only from the cache, and a refresh builds it again", self._live_root, shard.db_id,
+                    shard.byte_size, self._live_held.bytes, self._live_budget)
+        return False
+
+    def _new_live(self, db_id: int, size: int) -> LiveDb:
+        """An empty live shard for shard ``db_id`` of ``size`` bytes, in a live database with room (a new one if none has)."""
+        assert self._live_root is not None
+        with self._live_lock:
+            self._live_held.bytes += size
             home = next((d for d in self._live_dbs if d.shards < LIVE_SHARDS_PER_DB), None)
             if home is None:
                 folder = tempfile.mkdtemp(prefix="db-", dir=self._live_root)
@@ -289,7 +317,7 @@ class ShardCache:
             home.db.create_column_family(name, live_shard_options())
             home.shards += 1
             return LiveDb(home.db.get_column_family(name), name, functools.partial(
-                _drop_live, self._live_lock, self._live_dbs, home, name))
+                _drop_live, self._live_lock, self._live_dbs, self._live_held, home, name, size))
 
     def _ingest(self, live: LiveDb, files: list[str], *, link: bool) -> None:
         """Ingest the verified ``files`` into ``live``, oldest first; a failure marks ``live`` broken."""
@@ -682,11 +710,13 @@ def _sst_count(folder: str) -> int:
     return max(1, sum(name.endswith(".sst") for name in os.listdir(folder)))
 
 
-def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], home: _LiveDatabase, name: str) -> None:
+def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], held: _LiveBytes, home: _LiveDatabase,
+               name: str, size: int) -> None:
     """Drop a live shard no snapshot holds any more: its SSTs close once no read uses them (RocksDB
     keeps a dropped column family readable through the handles still out); an emptied live database
     closes once nothing refers to it."""
     with lock:
+        held.bytes -= size
         home.shards -= 1
         try:
             home.db.drop_column_family(name)
@@ -695,6 +725,14 @@ def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], home: _Liv
         if home.shards == 0 and home in databases:
             databases.remove(home)
 
+
+def _free_bytes(folder: str) -> int:
+    """Bytes free for this process in ``folder``'s file system (0 if it cannot tell)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 def _sorted_runs(db: Rdict) -> int:
     """How many files a point look-up may visit: each level-0 file, plus one per other non-empty level."""
