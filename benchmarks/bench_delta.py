@@ -11,7 +11,9 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
    Delta write time / full write time;
 4. ``refresh()`` of that reader: bytes downloaded / (the delta's layer bytes + its manifest bytes),
    and refresh time / time to open the new snapshot fresh (empty cache, every shard opened, by a
-   default read-only reader);
+   default read-only reader); a live follower's shards merge the ingested layers in RocksDB's
+   background threads after the swap, so the fresh open, the compaction and the timed gets each
+   wait until this process is idle (``settled_s`` in the output says how long);
 5. how the writer learns whether a changed key existed (each task ingests the key indexes of the
    base shards it writes, ``keys-00000.sst`` of every layer: keys with empty values and tombstones,
    verified, into one local database, ``core.write.delta.TaskBase``, and does one RocksDB MultiGet
@@ -105,6 +107,20 @@ def _value(step: int, key: int) -> str:
 
 def _percentile(sorted_ns: list[int], q: float) -> float:
     return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * q))] / 1000.0
+
+
+def _settle(what: str, *, idle_share: float = 0.05, window_s: float = 0.5, limit_s: float = 300.0) -> float:
+    """Wait until this process (whose threads include RocksDB's background merges of the live
+    follower) uses under ``idle_share`` of a core, so that work falls on no timed phase; the wait."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        cpu = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - cpu < idle_share * window_s:
+            break
+    waited = time.perf_counter() - t0
+    _log(f"settled before {what} after {waited:.1f}s")
+    return waited
 
 
 def _open_descriptors() -> int:
@@ -306,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     refresh_s = time.perf_counter() - t0
     report = follower.last_refresh
     check(swapped and report is not None and follower.run_id == "delta01", "refresh did not swap to delta01")
+    settled = {"fresh_open": _settle("the fresh open")}
     fresh_open_s, fresh = open_every_shard(str(work / "cache-fresh-delta01"))
     fresh.close()
     shutil.rmtree(work / "cache-fresh-delta01", ignore_errors=True)
@@ -412,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def read_and_time(name: str, reader: ShardedReader, run_id: str, *, alone: bool = False) -> None:
         check_and_warm(name, reader, run_id)
+        if name == "chain_followed":
+            settled["chain_followed"] = _settle("timing the follower")
         held = _open_descriptors() - baseline_descriptors
         if not alone and held <= files_budget // 2:
             by_turns[name] = reader
@@ -436,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"reader keeping every layer left out: {layered_files} files > what the budget of {files_budget} "
              f"leaves beside the readers kept")
 
+    settled["compaction"] = _settle("the compaction")
     _log("compaction")
     compact_s, compact_record = write(root, write_mode="compact", run_id="compact")
     compacted, _ = live_manifest()
@@ -444,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     compact_open_s, compact_reader = open_every_shard(str(work / "cache-compact"))
     read_and_time("compacted", compact_reader, "compact")
     if by_turns:
+        settled["gets"] = _settle("the gets")
         time_gets(by_turns)
 
     p50 = {side: _percentile(ns, 0.5) for side, ns in spent.items()}
@@ -520,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             "ok": not errors, "errors": errors[:10], "expected_rows": model.rows,
             "deleted_sampled": len(gone), "updated_sampled": len(updated), "inserted_sampled": len(inserted),
         },
+        "settled_s": {k: round(v, 1) for k, v in settled.items()},
         "python": platform.python_version(), "cpu_count": os.cpu_count(),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
     }
