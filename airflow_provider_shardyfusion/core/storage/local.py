@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -32,6 +34,32 @@ def _file_etag(fh: BinaryIO) -> str:
     while chunk := fh.read(1 << 20):
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def _copy_file(src: str, dest: str, create: int) -> None:
+    """Copy ``src`` to ``dest`` in the kernel; ``create``: ``os.O_EXCL`` (a new file) or ``os.O_TRUNC``.
+
+    ``shutil.copyfile``'s checks (same file, special files, four stats) and buffered opens cost a
+    dozen system calls more a file, which 1000s of small layer files a run paid twice each.
+    """
+    fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd_in).st_size
+        fd_out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | create, 0o666)
+        try:
+            offset = 0
+            try:
+                while offset < size and (sent := os.sendfile(fd_out, fd_in, offset, size - offset)):
+                    offset += sent
+            except OSError as exc:
+                if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                with open(fd_in, "rb", closefd=False) as fin, open(fd_out, "wb", closefd=False) as fout:
+                    shutil.copyfileobj(fin, fout)
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
 
 
 # Errors meaning "no object at this key": absent, a folder, or a path through a file.
@@ -219,18 +247,19 @@ class LocalStore(ObjectStore):
             raise self._wrap(exc, "upload", key) from exc
 
     def _upload(self, local_path: str, dest: str) -> None:
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(dest))
-        os.close(fd)
+        directory = os.path.dirname(dest)
+        os.makedirs(directory, exist_ok=True)
+        # A random name that link and copy create exclusively: mkstemp's file, removed again to
+        # link in its place, cost three system calls an object.
+        tmp = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
         try:
             try:
                 # Same filesystem: a hard link publishes the file without copying its bytes. Callers
                 # hand over finished files (closed RocksDB files, deleted right after), never
                 # files they go on writing in place.
-                os.unlink(tmp)
                 os.link(local_path, tmp)
             except OSError:
-                shutil.copyfile(local_path, tmp)
+                _copy_file(local_path, tmp, os.O_EXCL)
             os.replace(tmp, dest)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -242,8 +271,13 @@ class LocalStore(ObjectStore):
         if self._stat_object(src, key, "download") is None:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
         try:
-            os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-            shutil.copyfile(src, local_path)
+            try:
+                _copy_file(src, local_path, os.O_TRUNC)
+            except FileNotFoundError as exc:
+                if exc.filename == src:
+                    raise
+                os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
+                _copy_file(src, local_path, os.O_TRUNC)
         except OSError as exc:
             if isinstance(exc, _ABSENT) and exc.filename == src:  # deleted since the stat
                 raise ObjectNotFoundError(f"{self.uri(key)} does not exist") from None
