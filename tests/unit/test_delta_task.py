@@ -15,6 +15,7 @@ from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_opt
 from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.write import arrow_codec
 from airflow_provider_shardyfusion.spark_jobs.chain_write import ChainPlan, _task_layers
 from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS
@@ -55,21 +56,28 @@ def test_a_task_writes_each_shards_change_exactly_with_fixed_costs_per_task(file
     rows = sorted((route_key(k, NUM_DBS), k, v) for k, v in change.items())
 
     # The real functions run; the wrappers only count calls.
-    folders, encodes = [], []
+    folders, encodes, requests = [], [], []
     real_mkdtemp, real_encode = tempfile.mkdtemp, arrow_codec.encode_values
+    real_get, real_download = LocalStore.get, LocalStore.download_file
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: folders.append(1) or real_mkdtemp(*a, **kw))
     monkeypatch.setattr(arrow_codec, "encode_values", lambda *a, **kw: encodes.append(1) or real_encode(*a, **kw))
+    monkeypatch.setattr(LocalStore, "get", lambda self, key: requests.append(("get", key)) or real_get(self, key))
+    monkeypatch.setattr(LocalStore, "download_file",
+                        lambda self, key, local: requests.append(("download", key)) or real_download(self, key, local))
     results, per_task = [], []
     for task in range(NUM_TASKS):
         folders.clear()
         encodes.clear()
+        requests.clear()
         mine = [r for r in rows if task_of_shard(r[0], NUM_DBS, NUM_TASKS) == task]
         results += _task_layers(delta_plan(file_root, ref), iter(task_batches(mine)), task=task, attempt=0,
                                 task_attempt_id=9, faults=NO_FAULTS)
-        per_task.append((len(folders), len(encodes)))
-    # 8 shards a task: one scratch folder for its base shards and one for its layers, and its rows
-    # encoded once per batch; a folder and an encoding per shard cost ~0.3 ms a shard at 1000s of shards.
-    assert per_task == [(2, 2)] * NUM_TASKS
+        per_task.append((len(folders), len(encodes), sorted({how for how, key in requests if key.endswith(".sst")}),
+                         sum(1 for _, key in requests if key.endswith("/keys-00000.sst"))))
+    # 8 shards a task: one scratch folder for its base shards and one for its layers, its rows
+    # encoded once per batch, and each base key index read by one request (a GET, checked in
+    # memory: a download costs a HEAD first on S3); per shard these cost ~0.3 ms at 1000s of shards.
+    assert per_task == [(2, 2, ["get"], 8)] * NUM_TASKS
 
     store = open_store(file_root)
     assert sorted(r["db_id"] for r in results) == list(range(NUM_DBS))
