@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import rocksdict
 
+from airflow_provider_shardyfusion.core.model import rocksdb_options as rocksdb_options_module
 from airflow_provider_shardyfusion.core.model.encoding import encode_binary_value, encode_key
 from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
 from airflow_provider_shardyfusion.core.model.routing import route_key
@@ -56,9 +57,12 @@ def test_a_task_writes_each_shards_change_exactly_with_fixed_costs_per_task(file
     rows = sorted((route_key(k, NUM_DBS), k, v) for k, v in change.items())
 
     # The real functions run; the wrappers only count calls.
-    folders, encodes, requests = [], [], []
+    folders, encodes, requests, options = [], [], [], []
     real_mkdtemp, real_encode = tempfile.mkdtemp, arrow_codec.encode_values
     real_get, real_download = LocalStore.get, LocalStore.download_file
+    real_options = rocksdb_options_module.rocksdb_options
+    monkeypatch.setattr(rocksdb_options_module, "rocksdb_options",
+                        lambda **kw: options.append(1) or real_options(**kw))
     monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: folders.append(1) or real_mkdtemp(*a, **kw))
     monkeypatch.setattr(arrow_codec, "encode_values", lambda *a, **kw: encodes.append(1) or real_encode(*a, **kw))
     monkeypatch.setattr(LocalStore, "get", lambda self, key: requests.append(("get", key)) or real_get(self, key))
@@ -69,15 +73,17 @@ def test_a_task_writes_each_shards_change_exactly_with_fixed_costs_per_task(file
         folders.clear()
         encodes.clear()
         requests.clear()
+        options.clear()
         mine = [r for r in rows if task_of_shard(r[0], NUM_DBS, NUM_TASKS) == task]
         results += _task_layers(delta_plan(file_root, ref), iter(task_batches(mine)), task=task, attempt=0,
                                 task_attempt_id=9, faults=NO_FAULTS)
         per_task.append((len(folders), len(encodes), sorted({how for how, key in requests if key.endswith(".sst")}),
-                         sum(1 for _, key in requests if key.endswith("/keys-00000.sst"))))
+                         sum(1 for _, key in requests if key.endswith("/keys-00000.sst")), len(options) <= 2))
     # 8 shards a task: one scratch folder for its base shards and one for its layers, its rows
-    # encoded once per batch, and each base key index read by one request (a GET, checked in
-    # memory: a download costs a HEAD first on S3); per shard these cost ~0.3 ms at 1000s of shards.
-    assert per_task == [(2, 2, ["get"], 8)] * NUM_TASKS
+    # encoded once per batch, each base key index read by one request (a GET, checked in memory: a
+    # download costs a HEAD first on S3), and RocksDB options built for its database and at most
+    # once for its SST writers; per shard these cost ~0.4 ms at 1000s of shards.
+    assert per_task == [(2, 2, ["get"], 8, True)] * NUM_TASKS
 
     store = open_store(file_root)
     assert sorted(r["db_id"] for r in results) == list(range(NUM_DBS))
