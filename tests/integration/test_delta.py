@@ -584,13 +584,19 @@ def test_a_delta_reads_the_key_indexes_of_its_base_not_its_data(spark, tmp_path,
     # The next delta's existence check, as its task runs it: key indexes only, exact through tombstones.
     store = open_store(file_root)
     downloaded: list[str] = []
-    real_download = store.download_file
+    real_download, real_get = store.download_file, store.get
 
     def recording_download(key: str, local: str) -> None:
         real_download(key, local)
         downloaded.append(key.rsplit("/", 1)[1])
 
-    store.download_file = recording_download  # the real download, counted
+    def recording_get(key: str):
+        downloaded.append(key.rsplit("/", 1)[-1])
+        return real_get(key)
+
+    # The real reads, counted: small files are fetched with one GET, larger ones downloaded.
+    store.download_file = recording_download  # type: ignore[method-assign]
+    store.get = recording_get  # type: ignore[method-assign]
     shared = TaskBase(store, delta, str(tmp_path / "task"))
     probes = [*range(0, 450), 5000, 5001]
     try:
