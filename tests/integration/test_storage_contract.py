@@ -528,8 +528,8 @@ _AUDITED: list[str] | None = None  # the file-system events raised while a test 
 
 
 def _audit(event: str, args: tuple) -> None:
-    if _AUDITED is not None and event in ("open", "os.remove", "os.link", "os.rename"):
-        _AUDITED.append(event)
+    if _AUDITED is not None and event in ("open", "os.remove", "os.link", "os.rename", "os.scandir"):
+        _AUDITED.append(event if event != "os.scandir" else f"scandir {args[0]}")
 
 
 sys.addaudithook(_audit)  # an audit hook cannot be removed: it records only inside `recording`
@@ -571,3 +571,22 @@ def test_a_local_upload_from_another_filesystem_is_one_exclusive_copy(file_root,
     store.download_file("shards/run_id=r/db=00001/attempt=00/layer-00000.sst", str(dest))
     store.download_file("shards/run_id=r/db=00001/attempt=00/keys-00000.sst", str(dest))
     assert dest.read_bytes() == data
+
+
+def test_a_local_listing_enters_only_folders_that_can_hold_the_prefix(file_root):
+    """A listing is what it was (keys, sizes, in key order, temporary files left out), and skips
+    folders outside the prefix: after each write the job lists its run's 1000s of shard folders."""
+    store = open_store(file_root)
+    for run in ("a", "ab", "b"):
+        for db in range(2):
+            store.put(f"shards/run_id={run}/db={db:05d}/attempt=00/layer-00000.sst", f"{run}{db}".encode())
+    base = layout.local_path_of(store.root)
+    open(os.path.join(base, "shards/run_id=a/db=00000/attempt=00/.tmp-partial"), "wb").close()
+    with recording() as events:
+        listed = [(o.key, o.size) for o in store.list("shards/run_id=a")]
+    assert listed == [(f"shards/run_id={run}/db={db:05d}/attempt=00/layer-00000.sst", len(run) + 1)
+                      for run in ("a", "ab") for db in range(2)]
+    scanned = sorted(e.removeprefix("scandir ").removeprefix(base).lstrip("/") for e in events)
+    assert not [folder for folder in scanned if "run_id=b" in folder], scanned
+    assert [(o.key, o.size) for o in store.list("shards/run_id=b/")] == [
+        (f"shards/run_id=b/db={db:05d}/attempt=00/layer-00000.sst", 2) for db in range(2)]

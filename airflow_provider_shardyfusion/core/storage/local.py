@@ -62,6 +62,13 @@ def _copy_file(src: str, dest: str, create: int) -> None:
         os.close(fd_in)
 
 
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 # Errors meaning "no object at this key": absent, a folder, or a path through a file.
 _ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
@@ -174,36 +181,45 @@ class LocalStore(ObjectStore):
         # Not via head: that hashes the whole file for its etag.
         return self._stat_object(self._path(key), key, "exists") is not None
 
+    def _entries(self, folder: str, prefix: str) -> builtins.list[os.DirEntry[str]]:
+        try:
+            with os.scandir(folder) as it:
+                return [*it]
+        except (FileNotFoundError, NotADirectoryError):
+            # A folder that does not exist (or is a file) holds no objects; anything else would
+            # silently drop objects from the listing.
+            return []
+        except OSError as exc:
+            raise self._wrap(exc, "list", prefix) from exc
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         self._check_key(prefix, prefix=True)
         # Walk only the deepest directory the prefix fully names, then filter by prefix.
         start_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = self._path(start_rel, prefix=True)
 
-        def walk_error(exc: OSError) -> None:
-            # A folder that does not exist (or is a file) holds no objects; anything else would
-            # silently drop objects from the listing.
-            if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-                raise self._wrap(exc, "list", prefix) from exc
-
+        # Keys are built by joining names (not os.path.relpath per file), and folders that cannot
+        # hold the prefix are not entered: a run's 1000s of shard folders cost ~25 us a file in
+        # relpath alone, listed after every write (losing attempts) and by cleanup.
         found: builtins.list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start, onerror=walk_error):
-            dirnames.sort()
-            for name in filenames:
-                if name.startswith(".tmp-"):
-                    continue
-                full = os.path.join(dirpath, name)
-                key = os.path.relpath(full, self.base).replace(os.sep, "/")
-                if key.startswith(prefix):
+        pending = [(start, f"{start_rel}/" if start_rel else "")]
+        while pending:
+            folder, rel = pending.pop()
+            for entry in self._entries(folder, prefix):
+                key = rel + entry.name
+                if _is_folder(entry):
+                    # As os.walk without followlinks: a link to a folder is neither entered nor listed.
+                    if not entry.is_symlink() and (key.startswith(prefix) or prefix.startswith(f"{key}/")):
+                        pending.append((entry.path, f"{key}/"))
+                elif not entry.name.startswith(".tmp-") and key.startswith(prefix):
                     try:
-                        st = os.stat(full)
+                        st = entry.stat()
                     except FileNotFoundError:
                         continue
                     except OSError as exc:
                         raise self._wrap(exc, "list", prefix) from exc
-                    found.append(
-                        ObjectInfo(key=key, size=st.st_size, last_modified=datetime.fromtimestamp(st.st_mtime, UTC))
-                    )
+                    found.append(ObjectInfo(key=key, size=st.st_size,
+                                            last_modified=datetime.fromtimestamp(st.st_mtime, UTC)))
         found.sort(key=lambda o: o.key)
         return iter(found)
 
