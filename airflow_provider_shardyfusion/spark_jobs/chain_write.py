@@ -69,7 +69,7 @@ class ChainPlan:
     compact: bool
     has_input: bool
     # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks: 8
-    # per core for a compaction, as for full writes, 2 for a delta), task t writes the layers of
+    # per core for a compaction, as for full writes, 1 for a delta), task t writes the layers of
     # shards_of_task(t) one after another.
     num_tasks: int = 0
     num_dbs: int = 0
