@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from ..core.model.manifest import Manifest
     from ..core.model.snapshot import ResolvedManifest, SnapshotRoot
     from ..core.write.compaction import TaskCompaction
-    from ..core.write.delta import BuiltLayer, TaskBase
+    from ..core.write.delta import BuiltLayer, Change, TaskBase
 
 __all__ = [
     "ChainPlan",
@@ -70,7 +69,7 @@ class ChainPlan:
     compact: bool
     has_input: bool
     # Tasks of the job and shards of the base: with fewer tasks than shards (driver._num_tasks: 8
-    # per core for a compaction, as for full writes, 2 for a delta), task t writes the layers of
+    # per core for a compaction, as for full writes, 1 for a delta), task t writes the layers of
     # shards_of_task(t) one after another.
     num_tasks: int = 0
     num_dbs: int = 0
@@ -147,7 +146,8 @@ def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # n
     return replace(config, value=value)
 
 
-def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]:
+def _decoded(plan: ChainPlan, batch: pa.RecordBatch) -> tuple[list[Any], list[bytes | None]]:
+    """The keys and encoded values (None: deleted) of a batch's rows, checked as a change's rows are."""
     from ..core.write.arrow_codec import (
         UTF8_RULE_KEY,
         check_utf8,
@@ -155,25 +155,62 @@ def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Any]
         encode_values,
         first_null_row,
     )
-    from ..core.write.delta import sorted_changes
 
+    key_col = batch.column(plan.key_column)
+    if first_null_row(key_col) is not None:
+        raise encoding.null_key_error(plan.key_column)
+    check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
+    encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
+    if plan.delete_column is not None:
+        flags = delete_flags(batch, plan.delete_column, key_column=plan.key_column)
+        encoded = [None if flag else v for v, flag in zip(encoded, flags, strict=True)]
+    return key_col.to_pylist(), encoded
+
+
+def _changes_of(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> list[Change]:
     keys: list[Any] = []
     values: list[bytes | None] = []
     for batch in batches:
-        if not batch.num_rows:
-            continue
-        key_col = batch.column(plan.key_column)
-        if first_null_row(key_col) is not None:
-            raise encoding.null_key_error(plan.key_column)
-        check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
-        encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
-        if plan.delete_column is not None:
-            flags = delete_flags(batch, plan.delete_column, key_column=plan.key_column)
-            encoded = [None if flag else v for v, flag in zip(encoded, flags, strict=True)]
-        keys.extend(key_col.to_pylist())
-        values.extend(encoded)
+        if batch.num_rows:
+            more_keys, more_values = _decoded(plan, batch)
+            keys += more_keys
+            values += more_values
+    return _sorted(plan, keys, values)
+
+
+def _sorted(plan: ChainPlan, keys: list[Any], values: list[bytes | None]) -> list[Change]:
+    from ..core.write.delta import sorted_changes
+
     return sorted_changes(keys, values, key_encoding=plan.key_encoding, key_column=plan.key_column,
                           allow_duplicate_keys=plan.allow_duplicate_keys)
+
+
+def _changes_by_shard(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, list[Change]]]:
+    """``(db_id, changes)`` per run of equal shard ids of a task's stream (sorted by shard id).
+
+    Each batch is checked and encoded once, whatever number of shards it holds: per shard, the
+    Arrow calls cost more than a small delta's rows (1000s of shards a run)."""
+    import numpy as np
+
+    from .routing_task import SHARD_ID_COL
+
+    current, keys, values = -1, [], []  # type: tuple[int, list[Any], list[bytes | None]]
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        ids = batch.column(SHARD_ID_COL).to_numpy(zero_copy_only=False)
+        cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
+        batch_keys, batch_values = _decoded(plan, batch)
+        for start, stop in zip([0, *cuts], [*cuts, len(ids)], strict=False):
+            db_id = int(ids[start])
+            if db_id != current:
+                if keys:
+                    yield current, _sorted(plan, keys, values)
+                current, keys, values = db_id, [], []
+            keys += batch_keys[start:stop]
+            values += batch_values[start:stop]
+    if keys:
+        yield current, _sorted(plan, keys, values)
 
 
 @contextlib.contextmanager
@@ -205,41 +242,39 @@ def task_base(plan: ChainPlan) -> Iterator[TaskBase | TaskCompaction]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: int, attempt: int,
-                task_attempt_id: int | None, base: TaskBase | TaskCompaction) -> dict[str, Any]:
+def write_layer(plan: ChainPlan, changes: list[Change], *, db_id: int, attempt: int, task_attempt_id: int | None,
+                base: TaskBase | TaskCompaction, work: scratch.TaskScratch) -> dict[str, Any]:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it.
 
-    ``base``: the base shards of this task (``task_base``)."""
+    ``changes``: the shard's, sorted (``_changes_of``); ``base``: the base shards of this task
+    (``task_base``); ``work``: the task's scratch folders (``_layer_scratch``)."""
     from ..core.errors import ShardWriteError, ShardyfusionError
     from ..core.model.manifest import stored_files
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
-    changes = _changes_of(plan, batches) if plan.has_input else []
     if not changes and not plan.compact:
         return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
     store = base.store  # the task's: one client for all its shards
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
-    prefix = f"shardyfusion-layer{db_id:05d}-a{attempt:02d}-{secrets.token_hex(4)}-"
     # A layer is built in memory where there is room: SstFileWriter.finish's fsync on a busy disk
     # cost more than the layer (thousands of shards). A delta's is its change; a compacted one at
     # most the base shard and the change.
     entry = base.base.shard(db_id)
     layer_bytes = sum(len(c.key) + len(c.value or b"") for c in changes) \
         + (entry.byte_size if plan.compact and entry is not None else 0)
-    work = scratch.memory_workdir(layer_bytes, LAYER_MEMORY_MAX_BYTES, prefix=prefix) or tempfile.mkdtemp(prefix=prefix)
     try:
-        folder = os.path.join(work, "layer")
-        built: BuiltLayer | None
-        if not plan.compact:
-            built = write_delta_layer(folder, changes, base_db=base.shard_db(db_id),
-                                      base_rows=entry.row_count if entry is not None else 0)
-        else:
-            built = write_compacted_layer(folder, changes, base_db=base.shard_db(db_id))
-        if built is None:  # compacted to nothing: an empty shard
-            return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
-        for f in stored_files(built.files, built.key_index):
-            store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
+        with work.folder(layer_bytes) as folder:
+            built: BuiltLayer | None
+            if not plan.compact:
+                built = write_delta_layer(folder, changes, base_db=base.shard_db(db_id),
+                                          base_rows=entry.row_count if entry is not None else 0)
+            else:
+                built = write_compacted_layer(folder, changes, base_db=base.shard_db(db_id))
+            if built is None:  # compacted to nothing: an empty shard
+                return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
+            for f in stored_files(built.files, built.key_index):
+                store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
         log.info("shard %d attempt %d: %s layer of %d file(s), %d bytes, %s -> %d rows, written to %s", db_id, attempt,
                  "compacted" if plan.compact else "delta", len(built.files), built.byte_size, built.counts.to_dict(),
                  built.row_count, db_url)
@@ -252,12 +287,19 @@ def write_layer(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, db_id: in
     except Exception as exc:
         raise ShardWriteError(f"writing the layer of shard {db_id} attempt {attempt} to {db_url} failed: "
                               f"{type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _layer_scratch() -> Iterator[scratch.TaskScratch]:
+    """The scratch folders a task builds its layers in: one in memory for all its shards where they fit."""
+    work = scratch.TaskScratch(LAYER_MEMORY_MAX_BYTES, prefix="shardyfusion-layers-")
+    try:
+        yield work
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        work.close()
 
 
-def _every_shard(runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
-                 expected: range) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+def _every_shard(runs: Iterator[tuple[int, list[Change]]], expected: range) -> Iterator[tuple[int, list[Change]]]:
     """``runs`` (in id order) with an empty one for each shard of ``expected`` they lack: a
     compaction writes every shard of its task, changed or not (an auto-compacted delta's rows
     reach only the shards they change)."""
@@ -267,29 +309,29 @@ def _every_shard(runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]],
             yield pending
             pending = next(runs, None)
         else:
-            yield db_id, iter(())
+            yield db_id, []
 
 
 def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
                  task_attempt_id: int | None, faults: Faults) -> Iterator[dict[str, Any]]:
     """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
     a compaction's for every shard of the task."""
-    from .routing_task import SHARD_ID_COL
-    from .shard_task import in_task_order, shard_runs, shards_of_task
+    from .shard_task import in_task_order, shards_of_task
 
     expected = shards_of_task(task, plan.num_dbs, plan.num_tasks)
     if plan.has_input:
-        runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]] = shard_runs(batches, SHARD_ID_COL)
+        runs: Iterator[tuple[int, list[Change]]] = _changes_by_shard(plan, batches)
     else:
         collections.deque(batches, maxlen=0)  # the placeholder row: read, so the worker is reused
         runs = iter(())
     runs = in_task_order(runs, task=task, expected=expected, num_dbs=plan.num_dbs, writes="the layers of shards")
     if plan.compact:
         runs = _every_shard(runs, expected)
-    with task_base(plan) as base:
-        for db_id, group in runs:
+    with task_base(plan) as base, _layer_scratch() as work:
+        for db_id, changes in runs:
             faults.before_shard_write(db_id, attempt)
-            out = write_layer(plan, group, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base)
+            out = write_layer(plan, changes, db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, base=base,
+                              work=work)
             faults.after_shard_write(db_id, attempt, plan.run_id)
             yield out
 
@@ -307,8 +349,10 @@ def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
             yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
             return
         faults.before_shard_write(part, attempt)
-        with task_base(plan) as base:
-            out = write_layer(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base)
+        changes = _changes_of(plan, batches) if plan.has_input else []
+        with task_base(plan) as base, _layer_scratch() as work:
+            out = write_layer(plan, changes, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base,
+                              work=work)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
         collections.deque(batches, maxlen=0)

@@ -361,10 +361,11 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
 # Beyond this many tasks per core, one task writes several shards (SPEC §10): each task costs a
 # launch, a Python round trip and a result, ~40 ms that 1000s of small shards paid one by one.
 TASKS_PER_CORE = 8
-# A delta's tasks: its work is the change, a few ms a shard, so the ~40-80 ms each Python task
-# costs (measured here with an empty task) dominated it at 1000s of shards; two waves still
-# balance a core that lags.
-DELTA_TASKS_PER_CORE = 2
+# A delta's tasks: its work is the change, under a ms a shard, so the ~40-80 ms each Python task
+# costs (measured here with an empty task) and the pause between two waves of tasks dominated it
+# at 1000s of shards: one task per core. bench_delta at 1000 shards, 1 vs 2 tasks per core run
+# alternately on the shared 2-core machine: delta 1.01 / 1.19 s vs 1.51 / 1.58 s.
+DELTA_TASKS_PER_CORE = 1
 
 
 def _num_tasks(spark, num_dbs: int, per_core: int = TASKS_PER_CORE) -> int:

@@ -18,7 +18,7 @@ import secrets
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,7 @@ __all__ = [
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
 RESULT_DDL = "result string"
 log = logging.getLogger("shardyfusion.task")
+Run = TypeVar("Run")
 
 
 @dataclass(frozen=True)
@@ -203,9 +204,9 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
         yield db_id, (b for _, b in group)
 
 
-def in_task_order(runs: Iterator[tuple[int, Iterator[pa.RecordBatch]]], *, task: int, expected: range, num_dbs: int,
-                  writes: str) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
-    """``runs`` of one task, checked to be its own shards in increasing id order."""
+def in_task_order(runs: Iterator[tuple[int, Run]], *, task: int, expected: range, num_dbs: int,
+                  writes: str) -> Iterator[tuple[int, Run]]:
+    """``runs`` of one task (each a shard id and its rows, in any form), checked to be its own shards in increasing id order."""
     from ..core.errors import ShardAssignmentError
 
     previous = -1

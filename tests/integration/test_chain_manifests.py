@@ -299,13 +299,20 @@ def test_one_task_database_answers_each_shard_of_a_chain_exactly(file_root, tmp_
     base = snapshots.read_manifest(snapshots.find_manifest("t1"))
     store = snapshots.store
     downloaded: list[tuple[str, int]] = []
-    real_download = store.download_file
+    real_download, real_get = store.download_file, store.get
 
     def recording_download(key: str, local: str) -> None:
         real_download(key, local)
         downloaded.append((key.rsplit("/", 1)[1], os.path.getsize(local)))
 
-    store.download_file = recording_download  # the real download, counted
+    def recording_get(key: str):
+        found = real_get(key)
+        downloaded.append((key.rsplit("/", 1)[1], len(found.data)))
+        return found
+
+    # The real reads, counted: small files are fetched with one GET, larger ones downloaded.
+    store.download_file = recording_download  # type: ignore[method-assign]
+    store.get = recording_get  # type: ignore[method-assign]
     shared = TaskBase(store, base, str(tmp_path / "task"))
     probes = [*range(0, 210), 500, 501, 999]
     try:

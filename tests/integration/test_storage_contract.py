@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import re
+import shutil
+import sys
+import tempfile
 
 import pytest
 
-from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import layout, scratch
 from airflow_provider_shardyfusion.core.errors import ObjectNotFoundError, StorageError
 from airflow_provider_shardyfusion.core.storage import ObjectStore, open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
@@ -518,3 +522,71 @@ def test_a_second_s3_client_reads_no_service_model_files(s3_options, monkeypatch
     second = make_s3_client(options)
     assert reads == []
     assert "Buckets" in second.list_buckets()
+
+
+_AUDITED: list[str] | None = None  # the file-system events raised while a test records them
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _AUDITED is not None and event in ("open", "os.remove", "os.link", "os.rename", "os.scandir"):
+        _AUDITED.append(event if event != "os.scandir" else f"scandir {args[0]}")
+
+
+sys.addaudithook(_audit)  # an audit hook cannot be removed: it records only inside `recording`
+
+
+@contextlib.contextmanager
+def recording():
+    global _AUDITED
+    _AUDITED = []
+    try:
+        yield _AUDITED
+    finally:
+        _AUDITED = None
+
+
+@pytest.mark.skipif(scratch.memory_dir() is None, reason="no tmpfs to upload from")
+def test_a_local_upload_from_another_filesystem_is_one_exclusive_copy(file_root, tmp_path):
+    """Layers are built in tmpfs and uploaded to a root on disk, where a hard link fails: the copy
+    goes straight to the temporary name (1000s of small layer files a run paid a temp file made,
+    removed and made again each). The bytes arrive whole and no temporary file stays."""
+    store = open_store(file_root)
+    data = os.urandom(70_000)
+    src = tempfile.mkdtemp(dir=scratch.memory_dir())
+    try:
+        path = os.path.join(src, "layer-00000.sst")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        store.upload_file(path, "shards/run_id=r/db=00001/attempt=00/layer-00000.sst")
+        with recording() as events:
+            store.upload_file(path, "shards/run_id=r/db=00001/attempt=00/keys-00000.sst")
+    finally:
+        shutil.rmtree(src)
+    assert events == ["os.link", "open", "open", "os.rename"]
+    for name in ("layer-00000.sst", "keys-00000.sst"):
+        assert store.get(f"shards/run_id=r/db=00001/attempt=00/{name}").data == data
+    folder = os.path.join(layout.local_path_of(store.root), "shards/run_id=r/db=00001/attempt=00")
+    assert sorted(os.listdir(folder)) == ["keys-00000.sst", "layer-00000.sst"]
+    dest = tmp_path / "again" / "layer.sst"  # a download creates the missing folder and overwrites
+    store.download_file("shards/run_id=r/db=00001/attempt=00/layer-00000.sst", str(dest))
+    store.download_file("shards/run_id=r/db=00001/attempt=00/keys-00000.sst", str(dest))
+    assert dest.read_bytes() == data
+
+
+def test_a_local_listing_enters_only_folders_that_can_hold_the_prefix(file_root):
+    """A listing is what it was (keys, sizes, in key order, temporary files left out), and skips
+    folders outside the prefix: after each write the job lists its run's 1000s of shard folders."""
+    store = open_store(file_root)
+    for run in ("a", "ab", "b"):
+        for db in range(2):
+            store.put(f"shards/run_id={run}/db={db:05d}/attempt=00/layer-00000.sst", f"{run}{db}".encode())
+    base = layout.local_path_of(store.root)
+    open(os.path.join(base, "shards/run_id=a/db=00000/attempt=00/.tmp-partial"), "wb").close()
+    with recording() as events:
+        listed = [(o.key, o.size) for o in store.list("shards/run_id=a")]
+    assert listed == [(f"shards/run_id={run}/db={db:05d}/attempt=00/layer-00000.sst", len(run) + 1)
+                      for run in ("a", "ab") for db in range(2)]
+    scanned = sorted(e.removeprefix("scandir ").removeprefix(base).lstrip("/") for e in events)
+    assert not [folder for folder in scanned if "run_id=b" in folder], scanned
+    assert [(o.key, o.size) for o in store.list("shards/run_id=b/")] == [
+        (f"shards/run_id=b/db={db:05d}/attempt=00/layer-00000.sst", 2) for db in range(2)]

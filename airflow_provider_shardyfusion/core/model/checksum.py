@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError
 
-__all__ = ["ALGORITHM", "bytes_checksum", "file_checksum", "verify_file"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["ALGORITHM", "bytes_checksum", "file_checksum", "verify_bytes", "verify_file"]
 
 ALGORITHM = "xxh3_128"
 _CHUNK = 4 << 20
@@ -32,7 +36,16 @@ def bytes_checksum(data: bytes, expected: str | None = None) -> str:
 
 
 def verify_file(path: str, size: int, checksum: str | None, *, source: str) -> None:
-    actual_size = os.path.getsize(path)
+    _verify(os.path.getsize(path), size, checksum, lambda: file_checksum(path), source=source)
+
+
+def verify_bytes(data: bytes, size: int, checksum: str | None, *, source: str) -> None:
+    """``verify_file`` for a file's bytes held in memory."""
+    _verify(len(data), size, checksum, lambda: f"{ALGORITHM}:{xxhash.xxh3_128(data).hexdigest()}", source=source)
+
+
+def _verify(actual_size: int, size: int, checksum: str | None, actual_checksum: Callable[[], str], *,
+            source: str) -> None:
     if actual_size != size:
         raise ChecksumMismatchError(f"{source}: size {actual_size} does not match the manifest's {size}")
     if checksum is None:
@@ -40,6 +53,6 @@ def verify_file(path: str, size: int, checksum: str | None, *, source: str) -> N
     algorithm = checksum.split(":", 1)[0]
     if algorithm != ALGORITHM:
         raise ChecksumMismatchError(f"{source}: checksum algorithm {algorithm!r} is not supported (expected {ALGORITHM})")
-    actual = file_checksum(path)
+    actual = actual_checksum()
     if actual != checksum:
         raise ChecksumMismatchError(f"{source}: checksum {actual} does not match the manifest's {checksum}")

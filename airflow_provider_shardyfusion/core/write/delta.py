@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPACT_RUN_ROWS",
     "DELTA_KEY_INDEX_MIN_VALUE_BYTES",
+    "FETCH_IN_MEMORY_MAX_BYTES",
     "KEY_INDEX_SHARDS_PER_DB",
     "LAYER_FILE",
     "BuiltLayer",
@@ -66,6 +67,8 @@ COMPACT_RUN_ROWS = 2_000_000
 # the shards a task wrote when deltas had 8 tasks per core at 1000 shards, where look-ups cost
 # ~3 µs a key; a fresh database costs ~2 ms on tmpfs.
 KEY_INDEX_SHARDS_PER_DB = 64
+# Base files up to this size are read into memory, checked there and written once (``TaskFiles``).
+FETCH_IN_MEMORY_MAX_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -362,9 +365,18 @@ class TaskFiles:
         for f in files:
             local = os.path.join(self.folder, f"in-{self._files:06d}.sst")
             self._files += 1
-            self.store.download_file(f"{self.store.key_of(layer.db_url)}/{f.name}", local)
-            checksum.verify_file(local, f.size, f.checksum,
-                                 source=f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})")
+            key = f"{self.store.key_of(layer.db_url)}/{f.name}"
+            source = f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})"
+            if f.size <= FETCH_IN_MEMORY_MAX_BYTES:
+                # One GET, checked in memory, then written once: a download re-read to check it
+                # cost two requests on S3 (a HEAD first) and a second read, for each small key index.
+                data = self.store.get(key).data
+                checksum.verify_bytes(data, f.size, f.checksum, source=source)
+                with open(local, "wb") as fh:
+                    fh.write(data)
+            else:
+                self.store.download_file(key, local)
+                checksum.verify_file(local, f.size, f.checksum, source=source)
             target.ingest_external_file([local], how)
             self.bytes_read += f.size
 
