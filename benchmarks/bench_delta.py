@@ -37,8 +37,10 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
    sampled updated / inserted keys read their newest value, on the chain and on the compacted
    snapshot.
 
-At scale (SPEC §17): ``--num-dbs 1000`` and ``--num-dbs 4000`` run the same ratios on 2M rows by
-default (``SCALE_ROWS``; ``--rows`` overrides).
+At scale (SPEC §17): ``--num-dbs 1000`` and ``--num-dbs 4000`` run the same ratios on the same 10M
+rows (10,000 and 2,500 a shard; ``--rows`` overrides). With fewer rows a shard, the full write
+itself is bound by what every shard costs (its folders and files in the root, its task work), not by
+its data, and the ratios then measure one per-shard cost against another.
 
 An optional warm-up (a small full write, delta and compaction on a scratch root) runs first so the
 timed full write is not the first job of the JVM. Prints ONE JSON line on stdout; progress on
@@ -86,12 +88,7 @@ CHAIN_GET_P50_MAX = 1.3  # get p50 on a depth-8 chain / on the compacted snapsho
 COMPACT_MAX = 1.0  # compaction / full write
 CHAIN_DEPTH = 8
 VALUE_BYTES = 100  # bench_write.generate's payload length
-FULL_ROWS = 10_000_000
-# At 1000 and 4000 shards (--num-dbs) the same ratios with fewer rows (2000 / 500 a shard): what
-# grows is the per-shard work of every phase (tasks, layers, manifests, opens), and the run stays
-# within a bench run on a small machine.
-SCALE_ROWS = 2_000_000
-SCALE_FROM_DBS = 256
+FULL_ROWS = 10_000_000  # SPEC §13's base, at every shard count
 WARMUP_MAX_DBS = 16  # the warm-up starts the JVM and every code path; more shards warm nothing more
 TURN_KEYS = 1000  # get calls a reader makes in its turn when readers are timed by turns
 
@@ -180,8 +177,7 @@ class Model:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=None,
-                    help=f"base rows (default {FULL_ROWS:,}; {SCALE_ROWS:,} above {SCALE_FROM_DBS} shards)")
+    ap.add_argument("--rows", type=int, default=FULL_ROWS, help="base rows")
     ap.add_argument("--num-dbs", type=int, default=16, help="shards of the base, e.g. 1000 and 4000 (SPEC §17)")
     ap.add_argument("--delta-pct", type=float, default=1.0, help="keys changed by the measured delta, in %% of --rows")
     ap.add_argument("--chain-delta-pct", type=float, default=0.1,
@@ -193,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="a small full write, delta and compaction on a scratch root first (untimed)")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args(argv)
-    if args.rows is None:
-        args.rows = FULL_ROWS if args.num_dbs <= SCALE_FROM_DBS else SCALE_ROWS
 
     from pyspark.sql import SparkSession
 
