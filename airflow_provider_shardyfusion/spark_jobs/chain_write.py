@@ -190,19 +190,15 @@ def _changes_by_shard(plan: ChainPlan, batches: Iterator[pa.RecordBatch]) -> Ite
 
     Each batch is checked and encoded once, whatever number of shards it holds: per shard, the
     Arrow calls cost more than a small delta's rows (1000s of shards a run)."""
-    import numpy as np
-
     from .routing_task import SHARD_ID_COL
+    from .shard_task import id_runs
 
     current, keys, values = -1, [], []  # type: tuple[int, list[Any], list[bytes | None]]
     for batch in batches:
         if not batch.num_rows:
             continue
-        ids = batch.column(SHARD_ID_COL).to_numpy(zero_copy_only=False)
-        cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
         batch_keys, batch_values = _decoded(plan, batch)
-        for start, stop in zip([0, *cuts], [*cuts, len(ids)], strict=False):
-            db_id = int(ids[start])
+        for db_id, start, stop in id_runs(batch, SHARD_ID_COL):
             if db_id != current:
                 if keys:
                     yield current, _sorted(plan, keys, values)

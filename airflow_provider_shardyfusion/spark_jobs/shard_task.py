@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
-    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "in_task_order", "make_write_fn", "sample_value", "shard_runs",
-    "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
+    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "id_runs", "in_task_order", "make_write_fn", "sample_value",
+    "shard_runs", "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
 ]
 
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
@@ -193,15 +193,20 @@ def shard_runs(batches: Iterator[pa.RecordBatch], id_column: str) -> Iterator[tu
 
     def slices() -> Iterator[tuple[int, pa.RecordBatch]]:
         for batch in batches:
-            if not batch.num_rows:
-                continue
-            ids = batch.column(id_column).to_numpy(zero_copy_only=False)
-            cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
-            for start, stop in zip([0, *cuts], [*cuts, len(ids)], strict=False):
-                yield int(ids[start]), batch.slice(start, stop - start)
+            if batch.num_rows:
+                for db_id, start, stop in id_runs(batch, id_column):
+                    yield db_id, batch.slice(start, stop - start)
 
     for db_id, group in itertools.groupby(slices(), key=lambda item: item[0]):
         yield db_id, (b for _, b in group)
+
+
+def id_runs(batch: pa.RecordBatch, id_column: str) -> Iterator[tuple[int, int, int]]:
+    """``(db_id, start, stop)`` for each run of equal shard ids of a non-empty ``batch``, in row order."""
+    ids = batch.column(id_column).to_numpy(zero_copy_only=False)
+    cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
+    for start, stop in zip([0, *cuts], [*cuts, len(ids)], strict=False):
+        yield int(ids[start]), start, stop
 
 
 def in_task_order(runs: Iterator[tuple[int, Run]], *, task: int, expected: range, num_dbs: int,
