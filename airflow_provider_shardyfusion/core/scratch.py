@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["MEMORY_DIR", "TaskScratch", "memory_dir", "memory_workdir"]
+__all__ = ["MEMORY_DIR", "TaskScratch", "free_bytes", "memory_dir", "memory_workdir"]
 
 MEMORY_DIR = "/dev/shm"
 # Room kept free beyond what is built: the SSTs, their copies during ingestion, and headroom.
@@ -44,13 +44,16 @@ def memory_workdir(size: int, max_bytes: int, *, base: str | None = None, prefix
 
 def _fits(folder: str, size: int, max_bytes: int) -> bool:
     """Whether ``size`` bytes of work may go to the memory-backed ``folder`` now."""
-    if max_bytes <= 0 or size > max_bytes:
-        return False
+    return max_bytes > 0 and size <= max_bytes and free_bytes(folder) >= _HEADROOM * size
+
+
+def free_bytes(folder: str) -> int:
+    """Bytes free for this process in ``folder``'s file system (0 if it cannot tell)."""
     try:
         st = os.statvfs(folder)
     except OSError:
-        return False
-    return st.f_bavail * st.f_frsize >= _HEADROOM * size
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 class TaskScratch:
