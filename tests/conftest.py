@@ -45,12 +45,32 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
     sys.dont_write_bytecode = False
 
 
+_SPARK_REFUSAL: list[Path] = []
+
+
+def _spark_refusal() -> Path:
+    if not _SPARK_REFUSAL:
+        _SPARK_REFUSAL.append(write_spark_refusal(Path(tempfile.mkdtemp(prefix="shardyfusion-no-spark-"))))
+    return _SPARK_REFUSAL[0]
+
+
 def pytest_configure(config):
     # A tier without Spark: any Spark launch (in-process session or spark-submit) fails at once.
     if "spark" in excluded_parts(config.option.markexpr or ""):
-        refusal = write_spark_refusal(Path(tempfile.mkdtemp(prefix="shardyfusion-no-spark-")))
+        refusal = _spark_refusal()
         os.environ["SPARK_HOME"] = str(refusal)
         os.environ["PATH"] = str(refusal / "bin") + os.pathsep + os.environ["PATH"]
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request, monkeypatch):
+    """In every run, not only a tier run: a test not marked 'spark' cannot launch Spark, and one not
+    marked 's3' cannot reach the S3 server, so `make test` catches the missing marker that would
+    turn `make test-fast` red."""
+    if request.node.get_closest_marker("spark") is None:
+        refusal = _spark_refusal()
+        monkeypatch.setenv("SPARK_HOME", str(refusal))
+        monkeypatch.setenv("PATH", str(refusal / "bin") + os.pathsep + os.environ["PATH"])
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -95,8 +115,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> 
 @pytest.fixture(scope="session")
 def s3_server(request):
     """A moto S3 server on a free loopback port, reached by boto3 over HTTP; stopped afterwards."""
-    if "s3" in excluded_parts(request.config.option.markexpr or ""):
-        pytest.fail("this test uses the S3 server but is not marked 's3': add pytest.mark.s3 (tests/tiers.py)")
+    _refuse_unmarked_s3(request)
     port = free_port()
     moto = Path(VENV_BIN) / "moto_server"
     cmd = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]
@@ -110,8 +129,19 @@ def s3_server(request):
         stop_process(proc)
 
 
+_S3_MARKER_MESSAGE = "this test uses the S3 server but is not marked 's3': add pytest.mark.s3 (tests/tiers.py)"
+
+
+def _refuse_unmarked_s3(request) -> None:
+    # The server is session-wide: the marker is checked again by each test's s3_options, first or not.
+    if "s3" in excluded_parts(request.config.option.markexpr or "") or (
+            request.scope == "function" and request.node.get_closest_marker("s3") is None):
+        pytest.fail(_S3_MARKER_MESSAGE)
+
+
 @pytest.fixture
-def s3_options(s3_server):
+def s3_options(request, s3_server):
+    _refuse_unmarked_s3(request)
     return {"endpoint_url": s3_server, "region_name": "us-east-1", "addressing_style": "path"}
 
 

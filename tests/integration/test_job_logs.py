@@ -10,10 +10,13 @@ import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.hooks import spark_submit
 from tests.operator_helpers import connections, make_context, make_op
+
+pytestmark = pytest.mark.spark
 
 # log4j2's console pattern of Spark ("25/11/26 14:00:00 INFO SparkContext: ...").
 SPARK_INFO = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d INFO ")
