@@ -11,6 +11,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
 from airflow_provider_shardyfusion.core.model import encoding, routing
 from airflow_provider_shardyfusion.core.model import serialization as ser
+from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -211,6 +212,10 @@ class Manifest:
     # stored (``to_bytes``), only what this run changed.
     base_manifest_ref: str | None = None
     base_manifest_checksum: str | None = None
+    # SPEC §18: the value columns' types (JSON values), and which encoder wrote the value bytes
+    # (None: the Python encoder of earlier versions). Left out when None: older manifests keep their bytes.
+    value_schema: ValueSchema | None = field(default=None, metadata={"omit_none": True})
+    value_encoding_version: int | None = field(default=None, metadata={"omit_none": True})
 
     def validate(self) -> Manifest:
         """Reject every unsafe or inconsistent manifest (SPEC §7); return self for chaining."""

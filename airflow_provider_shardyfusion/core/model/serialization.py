@@ -75,6 +75,8 @@ def to_plain(obj: Any) -> Any:
                 if (value := getattr(obj, name)) is not None or not omit_none}
     if isinstance(obj, datetime):
         return layout.format_ts(obj)
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     if isinstance(obj, dict):
