@@ -73,6 +73,8 @@ class ChainPlan:
     # shards_of_task(t) one after another.
     num_tasks: int = 0
     num_dbs: int = 0
+    # JSON values encoded by the engine: the column and rule of each error code (value_encoder).
+    value_checks: tuple[tuple[str, str], ...] = ()
 
     @property
     def several_shards_per_task(self) -> bool:
@@ -160,7 +162,8 @@ def _decoded(plan: ChainPlan, batch: pa.RecordBatch) -> tuple[list[Any], list[by
     if first_null_row(key_col) is not None:
         raise encoding.null_key_error(plan.key_column)
     check_utf8(key_col, column=plan.key_column, rule=UTF8_RULE_KEY)
-    encoded = encode_values(batch, plan.value_format, plan.value_columns).to_pylist()
+    encoded = encode_values(batch, plan.value_format, plan.value_columns, checks=plan.value_checks,
+                            key_column=plan.key_column).to_pylist()
     if plan.delete_column is not None:
         flags = delete_flags(batch, plan.delete_column, key_column=plan.key_column)
         encoded = [None if flag else v for v, flag in zip(encoded, flags, strict=True)]

@@ -22,7 +22,7 @@ from ..core.errors import (
     show_value,
 )
 from ..core.lifecycle.publish import delete_losing_attempts, publish
-from ..core.model import encoding, routing
+from ..core.model import encoding, routing, value_schema
 from ..core.model.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
     CHAIN_FORMAT_VERSION,
@@ -40,6 +40,7 @@ from .conf_overrides import spark_conf_overrides
 from .faults import NO_FAULTS, Faults
 from .routing_task import SHARD_ID_COL, RoutingPlan, by_task, make_token_fn, with_shard_id
 from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards_of_task, unsample_value, write_one_shard
+from .value_encoder import EngineValues, encode_json_in_engine
 
 if TYPE_CHECKING:
     from ..core.model.config import WriteConfig
@@ -160,6 +161,7 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
             )
         for col in config.value.value_columns():
             spark_types.field_of(df.schema, col, what="value column")
+        df, values = _engine_values(df, config, keep=[config.key_column, *_cel_column_names(config)])
     needs_prepass = config.sharding.max_keys_per_shard is not None or config.sharding.infer_routing_values
     if config.options.cache_input or needs_prepass:
         cached = _persist(df, run_id)
@@ -174,7 +176,7 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
         plan = _routing_plan(df, config, key_kind, rows)
     lifecycle.update(num_dbs=plan.num_dbs)
     spark_sorts = _spark_sorts_shards(config, plan, rows)
-    write_plan = _write_plan(config, key_encoding, plan, spark_sorts)
+    write_plan = _write_plan(config, key_encoding, plan, spark_sorts, values)
     if plan.num_dbs == 1:
         results = _write_single_db(df, config, plan, write_plan, faults, durations)
     else:
@@ -190,7 +192,24 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
              len(selection.empty_db_ids))
     manifest = _manifest(spark, config, plan, key_encoding, selection, lifecycle, durations, results,
                          shard_sort="spark" if write_plan.presorted else "writer")
-    return manifest
+    return replace(manifest, value_schema=values.schema, value_encoding_version=values.encoding_version)
+
+
+def _cel_column_names(config: WriteConfig) -> list[str]:
+    return list(config.sharding.cel_columns or ()) if config.sharding.cel_expr else []
+
+
+def _engine_values(df, config: WriteConfig, *, keep: list[str], deleted_when: str | None = None,
+                   value_format: str | None = None) -> tuple[Any, EngineValues]:
+    """JSON values encoded by Spark (SPEC §18): the frame the tasks read and how they read it.
+    Binary values pass through as they are, with no schema (their bytes are the value)."""
+    fmt = value_format or encoding.validate_value_format(config.value.format)
+    columns = config.value.value_columns()
+    if fmt != "json":
+        return df, EngineValues(fmt, columns, ())
+    schema = value_schema.from_spark_json(df.schema.jsonValue(), columns)
+    encoded, values = encode_json_in_engine(df, columns, keep=keep, deleted_when=deleted_when)
+    return encoded, replace(values, schema=schema, encoding_version=value_schema.VALUE_ENCODING_ENGINE)
 
 
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
@@ -223,10 +242,18 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
                 spark_types.field_of(df.schema, col, what="value column")
             if config.delta.delete_column is not None:
                 spark_types.require_boolean(df.schema, config.delta.delete_column, what="delete_column")
+            delete = [config.delta.delete_column] if config.delta.delete_column else []
+            df, values = _engine_values(df, config, keep=[config.key_column, *delete],
+                                        deleted_when=config.delta.delete_column, value_format=base.value_format)
+            if values.schema is not None:
+                value_schema.check_on_base(base.value_schema, base.value_columns, values.schema,
+                                           where=f"write_mode 'delta' on base run {base.run_id!r}")
+    else:  # a compaction merges the stored bytes as they are
+        values = EngineValues(base.value_format, (), (), base.value_schema, base.value_encoding_version)
     plan = ChainPlan(
         output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=run_id,
         base_manifest_ref=base_ref, key_column=config.key_column, key_encoding=base.key_encoding,
-        value_format=base.value_format, value_columns=config.value.value_columns() if df is not None else (),
+        value_format=values.value_format, value_columns=values.value_columns, value_checks=values.checks,
         delete_column=config.delta.delete_column, allow_duplicate_keys=config.options.allow_duplicate_keys,
         compact=compact, has_input=df is not None,
         num_tasks=_num_tasks(spark, base.num_dbs, TASKS_PER_CORE if compact else DELTA_TASKS_PER_CORE),
@@ -246,7 +273,10 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     return Manifest(
         run_id=run_id, created_at=layout.utc_now(), output_uri=config.output_uri, num_dbs=base.num_dbs,
         sharding=base.sharding, key_encoding=base.key_encoding, value_format=base.value_format,
-        value_columns=base.value_columns, storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
+        value_columns=config.value.value_columns() if df is not None else base.value_columns,
+        value_schema=values.schema or base.value_schema,
+        value_encoding_version=values.encoding_version or base.value_encoding_version,
+        storage_engine=dict(base.storage_engine), shards=shards, stats=stats,
         writer=writer_info(spark, config).to_dict(), run_started_at=lifecycle.record.started_at, base_run_id=base.run_id,
         chain_depth=0 if compact else base.chain_depth + 1, write_mode="compact" if compact else "delta",
         # A delta stores only its change, naming its base's manifest (SPEC §17); a compaction is whole.
@@ -342,13 +372,14 @@ def _routing_plan(df, config: WriteConfig, key_kind: encoding.KeyKind, rows: int
 
 
 def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: RoutingPlan,
-                spark_sorts: bool) -> WritePlan:
+                spark_sorts: bool, values: EngineValues) -> WritePlan:
     opts = config.options
     sample_cols = (config.key_column, *tuple(c for c in plan.sharding.routing_columns() if c != config.key_column))
     return WritePlan(
         output_uri=config.output_uri, storage_options=config.storage_options.to_dict(), run_id=config.run_id,
-        key_column=config.key_column, key_encoding=key_encoding, value_format=encoding.validate_value_format(config.value.format),
-        value_columns=config.value.value_columns(), batch_size=opts.batch_size, sort_run_rows=opts.sort_run_rows,
+        key_column=config.key_column, key_encoding=key_encoding, value_format=values.value_format,
+        value_columns=values.value_columns, value_checks=values.checks, batch_size=opts.batch_size,
+        sort_run_rows=opts.sort_run_rows,
         allow_duplicate_keys=opts.allow_duplicate_keys, max_writes_per_second=opts.max_writes_per_second,
         max_write_bytes_per_second=opts.max_write_bytes_per_second,
         sample_per_shard=max(1, math.ceil(opts.sample_size / plan.num_dbs)) if opts.verify_routing else 0,

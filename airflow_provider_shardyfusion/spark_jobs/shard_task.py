@@ -66,6 +66,8 @@ class WritePlan:
     shard_id_column: str | None = None
     # Shards that fit one sort run and this many bytes are built in a memory-backed folder.
     memory_build_max_bytes: int = 64 << 20
+    # JSON values encoded by the engine: the column and rule of each error code (value_encoder).
+    value_checks: tuple[tuple[str, str], ...] = ()
 
     @property
     def several_shards_per_task(self) -> bool:
@@ -161,7 +163,8 @@ def write_one_shard(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, db_id
             if len(sample) < plan.sample_per_shard:
                 take = batch.select(list(plan.sample_columns)).slice(0, plan.sample_per_shard - len(sample))
                 sample.extend({k: sample_value(v) for k, v in row.items()} for row in take.to_pylist())
-            builder.add(batch.column(plan.key_column), encode_values(batch, plan.value_format, plan.value_columns))
+            builder.add(batch.column(plan.key_column), encode_values(batch, plan.value_format, plan.value_columns,
+                                                                     checks=plan.value_checks, key_column=plan.key_column))
         built = builder.finish()
         assert built is not None
         t_up = time.perf_counter()

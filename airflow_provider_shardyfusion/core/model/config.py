@@ -161,16 +161,18 @@ class ValueSpec:
 
         Returns the resolved spec and the conflicts, each naming both values. A binary value's
         column may be named differently (only its bytes are stored); JSON columns are the stored
-        object's member names, so they must be the base's.
+        object's member names, so they must include the base's (SPEC §18: additions only).
         """
         conflicts = []
         if self.format is not None and self.format != base_format:
             conflicts.append(f"value_format {self.format!r} vs the base's {base_format!r}")
         given = self.value_columns()
         if base_format == "json":
-            if given and tuple(given) != tuple(base_columns):
-                conflicts.append(f"value_columns {list(given)} vs the base's {list(base_columns)}")
-            return ValueSpec(format="json", columns=tuple(base_columns)), conflicts
+            # Added columns are checked against the input's schema (value_schema.check_on_base).
+            if given and not set(base_columns) <= set(given):
+                conflicts.append(f"value_columns {list(given)} vs the base's {list(base_columns)} (a delta may add "
+                                 "nullable columns, never drop one)")
+            return ValueSpec(format="json", columns=tuple(given or base_columns)), conflicts
         if len(given) > 1:
             conflicts.append(f"value_columns {list(given)} vs the base's binary value_column "
                              f"{base_columns[0] if base_columns else None!r}")

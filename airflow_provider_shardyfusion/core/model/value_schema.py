@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VALUE_ENCODING_ENGINE", "VALUE_ENCODING_PYTHON", "SchemaChange", "ValueField", "ValueSchema", "ValueType",
-    "describe_changes", "from_arrow", "from_spark_json", "schema_changes",
+    "check_on_base", "describe_changes", "from_arrow", "from_spark_json", "schema_changes",
 ]
 
 # Bytes of JSON values by the Python encoder of earlier versions (timestamps as isoformat, maps as
@@ -33,10 +33,6 @@ TypeKind = Literal[
     "int8", "int16", "int32", "int64", "float", "double", "bool", "string", "binary", "date",
     "timestamp", "timestamp_ntz", "decimal", "list", "map", "struct",
 ]
-_LEAVES: frozenset[str] = frozenset({
-    "int8", "int16", "int32", "int64", "float", "double", "bool", "string", "binary", "date", "timestamp",
-    "timestamp_ntz",
-})
 # Map keys become JSON member names: only types whose text reads back as the same key.
 MAP_KEY_KINDS: frozenset[str] = frozenset({"string", "int8", "int16", "int32", "int64"})
 
@@ -135,6 +131,28 @@ def schema_changes(old: ValueSchema, new: ValueSchema) -> list[SchemaChange]:
 
 def describe_changes(changes: Sequence[SchemaChange]) -> str:
     return "; ".join(c.describe() for c in changes)
+
+
+def check_on_base(base: ValueSchema | None, base_columns: Sequence[str], new: ValueSchema, *, where: str) -> None:
+    """A change written on a base (a delta, a micro-batch) may only add nullable columns: anything else
+    is one ``ConfigError`` naming each column with its old and new type (``where`` says which write).
+
+    A base written before schemas were recorded has only its column names: then only an added
+    column's nullability can be checked.
+    """
+    if base is None:
+        # Unknown old types: take the new ones, so that only additions and removals show.
+        old = ValueSchema(tuple(known if (known := new.column(name)) else ValueField(name, ValueType("string"))
+                                for name in base_columns))
+        changes = [c for c in schema_changes(old, new) if c.kind != "changed"]
+    else:
+        changes = schema_changes(base, new)
+    refused = [c for c in changes if not c.is_nullable_addition]
+    if refused:
+        raise ConfigError(
+            f"{where}: the value schema differs from the base's: {describe_changes(refused)} (a change on a base may "
+            "only add nullable columns; write a full snapshot to change, drop or require a column)"
+        )
 
 
 # -- from Spark's JSON form of a schema (``StructType.jsonValue()``) ---------------------------------
@@ -239,6 +257,3 @@ def from_arrow(schema: pa.Schema, columns: Sequence[str]) -> ValueSchema:
     return ValueSchema(tuple(
         ValueField(name, _from_arrow(schema.field(name).type, name), schema.field(name).nullable) for name in columns))
 
-
-def is_leaf(kind: str) -> bool:
-    return kind in _LEAVES

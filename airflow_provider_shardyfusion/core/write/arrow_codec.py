@@ -11,6 +11,7 @@ from airflow_provider_shardyfusion.core.errors import ConfigError, InputDataErro
 from airflow_provider_shardyfusion.core.model.encoding import KeyKind, encode_json_value
 
 __all__ = [
+    "ENGINE_JSON", "ENGINE_VALUE_COLUMN", "ENGINE_VALUE_ERROR_COLUMN",
     "UTF8_RULE_JSON", "UTF8_RULE_KEY", "UTF8_RULE_ROUTING", "check_utf8", "check_utf8_columns", "check_value_column_type",
     "delete_flags", "encode_values", "first_null_row", "key_kind_of_type", "utf8_error_message",
 ]
@@ -26,6 +27,12 @@ UTF8_RULE_JSON = (
     "holding arbitrary bytes to binary (stored as base64) or repair the data"
 )
 _HEX_LIMIT = 32
+# A plan's value format when the engine encoded the JSON values already (spark_jobs.value_encoder):
+# the batch then holds them in ENGINE_VALUE_COLUMN and, when a row can break a rule of JSON values,
+# the index of the broken rule in ENGINE_VALUE_ERROR_COLUMN (null for a good row).
+ENGINE_JSON = "json-engine"
+ENGINE_VALUE_COLUMN = "__shardyfusion_value"
+ENGINE_VALUE_ERROR_COLUMN = "__shardyfusion_value_error"
 
 
 def key_kind_of_type(arrow_type: pa.DataType, *, column: str) -> KeyKind:
@@ -88,8 +95,13 @@ def check_utf8_columns(batch: pa.RecordBatch, columns: tuple[str, ...] | list[st
         check_utf8(batch.column(name), column=name, rule=rule)
 
 
-def encode_values(batch: pa.RecordBatch, fmt: str, columns: tuple[str, ...]) -> pa.Array:
-    """One binary value per row: the column's bytes ('binary') or a compact sorted JSON object ('json')."""
+def encode_values(batch: pa.RecordBatch, fmt: str, columns: tuple[str, ...], *,
+                  checks: tuple[tuple[str, str], ...] = (), key_column: str | None = None) -> pa.Array:
+    """One binary value per row: the column's bytes ('binary'), a compact sorted JSON object ('json',
+    the Python reference encoder), or the engine's encoding of it (``ENGINE_JSON``: ``checks`` names
+    the column and rule of each error code, ``key_column`` the key an error names)."""
+    if fmt == ENGINE_JSON:
+        return _engine_values(batch, columns, checks, key_column)
     if fmt == "binary":
         col = batch.column(columns[0])
         check_value_column_type(col.type, column=columns[0])
@@ -100,6 +112,19 @@ def encode_values(batch: pa.RecordBatch, fmt: str, columns: tuple[str, ...]) -> 
         rows: list[dict[str, Any]] = batch.select(list(columns)).to_pylist()
         return pa.array([encode_json_value(r) for r in rows], type=pa.binary())
     raise ConfigError(f"value_format {fmt!r} is not supported")
+
+
+def _engine_values(batch: pa.RecordBatch, columns: tuple[str, ...], checks: tuple[tuple[str, str], ...],
+                   key_column: str | None) -> pa.Array:
+    if len(columns) > 1:
+        errors = batch.column(columns[1])
+        if errors.null_count < len(errors):
+            at = int(pc.index(pc.is_valid(errors), True).as_py())
+            column, rule = checks[errors[at].as_py()]
+            key = batch.column(key_column)[at].as_py() if key_column else None
+            raise InputDataError(f"column {column!r}: the value of key {show_value(key)} cannot be stored as JSON "
+                                 f"(rule: {rule})")
+    return batch.column(columns[0])
 
 
 def first_null_row(array: pa.Array) -> int | None:
