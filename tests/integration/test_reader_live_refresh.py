@@ -115,6 +115,8 @@ def test_a_read_racing_a_failed_refresh_sees_the_old_snapshot_whole(file_root, m
         assert reader.multi_get(order) == [base[k] for k in order]
         # the shard whose handle the read held took its new layer before the failure
         assert taken and calls[0] == taken[0] and len(calls) == 2 and reader.run_id == "base"
+        held = reader.describe()  # the old snapshot stays pinned: its live shards may hold more now
+        assert len(held.live_shards) == NUM_DBS and all(shard.pinned for shard in held.live_shards)
         assert {k: reader.get(k) for k in base} == base
         during: list[list[bytes | None]] = []
 
