@@ -4,7 +4,7 @@ One Spark session on local[2], a local ``file://`` root under a temp dir, in thi
 
 1. full write of the base: ``--rows`` int64 keys (scrambled order, ~100-byte values, the input
    bench_write.py generates, untimed) in ``--num-dbs`` shards;
-2. a follower (``ShardedReader(live=True)`` where its shards fit: shards served from live databases, into
+2. a follower (``ShardedReader(ingest_refreshes=True)`` where its shards fit: shards served from live databases, into
    which a refresh ingests the new layers) opens the base with every shard opened (before the delta);
 3. a delta of ``--delta-pct`` % of the keys: half updates of existing keys, a quarter inserts of
    new keys, a quarter deletes of existing keys (the delta's parquet is written untimed).
@@ -71,12 +71,12 @@ from airflow_provider_shardyfusion.core import scratch
 from airflow_provider_shardyfusion.core.model.encoding import encode_key
 from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.live_shards import LIVE_CF_FILES, live_fixed_files
 from airflow_provider_shardyfusion.core.read.reader import (
     ShardedReader,
     default_max_open_files,
     default_max_open_shards,
 )
-from airflow_provider_shardyfusion.core.read.shard_cache import LIVE_CF_FILES, live_fixed_files
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.write.delta import Change, TaskBase, base_exists
 
@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     follower_live = live_files <= files_budget
     if not follower_live:
         _log(f"follower not live: {args.num_dbs} live shards need ~{live_files} descriptors > {files_budget}")
-    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs, live=follower_live)
+    base_open_s, follower = open_every_shard(str(work / "cache-follow"), shards=2 * args.num_dbs,
+                                              ingest_refreshes=follower_live)
     _log(f"base opened fresh (every shard): {base_open_s:.2f}s")
 
     # -- 3. the measured delta -------------------------------------------------------------------

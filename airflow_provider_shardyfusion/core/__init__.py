@@ -13,7 +13,8 @@ and beside them, used by all: ``errors``, ``layout`` (every path), ``retry``, ``
 
 The public subset, kept compatible across minor releases (the API reference documents it):
 
-* ``core.read.reader``: ``ShardedReader`` and ``RefreshReport``, reading a published snapshot;
+* ``core.read.reader``: ``ShardedReader``, ``RefreshReport``, and ``ReaderDescription`` with its
+  ``OpenShard`` (``describe()``), reading a published snapshot;
 * ``core.model.config``: ``build_write_config``, the write's arguments for your own Spark job;
 * ``core.errors``: the error hierarchy (``ShardyfusionError`` and its subclasses);
 * ``core.model.encoding``: the key encodings and value formats, ``key_from_text`` / ``key_to_show``.

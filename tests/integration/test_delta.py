@@ -120,7 +120,7 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
     assert full.format_version == 1 and full.chain_depth == 0 and full.base_run_id is None
 
     # A live follower (its layers ingested into the databases it serves), private cache: the served run's folder goes.
-    refreshing = ShardedReader(root, storage_options=options, live=True)
+    refreshing = ShardedReader(root, storage_options=options, ingest_refreshes=True)
     chain.check(refreshing)
     # Compacts every shard it builds from more than one layer; reads the same, refreshes by the change.
     compacting = ShardedReader(root, storage_options=options, max_local_layers=1)

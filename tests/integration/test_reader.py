@@ -29,10 +29,12 @@ from airflow_provider_shardyfusion.core.model.encoding import encode_key
 from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.routing import route_key
-from airflow_provider_shardyfusion.core.read import shard_cache
-from airflow_provider_shardyfusion.core.read.key_locator import hash_locator, int_key_grouper
+from airflow_provider_shardyfusion.core.read import local_copy
+from airflow_provider_shardyfusion.core.read.key_locator import KeyLocator, hash_locator, int_key_grouper
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.storage.local import LocalStore
+from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 from tests.snapshot_factory import build_snapshot, publish_current
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,18 +44,26 @@ def _value(i: int) -> bytes:
     return f"value-{i}-".encode() * 3
 
 
-def _count_downloads(reader: ShardedReader) -> collections.Counter:
-    """Wrap the reader's store so the test sees every object it downloads."""
+def _on_download(monkeypatch, before) -> None:
+    """Call ``before(key)`` before every object any store (the file store, S3) downloads from now on."""
+    for store_class in (LocalStore, S3Store):
+        def download(self, key: str, local_path: str, original=store_class.download_file) -> None:
+            before(key)
+            original(self, key, local_path)
+
+        monkeypatch.setattr(store_class, "download_file", download)
+
+
+def _count_downloads(monkeypatch) -> collections.Counter:
+    """Every object downloaded from now on, by key (the test's one reader is the only one downloading)."""
     counts: collections.Counter = collections.Counter()
     lock = threading.Lock()
-    original = reader._store.download_file
 
-    def counting(key: str, local_path: str) -> None:
+    def count(key: str) -> None:
         with lock:
             counts[key] += 1
-        original(key, local_path)
 
-    reader._store.download_file = counting  # type: ignore[method-assign]
+    _on_download(monkeypatch, count)
     return counts
 
 
@@ -83,7 +93,7 @@ def _files_under(path: str) -> list[str]:
     return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
 
 
-def _stall_first_fetch(monkeypatch, reader: ShardedReader, where: str) -> tuple[threading.Event, threading.Event]:
+def _stall_first_fetch(monkeypatch, where: str) -> tuple[threading.Event, threading.Event]:
     """Hold the first shard file the reader fetches inside ``where`` ("download" or "verify").
 
     Returns (entered, release): ``entered`` is set once a thread is held, which then waits for
@@ -101,21 +111,15 @@ def _stall_first_fetch(monkeypatch, reader: ShardedReader, where: str) -> tuple[
             assert release.wait(30), "the test never released the held fetch"
 
     if where == "download":
-        original_download = reader._store.download_file
-
-        def download(key: str, local_path: str) -> None:
-            hold()  # before the copy: the staging folder exists, the file does not yet
-            original_download(key, local_path)
-
-        reader._store.download_file = download  # type: ignore[method-assign]
+        _on_download(monkeypatch, lambda key: hold())  # before the copy: the staging folder exists, the file does not yet
     else:
-        original_verify = shard_cache.verify_file
+        original_verify = local_copy.verify_file
 
         def verify(path, size, checksum, *, source):
             hold()  # the file is downloaded into staging, not yet checked or renamed
             original_verify(path, size, checksum, source=source)
 
-        monkeypatch.setattr(shard_cache, "verify_file", verify)
+        monkeypatch.setattr(local_copy, "verify_file", verify)
     return entered, release
 
 
@@ -193,7 +197,7 @@ def test_bytes_keys(any_root):
             reader.get("text")
 
 
-def test_empty_shards_answer_none_without_io(any_root):
+def test_empty_shards_answer_none_without_io(any_root, monkeypatch):
     root, opts = any_root
     num_dbs = 16
     present = [1, 2, 3]
@@ -203,7 +207,7 @@ def test_empty_shards_answer_none_without_io(any_root):
     assert len({route_key(k, num_dbs) for k in empty_keys}) > 5
     with ShardedReader(root, storage_options=opts) as reader:
         assert {s.db_id for s in reader.manifest.shards} == used  # sparse manifest
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         assert [reader.get(k) for k in empty_keys] == [None] * len(empty_keys)
         assert reader.multi_get(empty_keys) == [None] * len(empty_keys)
         assert not downloads and _cached_shards(reader) == set()
@@ -286,7 +290,7 @@ _POINTER_DAMAGE = [
 @pytest.mark.parametrize(
     ("where", "damage"), [("file", d) for d in _POINTER_DAMAGE] + [("s3", "not-json"), ("s3", "manifest-missing")]
 )
-def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where, damage):
+def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where, damage, monkeypatch):
     if where == "file":
         root, opts = request.getfixturevalue("file_root"), None
     else:
@@ -322,7 +326,7 @@ def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where,
                 pointer["run_id"] = "run-gone"
             data = json.dumps(pointer).encode()
         store.put(layout.CURRENT_KEY, data)
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         assert reader.refresh() is False
         assert reader.refresh() is False  # still unchanged, still no error
         assert reader.run_id == first.run_id and reader.manifest == first.manifest
@@ -390,31 +394,39 @@ def test_reads_during_refresh_see_one_snapshot_or_the_other(file_root):
 
 @pytest.mark.parametrize("call", ["get", "multi_get"])
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, call, warm):
+def test_a_read_caught_by_refresh_retries_on_the_new_snapshot(file_root, monkeypatch, call, warm):
     first = build_snapshot(file_root, [(i, b"old") for i in range(20)], num_dbs=2)
-    with ShardedReader(file_root) as reader:
-        if warm:
-            assert reader.multi_get(list(range(20))) == [b"old"] * 20
-        old = reader._state
-        route = old.locate
-        swapped = []
+    armed, swapped = [False], []
+    for_manifest = KeyLocator.for_manifest
+
+    def locator_that_refreshes(manifest: Manifest) -> KeyLocator:
+        """The first run's look-ups, which land a refresh first once armed."""
+        locator = for_manifest(manifest)
+        if manifest.run_id != first.run_id:
+            return locator
 
         def route_then_swap(key, ctx=None):
             # the read has taken its snapshot reference; a refresh lands before it touches the shard
-            if not swapped:
+            if armed[0] and not swapped:
                 swapped.append(True)
                 build_snapshot(file_root, [(i, b"new") for i in range(20)], num_dbs=3,
                                published_at=first.published_at + timedelta(seconds=1))
                 assert reader.refresh() is True
-            return route(key, ctx)
+            return locator.locate(key, ctx)
 
-        old.locate = route_then_swap
-        old.group = None  # multi_get's inlined integer routing would bypass the hook
+        # no inlined integer grouping: multi_get's would bypass the hook
+        return KeyLocator(route_then_swap, None, locator.cel_router)
+
+    monkeypatch.setattr(KeyLocator, "for_manifest", staticmethod(locator_that_refreshes))
+    with ShardedReader(file_root) as reader:
+        if warm:
+            assert reader.multi_get(list(range(20))) == [b"old"] * 20
+        armed[0] = True
         if call == "get":
             assert reader.get(5) == b"new"
         else:
             assert reader.multi_get([5, 6, 99]) == [b"new", b"new", None]
-        assert swapped and reader._state is not old and old.retired
+        assert swapped and reader.run_id != first.run_id
 
 
 @pytest.mark.parametrize("call", ["get", "multi_get"])
@@ -423,8 +435,8 @@ def test_a_cold_read_racing_refresh_retries_on_the_new_snapshot(file_root, monke
     first = build_snapshot(file_root, [(i, b"old") for i in range(20)], num_dbs=2)
     with ShardedReader(file_root) as reader:
         old_cache = os.path.join(reader.cache_dir, f"run_id={first.run_id}")
-        downloads = _count_downloads(reader)
-        entered, release = _stall_first_fetch(monkeypatch, reader, where.split("-")[0])
+        downloads = _count_downloads(monkeypatch)
+        entered, release = _stall_first_fetch(monkeypatch, where.split("-")[0])
         try:
             read, results, errors = _in_thread(lambda: reader.get(5) if call == "get" else reader.multi_get([5, 6, 99]))
             assert entered.wait(30)  # the read is inside the old run's download of a cold shard
@@ -453,7 +465,7 @@ def test_a_cold_read_racing_close_says_the_reader_is_closed(file_root, monkeypat
     build_snapshot(file_root, [(i, b"v") for i in range(20)], num_dbs=2)
     reader = ShardedReader(file_root)
     cache = reader.cache_dir
-    entered, release = _stall_first_fetch(monkeypatch, reader, where)
+    entered, release = _stall_first_fetch(monkeypatch, where)
     try:
         read, results, errors = _in_thread(lambda: reader.get(5))
         assert entered.wait(30)
@@ -552,14 +564,14 @@ def test_no_snapshot_published(file_root):
 
 
 @pytest.mark.parametrize("shard_layout", ["db", "sst"])
-def test_concurrent_first_use_downloads_a_shard_once(any_root, shard_layout):
+def test_concurrent_first_use_downloads_a_shard_once(any_root, shard_layout, monkeypatch):
     root, opts = any_root
     rows = [(i, _value(i)) for i in range(500)]
     built = build_snapshot(root, rows, num_dbs=4, storage_options=opts, shard_layout=shard_layout, ssts_per_shard=2)
     target = built.manifest.shards[1].db_id
     keys = [k for k, _ in rows if route_key(k, 4) == target]
     with ShardedReader(root, storage_options=opts) as reader:
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         barrier = threading.Barrier(12)
         results: list[object] = []
         errors: list[BaseException] = []
@@ -598,11 +610,11 @@ def _warm_shared_cache(any_root, tmp_path, shard_layout="db"):
 
 
 @pytest.mark.parametrize("shard_layout", ["db", "sst"])
-def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path, shard_layout):
+def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path, shard_layout, monkeypatch):
     root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path, shard_layout)
     assert _files_under(str(cache))  # a caller's cache_dir outlives the reader
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
-        downloads = _count_downloads(second)
+        downloads = _count_downloads(monkeypatch)
         assert second.multi_get([k for k, _ in rows]) == [v for _, v in rows]
         assert not downloads
     # a copy that no longer matches the manifest (here: a file shrank) is downloaded again
@@ -611,13 +623,13 @@ def test_shared_cache_dir_is_reused_and_kept(any_root, tmp_path, shard_layout):
     with open(victim, "r+b") as fh:
         fh.truncate(10)
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as third:
-        downloads = _count_downloads(third)
+        downloads = _count_downloads(monkeypatch)
         assert third.multi_get([k for k, _ in rows]) == [v for _, v in rows]
         assert len(downloads) == len(third.manifest.shard(0).files)
 
 
 @pytest.mark.parametrize("shard_layout", ["db", "sst"])
-def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path, shard_layout):
+def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tmp_path, shard_layout, monkeypatch):
     root, opts, rows, built, cache = _warm_shared_cache(any_root, tmp_path, shard_layout)
     shard_dir = layout.local_cache_dir(str(cache), built.run_id, 0)
     victim = next(p for p in _files_under(shard_dir) if p.endswith(".sst"))
@@ -629,9 +641,9 @@ def test_a_corrupt_cached_copy_of_the_same_size_is_downloaded_again(any_root, tm
         fh.write(bytes([byte[0] ^ 0xFF]))
     assert os.path.getsize(victim) == size
     with ShardedReader(root, storage_options=opts, cache_dir=cache) as second:
-        downloads = _count_downloads(second)
+        downloads = _count_downloads(monkeypatch)
         assert second.multi_get([k for k, _ in rows]) == [v for _, v in rows]
-        shard0 = {f"{second._store.key_of(second.manifest.shard(0).db_url)}/{f.name}"
+        shard0 = {f"{open_store(root, opts).key_of(second.manifest.shard(0).db_url)}/{f.name}"
                   for f in second.manifest.shard(0).files}
         assert set(downloads) == shard0 and set(downloads.values()) == {1}  # only the bad shard, once
 
@@ -641,13 +653,13 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
     built = build_snapshot(file_root, rows, num_dbs=2)
     cache = tmp_path / "cache"
     checked: list[str] = []
-    original = shard_cache.verify_file
+    original = local_copy.verify_file
 
     def counting(path, size, checksum, *, source):
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(shard_cache, "verify_file", counting)
+    monkeypatch.setattr(local_copy, "verify_file", counting)
     num_files = sum(len(s.files) for s in built.manifest.shards)
     keys = [k for k, _ in rows]
     with ShardedReader(file_root, cache_dir=cache) as first:  # downloads: each file checked as it arrives
@@ -655,7 +667,7 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
     assert len(checked) == num_files
     del checked[:]
     with ShardedReader(file_root, cache_dir=cache) as second:  # reuses the cache: checked again, no download
-        downloads = _count_downloads(second)
+        downloads = _count_downloads(monkeypatch)
         assert second.multi_get(keys) == [v for _, v in rows]
         assert not downloads
     assert len(checked) == num_files and all(p.startswith(str(cache) + os.sep) for p in checked)
@@ -664,7 +676,7 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
 # ---- shards shipped as SST files only ("sst" layout) ---------------------------------------------
 
 
-def test_sst_layout_shards_are_ingested_into_a_local_database(any_root):
+def test_sst_layout_shards_are_ingested_into_a_local_database(any_root, monkeypatch):
     root, opts = any_root
     rows = [(i * 3, _value(i)) for i in range(900)]
     # Three interleaved runs per shard: overlapping key ranges, ingested one after another.
@@ -673,7 +685,7 @@ def test_sst_layout_shards_are_ingested_into_a_local_database(any_root):
     assert all([f.name for f in s.files] == ["run-00000.sst", "run-00001.sst", "run-00002.sst"]
                for s in built.manifest.shards)
     with ShardedReader(root, storage_options=opts) as reader:
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
         assert [reader.get(k) for k in (1, 2, 2700, 10**9)] == [None] * 4
         assert reader.get(rows[7][0]) == rows[7][1]
@@ -681,9 +693,9 @@ def test_sst_layout_shards_are_ingested_into_a_local_database(any_root):
         for shard in built.manifest.shards:
             folder = layout.local_cache_dir(reader.cache_dir, built.run_id, shard.db_id)
             names = os.listdir(folder)
-            assert "CURRENT" in names and shard_cache._INCOMING not in names
+            assert "CURRENT" in names and local_copy.INCOMING not in names
             assert not any(n.startswith("run-") for n in names)  # moved into the database, not copied
-            marker = json.loads(Path(folder, shard_cache._MARKER).read_text())
+            marker = json.loads(Path(folder, local_copy.MARKER).read_text())
             recorded = {f["name"] for f in marker["local_files"]}
             assert "CURRENT" in recorded and sum(n.endswith(".sst") for n in recorded) == 3
             assert marker["files"] == [f.to_dict() for f in shard.files]
@@ -699,18 +711,18 @@ def test_sst_layout_cached_database_is_checksummed_on_every_reuse(file_root, tmp
     recorded: set[str] = set()
     for shard in built.manifest.shards:
         folder = layout.local_cache_dir(str(cache), built.run_id, shard.db_id)
-        marker = json.loads(Path(folder, shard_cache._MARKER).read_text())
+        marker = json.loads(Path(folder, local_copy.MARKER).read_text())
         recorded.update({os.path.join(folder, f["name"]) for f in marker["local_files"]})
     checked: list[str] = []
-    original = shard_cache.verify_file
+    original = local_copy.verify_file
 
     def counting(path, size, checksum, *, source):
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(shard_cache, "verify_file", counting)
+    monkeypatch.setattr(local_copy, "verify_file", counting)
     with ShardedReader(file_root, cache_dir=cache) as second:  # every file the database reads, checked again
-        downloads = _count_downloads(second)
+        downloads = _count_downloads(monkeypatch)
         assert second.multi_get(keys) == [v for _, v in rows]
         assert not downloads
     assert set(checked) == recorded and len(checked) == len(recorded)
@@ -718,13 +730,14 @@ def test_sst_layout_cached_database_is_checksummed_on_every_reuse(file_root, tmp
     current = Path(layout.local_cache_dir(str(cache), built.run_id, 1), "CURRENT")
     current.write_text(current.read_text().replace("MANIFEST", "MANIFESX"))
     with ShardedReader(file_root, cache_dir=cache) as third:
-        downloads = _count_downloads(third)
+        downloads = _count_downloads(monkeypatch)
         assert third.multi_get(keys) == [v for _, v in rows]
-        shard1 = {f"{third._store.key_of(third.manifest.shard(1).db_url)}/{f.name}" for f in third.manifest.shard(1).files}
+        shard1 = {f"{open_store(file_root).key_of(third.manifest.shard(1).db_url)}/{f.name}"
+                  for f in third.manifest.shard(1).files}
         assert set(downloads) == shard1
 
 
-def test_a_db_layout_cache_is_not_taken_for_an_sst_layout_shard(file_root, tmp_path):
+def test_a_db_layout_cache_is_not_taken_for_an_sst_layout_shard(file_root, tmp_path, monkeypatch):
     """Same run id and db_url, different layout: the marker tells them apart and the shard is rebuilt."""
     rows = [(i, _value(i)) for i in range(60)]
     built = build_snapshot(file_root, rows, num_dbs=1, shard_layout="sst")
@@ -733,9 +746,9 @@ def test_a_db_layout_cache_is_not_taken_for_an_sst_layout_shard(file_root, tmp_p
     folder.mkdir(parents=True)
     shard = built.manifest.shards[0]
     forged = json.dumps({"db_url": shard.db_url, "files": [f.to_dict() for f in shard.files]}, sort_keys=True)
-    (folder / shard_cache._MARKER).write_text(forged)  # what a "db" layout download would have left
+    (folder / local_copy.MARKER).write_text(forged)  # what a "db" layout download would have left
     with ShardedReader(file_root, cache_dir=cache) as reader:
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
         assert len(downloads) == len(shard.files)
 
@@ -768,14 +781,14 @@ def test_max_open_shards_bounds_open_files_and_reopens_without_downloading(file_
     rows = {i: _value(i) for i in range(80)}
     build_snapshot(file_root, rows.items(), num_dbs=8, shard_layout="sst")
     with ShardedReader(file_root, max_open_shards=3) as reader:
-        downloads = _count_downloads(reader)
+        downloads = _count_downloads(monkeypatch)
         assert {k: reader.get(k) for k in rows} == rows
         assert reader.multi_get(list(rows)) == list(rows.values())
-        assert len(reader._state.handles) == 3
+        assert len(reader.describe().open_shards) == 3
         assert len(_open_files_under(reader.cache_dir)) == 3  # one SST per shard here
         assert max(downloads.values()) == 1 and len(downloads) == 8  # a reopen reads the cache
         checked: list[str] = []
-        monkeypatch.setattr(shard_cache, "verify_file", lambda path, *a, **kw: checked.append(path))
+        monkeypatch.setattr(local_copy, "verify_file", lambda path, *a, **kw: checked.append(path))
         assert [reader.get(k) for k in range(10)] == [rows[k] for k in range(10)]
         assert checked == []  # nor hashes the copy it verified itself again
     for bad in (0, -1, True, 2.5):

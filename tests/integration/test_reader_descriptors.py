@@ -47,7 +47,7 @@ _CHILD = _LIMITED + textwrap.dedent("""
         models = json.load(fh)
     idle = descriptors()
     out = {"idle": idle}
-    with ShardedReader(root, live=live == "live") as reader:
+    with ShardedReader(root, ingest_refreshes=live == "live") as reader:
         before = {k: reader.get(int(k)) for k in models["base"]}
         out["every_base_shard_read"] = descriptors()
         publish_current(open_store(root), delta_key, delta_run)
@@ -56,8 +56,8 @@ _CHILD = _LIMITED + textwrap.dedent("""
         out["after_refresh"] = descriptors()
         after = {k: reader.get(int(k)) for k in models["delta"]}
         out["every_delta_shard_read"] = descriptors()
-        out["max_open_shards"] = reader._max_open_shards
-        out["max_open_files"] = reader._max_open_files
+        out["max_open_shards"] = reader.describe().max_open_shards
+        out["max_open_files"] = reader.describe().max_open_files
     out["before"] = {k: v.decode() for k, v in before.items()}
     out["after"] = {k: v.decode() for k, v in after.items()}
     print(json.dumps(out))
@@ -136,7 +136,7 @@ _CHAIN_CHILD = _LIMITED + textwrap.dedent("""
             got[k] = None if value is None else value.decode()
             out["peak"] = max(out["peak"], descriptors())
         out["run_id"] = reader.run_id
-        out["budget"] = reader._max_open_files
+        out["budget"] = reader.describe().max_open_files
     out["got"] = got
     print(json.dumps(out))
 """)

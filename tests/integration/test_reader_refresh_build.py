@@ -16,9 +16,10 @@ from rocksdict import Rdict
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
-from airflow_provider_shardyfusion.core.read import shard_cache
+from airflow_provider_shardyfusion.core.read import local_copy
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
+from tests.reader_probes import record_databases
 from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
 
 NUM_DBS = 6
@@ -43,7 +44,7 @@ def test_a_refresh_builds_each_changed_shard_on_the_served_files_and_pinned_read
     delta = build_delta(file_root, upserts, deletes, run_id="delta", publish=False)
     expected = {**base, **{k: v.encode() for k, v in upserts.items()}, **dict.fromkeys(deletes)}
     if mode == "on-disk":  # no memory-backed folder: the build runs in the cache's staging folder
-        monkeypatch.setattr(shard_cache.scratch, "memory_dir", lambda: None)
+        monkeypatch.setattr(local_copy.scratch, "memory_dir", lambda: None)
     written: list[str] = []
 
     def recording_rdict(path, *args, **kwargs):
@@ -52,12 +53,12 @@ def test_a_refresh_builds_each_changed_shard_on_the_served_files_and_pinned_read
         return Rdict(path, *args, **kwargs)
 
     cache = str(tmp_path / "cache")
-    with ShardedReader(file_root, cache_dir=cache, live=mode == "live") as follower, \
+    with ShardedReader(file_root, cache_dir=cache, ingest_refreshes=mode == "live") as follower, \
             ShardedReader(file_root, cache_dir=cache, manifest_ref=_base_ref(file_root)) as pinned:
         assert {k: follower.get(k) for k in base} == base
         assert {k: pinned.get(k) for k in base} == base
         served = {db_id: _ssts(layout.local_cache_dir(cache, "base", db_id)) for db_id in range(NUM_DBS)}
-        monkeypatch.setattr(shard_cache, "Rdict", recording_rdict)
+        record_databases(monkeypatch, recording_rdict)
         publish_current(open_store(file_root), delta.manifest_key, delta.run_id)
         assert follower.refresh() and follower.run_id == "delta"
         report = follower.last_refresh

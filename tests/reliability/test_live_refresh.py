@@ -1,11 +1,11 @@
 """A live reader's refresh is atomic for reads racing it, and a failed one keeps the old snapshot (SPEC §13).
 
-A live reader (``ShardedReader(live=True)``) ingests a delta's layers into the databases it serves,
+A reader that ingests refreshes (``ShardedReader(ingest_refreshes=True)``) ingests a delta's layers into the databases it serves,
 so the old snapshot's reads go through RocksDB snapshots until the swap. Here reader threads run
 ``multi_get`` over every key of every shard without pause while the follower refreshes along a
 chain of deltas that each rewrite every key: one refresh meets a tampered layer on the store (a
 real checksum fault: nothing may be ingested), one fails half-way through its ingestions (injected
-by patching ``ShardCache.ingest_live``: RocksDB's ingestion cannot be made to fail on demand).
+by patching ``LiveShards.ingest``: RocksDB's ingestion cannot be made to fail on demand).
 Every read must see one snapshot whole, in order; values are compared with the model of each run.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError, ReaderError
-from airflow_provider_shardyfusion.core.read import shard_cache
+from airflow_provider_shardyfusion.core.read import live_shards
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
@@ -32,7 +32,7 @@ def test_reads_racing_live_refreshes_and_their_failures_see_one_snapshot_whole(f
     errors: list[BaseException] = []
     reads = [0]
 
-    with ShardedReader(file_root, live=True) as reader:
+    with ShardedReader(file_root, ingest_refreshes=True) as reader:
         def reader_loop() -> None:
             last = b"t0"
             try:
@@ -64,17 +64,17 @@ def test_reads_racing_live_refreshes_and_their_failures_see_one_snapshot_whole(f
                 kept += reader.run_id == "t1"
                 path.write_bytes(good)
             if step == 3:  # an ingestion fails after another shard took its layer
-                ingest = shard_cache.ShardCache.ingest_live
+                ingest = live_shards.LiveShards.ingest
                 calls: list[int] = []
 
                 def fail_second(self, live, files, shard, run_id, *, reused_layers, calls=calls, ingest=ingest):
                     calls.append(shard.db_id)
                     if len(calls) == 2:
-                        live.broken = True  # as a real failure inside ingest_live leaves it
+                        live.broken = True  # as a real failure inside LiveShards.ingest leaves it
                         raise ReaderError("injected ingestion failure")
                     ingest(self, live, files, shard, run_id, reused_layers=reused_layers)
 
-                monkeypatch.setattr(shard_cache.ShardCache, "ingest_live", fail_second)
+                monkeypatch.setattr(live_shards.LiveShards, "ingest", fail_second)
                 with pytest.raises(ReaderError, match="injected"):
                     reader.refresh()
                 kept += reader.run_id == "t2" and reader.multi_get(keys) == [b"t2"] * len(keys)

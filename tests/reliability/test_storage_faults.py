@@ -265,7 +265,6 @@ def test_reader_returns_exact_values_through_transient_faults(proxy, s3_root, s3
         served_run = reader.run_id
         build_snapshot(s3_root, [(i, _value(i, 3)) for i in range(10)], num_dbs=1,
                        storage_options=s3_options)
-        reader._store.retry = RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.02)  # type: ignore[attr-defined]
         outage = proxy.add(Rule("close", None, r"", count=None))
         with pytest.raises(StorageError, match=re.escape(f"S3 get of {s3_root}/_CURRENT failed after")):
             reader.refresh()

@@ -12,10 +12,10 @@ import rocksdict
 from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError
 from airflow_provider_shardyfusion.core.model.encoding import encode_binary_value, encode_key
 from airflow_provider_shardyfusion.core.model.routing import route_key
-from airflow_provider_shardyfusion.core.read import shard_cache
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.spark_jobs.chain_write import ChainPlan, _task_layers
 from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS
+from tests.reader_probes import record_databases
 from tests.snapshot_factory import build_delta, build_snapshot
 
 NUM_DBS, NUM_TASKS = 24, 3
@@ -83,7 +83,7 @@ def test_a_task_compacts_its_shards_in_one_database_exactly(file_root, tmp_path,
     results, per_task = [], []
     with monkeypatch.context() as patch:
         patch.setattr(rocksdict, "Rdict", recording)
-        patch.setattr(shard_cache, "Rdict", recording)
+        record_databases(patch, recording)
         for task in range(NUM_TASKS):
             opened.clear()
             results += _task_layers(compact_plan(file_root, ref), iter([]), task=task, attempt=0, task_attempt_id=9,

@@ -12,19 +12,14 @@ deallocation) as soon as the last read still using it returns. A handle evicted 
 holds a descriptor per SST file, so a reader with every shard of thousands open, or with shards of
 many layers each, runs out of descriptors (issue #26).
 
-A shard may be *live* (``live``): served from a column family of a read-write database private to
-the reader, into which ``refresh()`` ingests the new layers instead of building and opening the
-shard again. The
-old and the new snapshot then share that database: before the first ingestion the refresh pins the
-old snapshot (``pin_live``): its live handles become reads through a RocksDB snapshot taken then,
-and ``generation`` moves on, so a read that took a handle before the pin and read it after an
-ingestion sees the change of generation and reads again, through the pin.
+A shard's handle may be a live shard's (``live_shards``), kept in ``live`` too: a refresh ingests
+into it and pins this snapshot first, moving ``generation`` on so that a read that took a handle
+before the pin reads again.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
@@ -35,70 +30,17 @@ from airflow_provider_shardyfusion.core.read.key_locator import GroupKeys, KeyLo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rocksdict import Rdict, Snapshot
+    from rocksdict import Rdict
 
     from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
     from airflow_provider_shardyfusion.core.model.routing import CelRouter
+    from airflow_provider_shardyfusion.core.read.live_shards import LiveDb, PinnedShard
 
-__all__ = ["LIVE_CF_FILES", "NUM_LEVELS", "LiveDb", "LoadedSnapshot", "PinnedShard", "StaleSnapshot"]
-
-# RocksDB's default number of levels (every database here uses it).
-NUM_LEVELS = 7
-# Descriptors a live shard's column family holds besides its SSTs: a handle on the database's folder.
-LIVE_CF_FILES = 1
-
-# What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
-_NOT_FOUND = "key not found"
+__all__ = ["LoadedSnapshot", "StaleSnapshot"]
 
 
 class StaleSnapshot(Exception):
     """Internal: the snapshot a read started on was swapped out by ``refresh()``/``close()``."""
-
-
-class LiveDb:
-    """A reader's private read-write copy of one shard: a column family ``name`` of a live database
-    (see ``ShardCache``); ``db`` reads and ingests into that column family only.
-
-    ``release`` runs (dropping the column family, which closes its SST files once no read uses it)
-    when no snapshot holds this object any more. ``broken``: an ingestion into it failed, so it may
-    hold part of a snapshot nobody serves: no refresh ingests into it again.
-    """
-
-    __slots__ = ("__weakref__", "broken", "db", "name")
-
-    def __init__(self, db: Rdict, name: str, release: Callable[[], None]):
-        self.db = db
-        self.name = name
-        self.broken = False
-        weakref.finalize(self, release)
-
-    def files(self) -> int:
-        """Descriptors this shard holds: one per SST file of its column family (RocksDB keeps every
-        table open) and the directory handle the column family keeps (measured)."""
-        return LIVE_CF_FILES + sum(self.db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
-                                   for level in range(NUM_LEVELS))
-
-
-class PinnedShard:
-    """A live shard read as it was when pinned: ``get`` like an Rdict's (one key or a list)."""
-
-    __slots__ = ("_snapshot",)
-
-    def __init__(self, snapshot: Snapshot):
-        self._snapshot = snapshot
-
-    def get(self, key: Any) -> Any:
-        if isinstance(key, list):
-            return [self._get(k) for k in key]
-        return self._get(key)
-
-    def _get(self, key: Any) -> Any:
-        try:
-            return self._snapshot[key]
-        except Exception as exc:
-            if str(exc) == _NOT_FOUND:
-                return None
-            raise
 
 
 class LoadedSnapshot:
@@ -178,20 +120,6 @@ class LoadedSnapshot:
             self.open_files += sst_files
             if live is not None:
                 self.live[db_id] = live
-
-    def pin_live(self) -> dict[int, LiveDb]:
-        """Serve every live shard through a RocksDB snapshot of its database as it is now; return them.
-
-        Called before a refresh ingests into them: this snapshot keeps answering as before until it
-        is retired (or, if the refresh fails, for good).
-        """
-        with self.mutex:
-            for db_id, live in self.live.items():
-                # One pinned by a refresh that failed keeps that pin: its database may hold more now.
-                if db_id in self.handles and not isinstance(self.handles[db_id], PinnedShard):
-                    self.handles[db_id] = PinnedShard(live.db.snapshot())
-            self.generation += 1
-            return dict(self.live)
 
     def retire(self) -> None:
         """Stop serving: later reads retry on the new snapshot; handles close once unused."""

@@ -15,18 +15,17 @@ import logging
 import resource
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ReaderError
-from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST, ShardEntry, ShardLayer
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
+from airflow_provider_shardyfusion.core.read.description import OpenShard, ReaderDescription, describe_snapshot
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
-from airflow_provider_shardyfusion.core.read.loaded_snapshot import LiveDb, LoadedSnapshot, StaleSnapshot
-from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache, live_fixed_files
+from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
+from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
@@ -34,23 +33,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
-__all__ = ["RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards"]
+__all__ = [
+    "OpenShard", "ReaderDescription", "RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards",
+]
 
 log = logging.getLogger(__name__)
-
-# Layer downloads one refresh runs at once.
-_LAYER_DOWNLOADS = 8
-
-
-@dataclass(frozen=True)
-class _LiveJob:
-    """A live shard a refresh ingests into: ``added`` layers of ``entry`` after the ``reused`` ones it holds."""
-
-    live: LiveDb
-    entry: ShardEntry
-    reused: int
-    added: tuple[ShardLayer, ...]
-
 
 @dataclass(frozen=True)
 class RefreshReport:
@@ -83,20 +70,18 @@ class ShardedReader:
     ``max_open_shards`` and ``max_open_files``: how many shard databases, and how many SST files
     in them together, stay open at once (an open shard holds a file descriptor per SST file: one per
     layer of a chain shard kept as it is); past either the least recently opened shard is closed and
-    reopened on its next read, from the cache and without checking it again. ``live=True`` (a
-    follower; not with ``manifest_ref``): each SST-layout shard is served from a private live shard,
-    a column family of a read-write database in a memory-backed folder (up to 16 shards a database),
-    filled from the shard's files as published; it holds one descriptor more than its SSTs, and its
-    database six for 16 shards (counted as files). ``refresh()`` ingests a delta's new layers into
-    the open live shards, shared with the old snapshot until the swap (which reads them pinned to a
-    RocksDB snapshot meanwhile), and compacts in place one left with more than ``max_local_layers``
-    sorted runs, instead of building and opening the shards again. Otherwise (and for a shard a
-    live reader had closed) ``refresh()`` builds every changed shard the reader had open but opens
-    in the new snapshot only as many as fit within the bounds next to the old one's. None: an
-    eighth of the process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for
-    files (a third for a live reader), at least 16 each: three read-only readers whose shards hold
-    several files each fit next to one another, builds (a shard being built holds its layers and a
-    few files more) and the rest of the process.
+    reopened on its next read, from the cache and without checking it again. None: an eighth of the
+    process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for files (a third
+    when ingesting refreshes), at least 16 each: three read-only readers whose shards hold several
+    files each fit next to one another, builds and the rest of the process.
+    ``ingest_refreshes=True`` (a follower; not with ``manifest_ref``): each SST-layout shard is
+    served from a live shard of this reader (see ``live_shards``), into which ``refresh()`` ingests
+    a delta's new layers instead of building and opening the shard again; a live shard holds one
+    descriptor more than its SSTs, and its database (up to 16 shards) six, counted as files.
+    Otherwise (and for a live shard closed meanwhile) ``refresh()`` builds every changed shard the
+    reader had open but opens in the new snapshot only as many as fit within the bounds next to
+    the old one's. ``live``: the former name of ``ingest_refreshes``, refused with a message.
+    ``describe()`` says what the reader holds now.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -112,8 +97,11 @@ class ShardedReader:
         max_local_layers: int | None = DEFAULT_MAX_LOCAL_LAYERS,
         max_open_shards: int | None = None,
         max_open_files: int | None = None,
-        live: bool = False,
+        ingest_refreshes: bool = False,
+        live: None = None,
     ):
+        _check_arguments(max_local_layers, max_open_shards, max_open_files, pinned=manifest_ref is not None,
+                         ingest_refreshes=ingest_refreshes, live=live)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
@@ -122,17 +110,11 @@ class ShardedReader:
         self._snapshots = SnapshotRoot(self._store)
         self._swap_lock = threading.Lock()
         self._state: LoadedSnapshot | None = None
-        if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
-                                             or max_local_layers < 1):
-            raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
-        for name, bound in (("max_open_shards", max_open_shards), ("max_open_files", max_open_files)):
-            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
-                raise ReaderError(f"{name} must be a positive integer or None, got {bound!r}")
         self._max_open_shards = max_open_shards if max_open_shards is not None else default_max_open_shards()
-        if live and self._pinned:
-            raise ReaderError("live=True is for a reader that follows _CURRENT; a manifest_ref reader never refreshes")
-        self._max_open_files = max_open_files if max_open_files is not None else default_max_open_files(live=live)
-        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers, live=live)
+        self._max_open_files = max_open_files if max_open_files is not None \
+            else default_max_open_files(ingest_refreshes=ingest_refreshes)
+        self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers,
+                                 ingest_refreshes=ingest_refreshes)
         self.last_refresh: RefreshReport | None = None
         try:
             pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()
@@ -268,7 +250,8 @@ class ShardedReader:
             # swap, so no download for ``new`` can start while the folder is still doomed.
             self._cache.keep_run(new.run_id)
             before = self._cache.stats.snapshot()
-            rebuilt = self._carry_over(old, new)
+            rebuilt = self._cache.carry_over(old, new, max_open_shards=self._max_open_shards,
+                                             max_open_files=self._max_open_files)
             after = self._cache.stats.snapshot()
             self._state = new
             old.retire()
@@ -285,70 +268,22 @@ class ShardedReader:
             log.info("reader %s: now serving run %s (was %s): %s", self._root, new.run_id, old.run_id, self.last_refresh)
             return True
 
+    def describe(self) -> ReaderDescription:
+        """What this reader holds now: its run, its open shards (live or read-only), the files they hold, its bounds."""
+        return describe_snapshot(self._current(), cache_dir=self._cache.root, max_open_shards=self._max_open_shards,
+                                 max_open_files=self._max_open_files, ingest_refreshes=self._cache.ingests_refreshes)
+
     def open_shard(self, db_id: int) -> Any:
         """The shard's raw-mode, read-only rocksdict database (None for an empty shard), for tools and the writer.
 
-        A live reader's is its live database: read it only, and know that a refresh ingests into it."""
+        A reader ingesting refreshes may give its live shard: read it only, and know that a refresh
+        ingests into it."""
         while True:
             state = self._current()
             try:
                 return self._cache.open_shard(state, db_id)
             except StaleSnapshot:
                 self._check_swapped(state)
-
-    def _carry_over(self, old: LoadedSnapshot, new: LoadedSnapshot) -> int:
-        """Build in ``new`` every shard ``old`` serves that is part of ``new``'s chain; return how many changed.
-
-        A live shard (see ``ShardCache``) takes the layers it lacks into its column family, shared
-        with ``new``: every such layer is downloaded and verified first, then ``old`` is pinned and
-        they are ingested (and the shard compacted in place past ``max_local_layers``), so nothing
-        ``old`` serves changes if a download fails. Otherwise, while
-        the served copy still exists, a changed shard is built on it by ingesting only the layers it
-        lacks, and an unchanged one is a hard-linked copy of it; shards nobody read stay cold as
-        before. Only as many are opened as fit within ``max_open_shards`` next to the handles
-        ``old`` keeps open until the swap (over the files bound by one shard's files at most); the
-        others open on their first read.
-        """
-        rebuilt = 0
-        ingest: list[_LiveJob] = []
-        for db_id in list(old.paths.keys() | old.live.keys()):  # every shard it served, open now or not
-            entry, before = new.shards.get(db_id), old.shards.get(db_id)
-            if entry is None or before is None or not entry.layers:
-                continue
-            prefix = before.all_layers()
-            if entry.layers[:len(prefix)] != prefix:
-                continue  # not built on what is served (a rollback, another chain): stays cold
-            added = entry.layers[len(prefix):]
-            live = old.live.get(db_id)
-            if live is not None and not live.broken:
-                ingest.append(_LiveJob(live, entry, len(prefix), added))
-            elif len(old.handles) + len(new.handles) < self._max_open_shards \
-                    and old.open_files + new.open_files < self._max_open_files:
-                self._cache.open_shard(new, db_id)
-            else:
-                self._cache.build_shard(new, db_id)
-            rebuilt += bool(added)
-        if ingest:
-            self._ingest_live(old, new, ingest)
-        return rebuilt
-
-    def _ingest_live(self, old: LoadedSnapshot, new: LoadedSnapshot, jobs: list[_LiveJob]) -> None:
-        """Download and verify every job's layers, then pin ``old`` and ingest them; ``new`` serves the live shards."""
-        # Downloads wait on storage (an S3 round trip each): several at once.
-        with ThreadPoolExecutor(_LAYER_DOWNLOADS) as pool:
-            downloaded = list(pool.map(lambda job: self._cache.layer_files(new, job.entry, job.added), jobs))
-        old.pin_live()
-        done: list[LiveDb] = []
-        try:
-            for job, files in zip(jobs, downloaded, strict=True):
-                if files:
-                    self._cache.ingest_live(job.live, files, job.entry, new.run_id, reused_layers=job.reused)
-                    done.append(job.live)
-                self._cache.adopt_live(new, job.entry.db_id, job.live)
-        except BaseException:
-            for live in done:  # they hold layers of a snapshot nobody will serve: never ingest into them again
-                live.broken = True
-            raise
 
     def close(self) -> None:
         """Close every shard and, for a private cache, delete the downloads. Idempotent."""
@@ -437,12 +372,8 @@ class ShardedReader:
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
         manifest = self._snapshots.load_manifest(pointer)
-        max_files = self._max_open_files
-        if self._cache.live and manifest.shard_layout == SHARD_LAYOUT_SST:
-            # The live databases' own descriptors, held once for the old and the new snapshot.
-            max_files = max(1, max_files - live_fixed_files(min(len(manifest.shards), self._max_open_shards)))
+        max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
-
 
 def default_max_open_shards() -> int:
     """An eighth of the soft open-files limit: room for the old snapshot's handles during a refresh,
@@ -450,14 +381,31 @@ def default_max_open_shards() -> int:
     return max(16, _soft_nofile() // 8)
 
 
-def default_max_open_files(*, live: bool = False) -> int:
+def default_max_open_files(*, ingest_refreshes: bool = False) -> int:
     """A quarter of the soft open-files limit: a follower of a 1000-shard chain (up to five files a
     shard with the default ``max_local_layers``) keeps every shard open under a limit of 20000, and
     was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit. A
-    third for a live reader: a live shard holds ~1.4 descriptors more than its SSTs (its column
+    third for a reader that ingests refreshes: a live shard holds ~1.4 descriptors more than its SSTs (its column
     family's and its share of its database's), so 1000 shards of up to four sorted runs need ~5400,
     and a refresh opens nothing next to the old snapshot's (which the quarter leaves room for)."""
-    return max(16, _soft_nofile() // (3 if live else 4))
+    return max(16, _soft_nofile() // (3 if ingest_refreshes else 4))
+
+
+def _check_arguments(max_local_layers: int | None, max_open_shards: int | None, max_open_files: int | None, *,
+                     pinned: bool, ingest_refreshes: bool, live: object) -> None:
+    """Refuse what ``ShardedReader`` cannot honour, naming the argument."""
+    if live is not None:
+        raise ReaderError(f"ShardedReader(live={live!r}) is now ShardedReader(ingest_refreshes={live!r}): "
+                          "'live' names the run _CURRENT points to")
+    if max_local_layers is not None and (isinstance(max_local_layers, bool) or not isinstance(max_local_layers, int)
+                                         or max_local_layers < 1):
+        raise ReaderError(f"max_local_layers must be a positive integer or None, got {max_local_layers!r}")
+    for name, bound in (("max_open_shards", max_open_shards), ("max_open_files", max_open_files)):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+            raise ReaderError(f"{name} must be a positive integer or None, got {bound!r}")
+    if ingest_refreshes and pinned:
+        raise ReaderError("ingest_refreshes=True is for a reader that follows _CURRENT; "
+                          "a manifest_ref reader never refreshes")
 
 
 def _soft_nofile() -> int:

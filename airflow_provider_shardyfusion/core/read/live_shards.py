@@ -1,0 +1,340 @@
+"""The live shards of a reader that ingests refreshes: its private read-write databases, and their pin.
+
+A reader built with ``ingest_refreshes=True`` serves an SST-layout shard from a *live* shard: a
+column family of a read-write database in a memory-backed folder, filled by ingesting the shard's
+verified files as published (its layers, oldest first, downloaded once into the cache's ``layers/``
+folder; the database's SSTs are symbolic links to them). ``refresh()`` ingests the layers a delta
+adds into it (``ingest_refresh``) instead of building and opening the shard again, and compacts it
+in place once it holds more than ``max_local_layers`` sorted runs; one closed to stay within the
+reader's bounds is dropped, and built again from its layers (checked again) on its next read.
+
+Column families share a database's fixed descriptors (LOCK, LOG, WAL, MANIFEST, its folder), but
+creating one rewrites the database's OPTIONS file, which lists them all (measured: 0.25 ms more per
+column family already there, so one database of 4000 would take about 1 s per shard): a live
+database holds at most ``LIVE_SHARDS_PER_DB`` of them.
+
+The old and the new snapshot of a refresh share the live shards. Before the first ingestion the
+refresh pins the old snapshot (``pin``): its live handles become reads through a RocksDB snapshot
+taken then, and its ``generation`` moves on, so a read that took a handle before the pin and read
+it after an ingestion sees the change of generation and reads again, through the pin.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rocksdict import IngestExternalFileOptions, Rdict
+
+from airflow_provider_shardyfusion.core import scratch
+from airflow_provider_shardyfusion.core.errors import ReaderError
+from airflow_provider_shardyfusion.core.model.manifest import ShardEntry, ShardLayer
+from airflow_provider_shardyfusion.core.model.rocksdb_options import live_shard_options
+from airflow_provider_shardyfusion.core.read.local_copy import NUM_LEVELS, sorted_runs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from rocksdict import Snapshot
+
+    from airflow_provider_shardyfusion.core.read.cache_stats import CacheStats
+    from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot
+
+__all__ = ["LIVE_CF_FILES", "LIVE_DB_FILES", "LIVE_SHARDS_PER_DB", "LiveDb", "LiveJob", "LiveShards", "PinnedShard",
+           "live_fixed_files"]
+
+log = logging.getLogger(__name__)
+
+# Descriptors a live shard's column family holds besides its SSTs: a handle on the database's folder.
+LIVE_CF_FILES = 1
+# Descriptors a live (read-write) database holds besides its column families' (LIVE_CF_FILES and
+# the SSTs of each): LOCK, LOG, WAL, MANIFEST and its folder twice (measured).
+LIVE_DB_FILES = 6
+# Live shards (column families) per live database: creating one costs ~0.25 ms per column family
+# already there (see the module's docstring), so 16 keep opening a shard at ~2 ms while their
+# database's fixed descriptors cost each shard ~0.4.
+LIVE_SHARDS_PER_DB = 16
+# A new layer of a refresh is copied into the memory-backed folder (small, and no fsync); a shard's
+# files at its first opening are linked (RocksDB syncs the file it links: a disk write of a freshly
+# downloaded shard, but its data stays out of memory), the cached file never moved away.
+_COPY_IN = IngestExternalFileOptions()
+_LINK_IN = IngestExternalFileOptions()
+_LINK_IN.set_move_files(True)
+# What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
+_NOT_FOUND = "key not found"
+
+
+def live_fixed_files(shards: int) -> int:
+    """Descriptors the live databases of a reader serving ``shards`` live shards hold besides theirs."""
+    return LIVE_DB_FILES * -(-shards // LIVE_SHARDS_PER_DB)
+
+
+class LiveDb:
+    """A reader's private read-write copy of one shard: a column family ``name`` of a live database;
+    ``db`` reads and ingests into that column family only.
+
+    ``release`` runs (dropping the column family, which closes its SST files once no read uses it)
+    when no snapshot holds this object any more. ``broken``: an ingestion into it failed, so it may
+    hold part of a snapshot nobody serves: no refresh ingests into it again.
+    """
+
+    __slots__ = ("__weakref__", "broken", "db", "name")
+
+    def __init__(self, db: Rdict, name: str, release: Callable[[], None]):
+        self.db = db
+        self.name = name
+        self.broken = False
+        weakref.finalize(self, release)
+
+    def files(self) -> int:
+        """Descriptors this shard holds: one per SST file of its column family (RocksDB keeps every
+        table open) and the directory handle the column family keeps (measured)."""
+        return LIVE_CF_FILES + sum(self.db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
+                                   for level in range(NUM_LEVELS))
+
+
+class PinnedShard:
+    """A live shard read as it was when pinned: ``get`` like an Rdict's (one key or a list)."""
+
+    __slots__ = ("_snapshot",)
+
+    def __init__(self, snapshot: Snapshot):
+        self._snapshot = snapshot
+
+    def get(self, key: Any) -> Any:
+        if isinstance(key, list):
+            return [self._get(k) for k in key]
+        return self._get(key)
+
+    def _get(self, key: Any) -> Any:
+        try:
+            return self._snapshot[key]
+        except Exception as exc:
+            if str(exc) == _NOT_FOUND:
+                return None
+            raise
+
+
+@dataclass(frozen=True)
+class LiveJob:
+    """A live shard a refresh ingests into: ``added`` layers of ``entry`` after the ``reused`` ones it
+    holds, whose verified local ``files`` are ready."""
+
+    live: LiveDb
+    entry: ShardEntry
+    reused: int
+    added: tuple[ShardLayer, ...]
+    files: tuple[str, ...] = ()
+
+
+class _LiveDatabase:
+    """One live database and how many live shards it holds now."""
+
+    __slots__ = ("db", "shards")
+
+    def __init__(self, db: Rdict):
+        self.db = db
+        self.shards = 0
+
+
+class _LiveBytes:
+    """Bytes of the live shards held (shared with their finalizers, which must not hold ``LiveShards``)."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+class LiveShards:
+    """The live shards of one reader's cache, in a memory-backed folder ``root`` (see the module's docstring).
+
+    Built by ``create``, which gives None where the machine has no memory-backed folder.
+    """
+
+    def __init__(self, root: str, stats: CacheStats, max_local_layers: int | None):
+        self.root = root
+        weakref.finalize(self, shutil.rmtree, root, True)
+        self._stats = stats
+        self._max_local_layers = max_local_layers
+        # Guards the live databases' list and their column families' creation and dropping (a
+        # dropped shard's finalizer may run in any thread, maybe inside a lock of the cache).
+        self._lock = threading.RLock()
+        self._dbs: list[_LiveDatabase] = []
+        self._seq = 0
+        # Merges and compactions rewrite a live shard's data into the memory-backed folder, so the
+        # live shards together may hold at most half of what that folder had free (a container's
+        # /dev/shm is often 64 MB); past it a shard is served read-only from the cache instead.
+        self._budget = _free_bytes(root) // 2
+        self._held = _LiveBytes()  # of the live shards held now, as published
+
+    @classmethod
+    def create(cls, stats: CacheStats, max_local_layers: int | None) -> LiveShards | None:
+        # Live databases need a memory-backed folder: on a disk, opening one and each ingestion cost
+        # fsyncs (measured: 16 ms and 10 ms a shard, against 1.8 ms and 0.1 ms in memory).
+        root = scratch.memory_workdir(0, 1, prefix="shardyfusion-live-")
+        return cls(root, stats, max_local_layers) if root is not None else None
+
+    def has_room(self, shard: ShardEntry) -> bool:
+        """Whether the memory-backed folder has room for ``shard`` as a live shard (see ``_budget``)."""
+        with self._lock:
+            if self._held.bytes + shard.byte_size <= self._budget and _free_bytes(self.root) >= 2 * shard.byte_size:
+                return True
+        log.warning("live shards in %s: no room for shard %s (%d bytes; %d of %d bytes held): it is served "
+                    "read-only from the cache, and a refresh builds it again", self.root, shard.db_id,
+                    shard.byte_size, self._held.bytes, self._budget)
+        return False
+
+    def open(self, shard: ShardEntry, files: list[str], run_id: str) -> LiveDb:
+        """A new live shard holding ``shard``'s verified ``files`` (all its layers, oldest first)."""
+        live = self._new(shard.db_id, shard.byte_size)
+        self._fill(live, files, shard, run_id, link=True, reused_layers=0,
+                   failure=f"cannot open shard {shard.db_id} of run {run_id!r} ({shard.db_url}) as a live shard")
+        return live
+
+    def ingest_refresh(self, old: LoadedSnapshot, run_id: str, jobs: Sequence[LiveJob]) -> None:
+        """Pin ``old``, then ingest every job's files into its live shard for run ``run_id``.
+
+        Nothing ``old`` serves changes, also when an ingestion fails: every live shard that took
+        layers is then marked broken (it holds layers of a snapshot nobody will serve).
+        """
+        self.pin(old)
+        done: list[LiveDb] = []
+        try:
+            for job in jobs:
+                if job.files:
+                    self.ingest(job.live, list(job.files), job.entry, run_id, reused_layers=job.reused)
+                    done.append(job.live)
+        except BaseException:
+            for live in done:
+                live.broken = True
+            raise
+
+    def ingest(self, live: LiveDb, files: list[str], shard: ShardEntry, run_id: str, *, reused_layers: int) -> None:
+        """Ingest the verified layer ``files`` into ``live``, oldest first, and compact it in place
+        past ``max_local_layers`` sorted runs.
+
+        RocksDB copies each file in (the memory-backed folder is another file system): the cached
+        layer stays as verified. A failure marks ``live`` broken: it may hold part of the layers,
+        which no snapshot serves.
+        """
+        self._fill(live, files, shard, run_id, link=False, reused_layers=reused_layers,
+                   failure=f"cannot ingest the new layers of shard {shard.db_id} of run {run_id!r} ({shard.db_url}) "
+                           "into its live shard")
+
+    def _fill(self, live: LiveDb, files: list[str], shard: ShardEntry, run_id: str, *, link: bool,
+              reused_layers: int, failure: str) -> None:
+        """Ingest ``files`` into ``live`` and compact it past the bound; a failure is a ``ReaderError`` saying ``failure``."""
+        try:
+            self._ingest(live, files, link=link)
+            self._compact_deep(live, shard, run_id)
+        except Exception as exc:
+            raise ReaderError(f"{failure} ({live.name} in {self.root}): {exc}") from exc
+        self._stats.shard_built(reused_layers=reused_layers)
+
+    @staticmethod
+    def pin(snapshot: LoadedSnapshot) -> None:
+        """Serve every live shard of ``snapshot`` through a RocksDB snapshot of its database as it is now.
+
+        Called before a refresh ingests into them: ``snapshot`` keeps answering as before until it
+        is retired (or, if the refresh fails, for good).
+        """
+        with snapshot.mutex:
+            handles = snapshot.handles
+            for db_id, live in snapshot.live.items():
+                # One pinned by a refresh that failed keeps that pin: its database may hold more now.
+                if db_id in handles and not isinstance(handles[db_id], PinnedShard):
+                    handles[db_id] = PinnedShard(live.db.snapshot())
+            snapshot.generation += 1
+
+    def close(self) -> None:
+        """Remove the memory-backed folder; each live database closes once its last live shard is dropped."""
+        with self._lock:
+            self._dbs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _new(self, db_id: int, size: int) -> LiveDb:
+        """An empty live shard for shard ``db_id`` of ``size`` bytes, in a live database with room (a new one if none has)."""
+        with self._lock:
+            self._held.bytes += size
+            home = next((d for d in self._dbs if d.shards < LIVE_SHARDS_PER_DB), None)
+            if home is None:
+                folder = tempfile.mkdtemp(prefix="db-", dir=self.root)
+                home = _LiveDatabase(Rdict(folder, live_shard_options()))
+                # A RocksDB snapshot at sequence number 0 (a database only ingested into at the
+                # bottom level stays there) makes a compaction drop what it should keep for it
+                # (measured: a pinned shard's compaction kept 2 of 189 keys): a first write moves
+                # the sequence on, so ``pin`` never takes one there.
+                home.db.put(b"sequence", b"")
+                self._dbs.append(home)
+            self._seq += 1
+            # Never a dropped shard's name: a read may still use that column family.
+            name = f"db={db_id:05d}.{self._seq}"
+            home.db.create_column_family(name, live_shard_options())
+            home.shards += 1
+            return LiveDb(home.db.get_column_family(name), name, functools.partial(
+                _drop_live, self._lock, self._dbs, self._held, home, name, size))
+
+    def _ingest(self, live: LiveDb, files: list[str], *, link: bool) -> None:
+        """Ingest the verified ``files`` into ``live``, oldest first; a failure marks ``live`` broken."""
+        try:
+            for path in files:  # one at a time: files of one layer may overlap, and the later one wins
+                if not link:
+                    live.db.ingest_external_file([path], _COPY_IN)
+                    continue
+                # RocksDB moves what it ingests; a symbolic link moved into the database (a hard link
+                # of the link) reads the cached file, which stays where it is.
+                incoming = os.path.join(self.root, f".in-{uuid.uuid4().hex}.sst")
+                os.symlink(os.path.abspath(path), incoming)
+                try:
+                    live.db.ingest_external_file([incoming], _LINK_IN)
+                finally:
+                    if os.path.lexists(incoming):
+                        os.unlink(incoming)
+        except Exception:
+            live.broken = True
+            raise
+
+    def _compact_deep(self, live: LiveDb, shard: ShardEntry, run_id: str) -> None:
+        """Compact ``live`` in place once it holds more than ``max_local_layers`` sorted runs.
+
+        A pinned snapshot of it (``pin``) keeps reading what it read: compaction keeps every version
+        a RocksDB snapshot still sees.
+        """
+        if self._max_local_layers is None or (runs := sorted_runs(live.db)) <= self._max_local_layers:
+            return
+        try:
+            live.db.compact_range(None, None)
+        except Exception:
+            live.broken = True
+            raise
+        log.info("shard %s of run %s: %d sorted runs of its live shard compacted into one", shard.db_id, run_id, runs)
+        self._stats.shard_compacted()
+
+
+def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], held: _LiveBytes, home: _LiveDatabase,
+               name: str, size: int) -> None:
+    """Drop a live shard no snapshot holds any more: its SSTs close once no read uses them (RocksDB
+    keeps a dropped column family readable through the handles still out); an emptied live database
+    closes once nothing refers to it."""
+    with lock:
+        held.bytes -= size
+        home.shards -= 1
+        try:
+            home.db.drop_column_family(name)
+        except Exception as exc:  # a closed reader's folder is gone already: nothing more to release
+            log.debug("live shard %s: not dropped: %s", name, exc)
+        if home.shards == 0 and home in databases:
+            databases.remove(home)
+
+
+def _free_bytes(folder: str) -> int:
+    return scratch.free_bytes(folder)  # a seam for the tests: they cannot mount a small tmpfs
