@@ -16,7 +16,17 @@ from airflow_provider_shardyfusion.core.model.value_schema import (
     from_spark_json,
     schema_changes,
 )
-from tests.unit.test_models import manifest
+
+
+def manifest(**over) -> Manifest:
+    from airflow_provider_shardyfusion.core import layout
+    from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
+
+    fields = dict(run_id="20240102T030405Z-0a1b2c3d", created_at=layout.utc_now(), output_uri="file:///tmp/root",
+                  num_dbs=4, sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be",
+                  value_format="binary", shards=(), value_columns=("payload",))
+    return Manifest(**{**fields, **over})
+
 
 # What StructType.jsonValue() gives for these columns (Spark 4.2), written out so no Spark is needed.
 SPARK_SCHEMA = {"type": "struct", "fields": [
