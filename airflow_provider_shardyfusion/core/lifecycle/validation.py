@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import xxhash
 
 from airflow_provider_shardyfusion.core import layout
@@ -242,7 +243,7 @@ def schema_change_check(manifest: Manifest, live: Manifest | None, policy: str =
         return skipped(f"the {against} {unrecorded}")
     changes = schema_changes(live.value_schema, manifest.value_schema)
     refused = [c for c in changes if not _allowed(c, policy)]
-    figure = [{"column": c.column, "kind": c.kind, "old": c.old, "new": c.new, "nullable": c.nullable} for c in changes]
+    figure = msgspec.to_builtins(changes)
     detail = (f"against {against}: " + "; ".join(c.describe() for c in changes)) if changes else \
         f"no change against {against}"
     return Check("schema_change", not refused, figure=figure, limit=policy, detail=detail, problems=tuple(
