@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VALUE_ENCODING_ENGINE", "VALUE_ENCODING_PYTHON", "SchemaChange", "ValueField", "ValueSchema", "ValueType",
-    "describe_changes", "from_arrow", "from_spark_json", "schema_changes",
+    "describe_changes", "from_arrow", "from_spark_json", "is_leaf", "schema_changes",
 ]
 
 # Bytes of JSON values by the Python encoder of earlier versions (timestamps as isoformat, maps as
