@@ -372,6 +372,7 @@ def validate_snapshot(
 
     ``schema_change`` holds the run's value schema against the live run's: ``"additions"`` passes
     only added nullable columns, ``"none"`` no change, ``"any"`` every change (still reported).
+
     Returns the report when every check passed; otherwise raises one ``ManifestValidationError``
     listing every failure (the report is on the exception as ``.report``, the list as ``.failures``).
     """
