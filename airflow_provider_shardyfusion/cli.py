@@ -90,6 +90,10 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="for a delta run: fail when (puts + deletes) / its base's rows is larger")
     val.add_argument("--absent-key", dest="absent_keys", action="append", metavar="KEY",
                      help="a key that must read nothing, e.g. one a delta deleted (repeat)")
+    # core.lifecycle.validation.SCHEMA_CHANGE_POLICIES, spelled out: importing validation for every command is not worth it.
+    val.add_argument("--schema-change", choices=("additions", "none", "any"), default="additions",
+                     help="what may differ from the live run's value schema: additions (default: only added nullable "
+                          "columns), none, any (every change passes and is still reported)")
     val.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
     get = subs.add_parser(
         "get", parents=[common], help="look keys up in the live snapshot",
@@ -183,7 +187,7 @@ def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         max_row_change_ratio=args.max_row_change_ratio, max_empty_shards=args.max_empty_shards,
         max_shard_skew=args.max_shard_skew, sample_lookups=args.sample_lookups, expected_keys=args.expected_keys,
         verify_checksums=args.verify_checksums, cache_dir=args.cache_dir, storage_options=_storage_options(args),
-        max_delta_ratio=args.max_delta_ratio, absent_keys=args.absent_keys,
+        max_delta_ratio=args.max_delta_ratio, absent_keys=args.absent_keys, schema_change=args.schema_change,
     )
     return report.to_dict()
 

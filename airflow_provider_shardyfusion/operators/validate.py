@@ -26,7 +26,7 @@ __all__ = ["ValidateManifestOperator"]
 
 
 class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
-    """Check a snapshot's manifest, files, run record, data-quality thresholds and sample look-ups.
+    """Check a snapshot's manifest, files, run record, data-quality thresholds, value schema and sample look-ups.
 
     Validates the run ``run_id`` (or the manifest ``manifest_ref``); with neither, the live
     snapshot ``_CURRENT`` names. Every check runs; all failures are raised together as one
@@ -51,13 +51,17 @@ class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
     :param max_delta_ratio: for a delta run, fail when its puts plus deletes divided by its base's rows is
         larger (skipped for full and compacted runs).
     :param absent_keys: keys that must read ``None`` through the whole chain (e.g. the keys a delta deleted).
+    :param schema_change: what may differ between the run's value schema and the live run's (SPEC §18):
+        ``"additions"`` (default) passes only added nullable columns, ``"none"`` no change, ``"any"``
+        every change (still reported). A refused change fails naming the column and both types;
+        skipped when the run is the live one, nothing is live, or either run recorded no schema.
     :param aws_conn_id: AWS connection for ``s3://`` roots.
     """
 
     template_fields: Sequence[str] = (
         "output_uri", "run_id", "manifest_ref", "min_rows", "max_row_change_ratio", "max_empty_shards",
         "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "max_delta_ratio", "absent_keys",
-        "aws_conn_id",
+        "schema_change", "aws_conn_id",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"expected_keys": "json", "absent_keys": "json"}
     ui_color = "#d5f5e3"
@@ -77,6 +81,7 @@ class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
         verify_checksums: bool = False,
         max_delta_ratio: float | None = None,
         absent_keys: Sequence[Any] | None = None,
+        schema_change: str = "additions",
         aws_conn_id: str | None = "aws_default",
         **kwargs: Any,
     ) -> None:
@@ -94,16 +99,18 @@ class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
         self.verify_checksums = verify_checksums
         self.max_delta_ratio = max_delta_ratio
         self.absent_keys = absent_keys
+        self.schema_change = schema_change
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_provider_shardyfusion.core import layout
         from airflow_provider_shardyfusion.core.arguments import as_bool
         from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-        from airflow_provider_shardyfusion.core.lifecycle.validation import validate_snapshot
+        from airflow_provider_shardyfusion.core.lifecycle.validation import schema_change_policy, validate_snapshot
 
         output_uri = layout.normalize_root(self.output_uri)
         self.verify_checksums = as_bool("verify_checksums", self.verify_checksums)
+        self.schema_change = schema_change_policy(self.schema_change)
         run_id = self.run_id or None  # an empty rendered template means "not given"
         manifest_ref = self.manifest_ref or None
         hook = self.hook
@@ -116,7 +123,7 @@ class ValidateManifestOperator(WithShardyfusionHook, BaseOperator):
                 max_row_change_ratio=self.max_row_change_ratio, max_empty_shards=self.max_empty_shards,
                 max_shard_skew=self.max_shard_skew, sample_lookups=self.sample_lookups,
                 expected_keys=self.expected_keys, verify_checksums=self.verify_checksums,
-                max_delta_ratio=self.max_delta_ratio, absent_keys=self.absent_keys,
+                max_delta_ratio=self.max_delta_ratio, absent_keys=self.absent_keys, schema_change=self.schema_change,
                 storage_options=hook.storage_options(output_uri),
             )
         except ManifestValidationError as exc:

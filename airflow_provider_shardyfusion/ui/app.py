@@ -29,6 +29,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     rank_fields,
     root_history,
     sample_changes,
+    schema_columns,
 )
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text
 from airflow_provider_shardyfusion.core.write.job_contract import WriterIdentity
@@ -202,6 +203,7 @@ class HistorySource:
         writer = WriterIdentity.from_dict(manifest.writer)
         data.update(shards=shards, num_dbs=manifest.num_dbs, spark_app_id=writer.spark_app_id,
                     write_mode=manifest.write_mode, base_run_id=manifest.base_run_id, chain_depth=manifest.chain_depth,
+                    value_schema=schema_columns(manifest.value_schema),
                     skew=round(max(s.row_count for s in manifest.shards) / mean, 3) if shards and mean else None)
         if self.spark_ui_template and writer.spark_app_id:
             data["links"]["Spark application (history server)"] = self.spark_ui_template.format(

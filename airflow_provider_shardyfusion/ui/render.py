@@ -329,9 +329,39 @@ def run_page(data: dict[str, Any]) -> str:
     samples = ""
     if data.get("samples") is not None and base:
         samples = "<h2>Changed keys (a sample, against the base)</h2>" + samples_html(root, data["samples"], base, run_id)
-    return page(f"Run {run_id}", LEGEND + facts + (f"<ul>{links}</ul>" if links else "") + charts + samples + checks
+    schema = ""
+    if "value_schema" in data:  # only a run whose manifest was read
+        columns = data["value_schema"]
+        schema = "<h2>Value schema</h2>" + (
+            table(["column", "type", "nullable"], [[esc(c["name"]), f"<code>{esc(c['type'])}</code>",
+                                                    esc("yes" if c["nullable"] else "no")] for c in columns])
+            if columns is not None else f"<p class='muted'>{_NO_SCHEMA}</p>")
+    return page(f"Run {run_id}", LEGEND + facts + (f"<ul>{links}</ul>" if links else "") + charts + schema + samples + checks
                 + ("<h2>Shards</h2>" + table(["shard", "rows", "bytes", "files (all layers)", "layers (oldest first)"],
                                              shard_rows) if shards else ""))
+
+
+_NO_SCHEMA = "schema not recorded (the manifest was written before value schemas were recorded)"
+
+
+def _schema_diff_html(diff: dict[str, Any] | None, a: str, b: str) -> str:
+    """The schema changes from run ``a`` to ``b``, one row per column, or the line that says there are none."""
+    if diff is None:
+        return ""
+    changes = diff.get("changes")
+    if not changes:  # [] is "no schema change", None "not recorded"
+        muted = "" if changes == [] else " class='muted'"
+        return f"<h2>Value schema</h2><p{muted}>{esc(diff['summary'])}</p>"
+
+    def shown(text: str | None, suffix: str = "") -> str:
+        return f"<code>{esc(text)}{esc(suffix)}</code>" if text else "—"
+
+    kinds = {"added": "ins", "changed": "upd", "removed": "del"}
+    return "<h2>Value schema</h2>" + table(["column", "change", f"type in {a}", f"type in {b}"], [
+        [esc(c["column"]), f"<span class='{kinds[c['kind']]}'>{esc(c['kind'])}</span>", shown(c["old"]),
+         # An added column's nullability is not in its type text (a changed one's is).
+         shown(c["new"], " not null" if c["kind"] == "added" and not c["nullable"] else "")]
+        for c in changes])
 
 
 def external_link(name: str, url: Any) -> str:
@@ -408,7 +438,7 @@ def diff_page(data: dict[str, Any]) -> str:
     samples = ""
     if data.get("samples") is not None:
         samples = "<h2>Changed keys (a sample)</h2>" + samples_html(root, data["samples"], a, b)
-    return page(f"Diff {a} → {b}", LEGEND + summary + chart + table(
+    return page(f"Diff {a} → {b}", LEGEND + summary + _schema_diff_html(data.get("value_schema"), a, b) + chart + table(
         ["shard", f"rows {a}", f"rows {b}", "change", "bytes a", "bytes b", "files", "along the chain"], rows) + samples)
 
 

@@ -11,6 +11,7 @@ import json
 
 from airflow_provider_shardyfusion.cli import main
 from tests.history_root import build_history_root
+from tests.value_schemas import build_schema_root
 
 
 def cli(capsys, *argv):
@@ -56,6 +57,7 @@ def test_every_state_a_run_can_end_in_and_a_diff(any_root, capsys):
     assert not any(s["same_files"] for s in diff["shards"])
     same = cli(capsys, "diff", root, runs["v2"], runs["v2"], *flags(opts))
     assert all(s["same_files"] for s in same["shards"]) and same["rows_change"] == 0
+    assert diff["value_schema"] == {"a": None, "b": None, "changes": None, "summary": "schema not recorded for either run"}
 
     code = main(["diff", root, runs["v2"], runs["gone"], *flags(opts)])
     _, err = capsys.readouterr()
@@ -79,3 +81,19 @@ def test_an_event_claim_holds_only_if_the_roots_own_record_names_its_manifest(an
     assert run_claim_holds(snapshots, "../../etc", a.manifest_ref) is False
     elsewhere = a.manifest_ref.replace(root, f"file://{tmp_path}/elsewhere")
     assert run_claim_holds(snapshots, a.run_id, elsewhere) is False
+
+
+def test_diff_lists_the_schema_changes_between_two_runs(file_root, capsys):
+    runs = {name: built.run_id for name, built in build_schema_root(file_root, None).items()}
+    schema = cli(capsys, "diff", file_root, runs["v1"], runs["v2"])["value_schema"]
+    assert schema["summary"] == "column 'score' changed from int64 to string; column 'city' added (string)"
+    assert [(c["column"], c["kind"], c["old"], c["new"]) for c in schema["changes"]] == [
+        ("score", "changed", "int64", "string"), ("city", "added", None, "string")]
+    assert schema["a"] == [{"name": "name", "type": "string", "nullable": False},
+                           {"name": "score", "type": "int64", "nullable": True}]
+    back = cli(capsys, "diff", file_root, runs["v2"], runs["v1"])["value_schema"]
+    assert back["summary"] == "column 'score' changed from string to int64; column 'city' removed (was string)"
+    assert cli(capsys, "diff", file_root, runs["v1"], runs["v1"])["value_schema"]["summary"] == "no schema change"
+    old = cli(capsys, "diff", file_root, runs["old"], runs["v2"])["value_schema"]
+    assert old["changes"] is None and old["a"] is None and len(old["b"]) == 3
+    assert old["summary"] == f"schema not recorded for run {runs['old']!r} (written before value schemas were recorded)"

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.history_root import build_history_root, client_for
 from tests.snapshot_helpers import write_run_record
+from tests.value_schemas import build_schema_root
 
 OPTS: dict[str, dict | None] = {}  # root -> storage options of the fixture's store
 
@@ -326,3 +327,44 @@ def test_roots_page_marks_a_missing_root_shows_the_live_runs_validation_and_erro
     assert "Content-Security-Policy".lower() in unknown.headers and "<script" not in unknown.text
     twin = client.get("/root", params={"uri": f"file://{tmp_path}/unlisted", "format": "json"})
     assert twin.status_code == 404 and "is not a known snapshot root" in twin.json()["detail"]
+
+
+def test_run_and_diff_pages_show_the_value_schema_and_its_changes(any_root, tmp_path):
+    root, opts = any_root
+    runs = {name: built.run_id for name, built in build_schema_root(root, opts).items()}
+    client = client_for([root], opts, tmp_path)
+
+    data = client.get("/run", params={"uri": root, "run_id": runs["v2"], "format": "json"}).json()
+    assert data["value_schema"] == [{"name": "name", "type": "string", "nullable": False},
+                                    {"name": "score", "type": "string", "nullable": True},
+                                    {"name": "city", "type": "string", "nullable": True}]
+    html = client.get("/run", params={"uri": root, "run_id": runs["v2"]}).text
+    assert ("<h2>Value schema</h2><table><thead><tr><th>column</th><th>type</th><th>nullable</th></tr></thead><tbody>"
+            "<tr><td>name</td><td><code>string</code></td><td>no</td></tr>") in html
+    old = client.get("/run", params={"uri": root, "run_id": runs["old"], "format": "json"}).json()
+    assert old["value_schema"] is None
+    assert "<h2>Value schema</h2><p class='muted'>schema not recorded" in client.get(
+        "/run", params={"uri": root, "run_id": runs["old"]}).text
+
+    diff = client.get("/diff", params={"uri": root, "a": runs["v1"], "b": runs["v2"], "format": "json"}).json()
+    schema = diff["value_schema"]
+    assert schema["changes"] == [
+        {"column": "score", "kind": "changed", "old": "int64", "new": "string", "nullable": True},
+        {"column": "city", "kind": "added", "old": None, "new": "string", "nullable": True}]
+    assert schema["summary"] == "column 'score' changed from int64 to string; column 'city' added (string)"
+    assert [c["name"] for c in schema["a"]] == ["name", "score"] and len(schema["b"]) == 3
+    html = client.get("/diff", params={"uri": root, "a": runs["v1"], "b": runs["v2"]}).text
+    assert (f"<th>column</th><th>change</th><th>type in {runs['v1']}</th><th>type in {runs['v2']}</th>" in html
+            and "<tr><td>score</td><td><span class='upd'>changed</span></td><td><code>int64</code></td>"
+                "<td><code>string</code></td></tr>" in html
+            and "<tr><td>city</td><td><span class='ins'>added</span></td><td>—</td><td><code>string</code></td></tr>" in html)
+
+    same = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v2"], "format": "json"}).json()
+    assert same["value_schema"]["changes"] == [] and same["value_schema"]["summary"] == "no schema change"
+    assert "<h2>Value schema</h2><p>no schema change</p>" in client.get(
+        "/diff", params={"uri": root, "a": runs["v2"], "b": runs["v2"]}).text
+    unrecorded = client.get("/diff", params={"uri": root, "a": runs["old"], "b": runs["v1"], "format": "json"}).json()
+    assert unrecorded["value_schema"]["changes"] is None
+    assert unrecorded["value_schema"]["summary"].startswith(f"schema not recorded for run {runs['old']!r}")
+    assert "<h2>Value schema</h2><p class='muted'>schema not recorded for run" in client.get(
+        "/diff", params={"uri": root, "a": runs["old"], "b": runs["v1"]}).text

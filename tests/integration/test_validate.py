@@ -19,6 +19,7 @@ from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_snapshot
 from tests.snapshot_helpers import write_run_record
+from tests.value_schemas import leaf_schema, with_value_schema
 
 
 def _value(i: int) -> bytes:
@@ -50,8 +51,10 @@ def test_a_good_staged_snapshot_passes_with_its_figures(any_root):
     assert report.rows == 380 and report.num_dbs == 4
     by_name = {c.name: c for c in report.checks}
     assert list(by_name) == ["structure", "storage", "run_record", "min_rows", "max_row_change_ratio",
-                             "max_empty_shards", "max_shard_skew", "lookups"]
-    assert all(c.ok and not c.skipped for c in report.checks)
+                             "max_empty_shards", "max_shard_skew", "schema_change", "lookups"]
+    assert all(c.ok and not c.skipped for c in report.checks if c.name != "schema_change")
+    # Neither manifest records a value schema (as before SPEC §18): said so, not failed.
+    assert by_name["schema_change"].skipped and "recorded no value schema" in by_name["schema_change"].detail
     assert by_name["structure"].figure == {"format_version": 1, "num_dbs": 4, "shards": 4}
     m = staged.manifest
     assert by_name["storage"].figure == {"shards": 4, "files": sum(len(s.files) for s in m.shards),
@@ -97,6 +100,7 @@ def test_five_problems_make_one_error_naming_all_of_them(any_root):
     report = caught.value.report
     assert {c.name: c.ok for c in report.checks} == {
         "structure": True, "storage": False, "run_record": False, "min_rows": False, "max_row_change_ratio": False,
+        "schema_change": True,
     }
 
 
@@ -223,7 +227,7 @@ def test_operator_returns_the_report(file_root):
     assert result["ok"] and result["run_id"] == staged.run_id and result["manifest_ref"] == staged.manifest_ref
     assert [c["name"] for c in result["checks"]] == ["structure", "storage", "run_record", "min_rows",
                                                      "max_row_change_ratio", "max_empty_shards", "max_shard_skew",
-                                                     "lookups"]
+                                                     "schema_change", "lookups"]
     assert result["checks"][4]["figure"] == 0.0
     assert {lk["key"]: lk["value_digest"] for lk in result["lookups"]}[42] == value_digest(_value(42), "binary")
     json.dumps(result)
@@ -245,3 +249,107 @@ def test_expected_keys_on_a_snapshot_routed_by_other_columns_fail_instead_of_pas
         validate_snapshot(snapshots, run_id="by-region", expected_keys=[1, 2])
     with pytest.raises(ManifestValidationError, match=r"absent_keys cannot be looked up by key alone.*region"):
         validate_snapshot(snapshots, run_id="by-region", absent_keys=[99])
+
+
+# -- value schema against the live run's (SPEC §18) ----------------------------------------------------
+
+LIVE_SCHEMA = {"name": "string", "score": "int64"}
+
+
+def _schemas(root, opts, staged_columns, *, live_columns=LIVE_SCHEMA, not_null=()):
+    live, staged = _live_and_staged(root, opts, live_rows=100, staged_rows=100, num_dbs=2)
+    live = with_value_schema(live, leaf_schema(live_columns), opts) if live_columns is not None else live
+    staged = with_value_schema(staged, leaf_schema(staged_columns, not_null), opts) if staged_columns is not None else staged
+    return live, staged
+
+
+def test_an_added_nullable_column_passes_by_default_and_is_recorded(any_root):
+    root, opts = any_root
+    live, staged = _schemas(root, opts, {**LIVE_SCHEMA, "city": "string"})
+    snapshots = SnapshotRoot.open(root, opts)
+    check = validate_snapshot(snapshots, run_id=staged.run_id, storage_options=opts).check("schema_change")
+    added = {"column": "city", "kind": "added", "old": None, "new": "string", "nullable": True}
+    assert check.ok and not check.skipped and check.limit == "additions" and check.figure == [added]
+    assert check.detail == f"against live run {live.run_id!r}: column 'city' added (string)"
+    # The run record keeps the check with its figure, for the history UI and audits.
+    stored = {c["name"]: c for c in snapshots.read_run(staged.run_id).validation["checks"]}
+    assert stored["schema_change"] == {"name": "schema_change", "ok": True, "skipped": False, "figure": [added],
+                                       "limit": "additions"}
+
+
+def test_a_changed_type_fails_naming_the_column_and_both_types(any_root):
+    root, opts = any_root
+    live, staged = _schemas(root, opts, {"name": "string", "score": "string", "city": "string", "rank": "int32"},
+                            not_null=("rank",))
+    snapshots = SnapshotRoot.open(root, opts)
+    with pytest.raises(ManifestValidationError) as caught:
+        validate_snapshot(snapshots, run_id=staged.run_id, min_rows=1, storage_options=opts)
+    where = f"run {staged.run_id!r}: value schema against live run {live.run_id!r}"
+    rule = "(schema_change='additions' allows only added nullable columns)"
+    # One error listing each refused change; the nullable addition passes and is not listed.
+    assert caught.value.failures == [f"{where}: column 'score' changed from int64 to string {rule}",
+                                     f"{where}: column 'rank' added (int32, not nullable) {rule}"]
+    assert "failed with 2 problem(s)" in str(caught.value)
+    assert [c["column"] for c in caught.value.report.check("schema_change").figure] == ["score", "city", "rank"]
+    assert snapshots.read_run(staged.run_id).validation["ok"] is False
+
+    # "any" lets every change through, and still reports it.
+    check = validate_snapshot(snapshots, run_id=staged.run_id, schema_change="any", storage_options=opts).check("schema_change")
+    assert check.ok and check.limit == "any" and [c["kind"] for c in check.figure] == ["changed", "added", "added"]
+    assert "column 'score' changed from int64 to string" in check.detail
+
+
+def test_none_refuses_even_a_nullable_addition(file_root):
+    _live, staged = _schemas(file_root, None, {**LIVE_SCHEMA, "city": "string"})
+    refused = r"column 'city' added \(string\) \(schema_change='none' allows no change\)"
+    with pytest.raises(ManifestValidationError, match=refused):
+        validate_snapshot(SnapshotRoot.open(file_root), run_id=staged.run_id, schema_change="none")
+    # The same schema passes "none".
+    same = _schemas(f"{file_root}-same", None, LIVE_SCHEMA)[1]
+    assert validate_snapshot(SnapshotRoot.open(f"{file_root}-same"), run_id=same.run_id,
+                             schema_change="none").check("schema_change").figure == []
+
+
+@pytest.mark.parametrize(("live_columns", "staged_columns", "why"), [
+    (None, LIVE_SCHEMA, "the live run {live!r} recorded no value schema"),
+    (LIVE_SCHEMA, None, "run {staged!r} recorded no value schema"),
+])
+def test_manifests_without_a_schema_skip_the_check(file_root, live_columns, staged_columns, why):
+    live, staged = _schemas(file_root, None, staged_columns, live_columns=live_columns)
+    check = validate_snapshot(SnapshotRoot.open(file_root), run_id=staged.run_id, schema_change="none").check("schema_change")
+    assert check.ok and check.skipped and check.detail.startswith(why.format(live=live.run_id, staged=staged.run_id))
+
+
+def test_the_live_run_itself_and_a_root_with_nothing_live_skip_the_check(file_root):
+    _schemas(file_root, None, {"other": "bool"})
+    check = validate_snapshot(SnapshotRoot.open(file_root), schema_change="none").check("schema_change")
+    assert check.skipped and check.detail == "the validated run is the live run"
+    root = f"{file_root}-unpublished"
+    staged = with_value_schema(build_snapshot(root, [(1, b"x")], num_dbs=2, publish=False), leaf_schema(LIVE_SCHEMA), None)
+    check = validate_snapshot(SnapshotRoot.open(root), run_id=staged.run_id, schema_change="none").check("schema_change")
+    assert check.skipped and check.detail == "no live run to compare with"
+
+
+def test_cli_takes_schema_change(file_root, capsys):
+    _live, staged = _schemas(file_root, None, {"name": "string", "score": "double"})
+    code = main(["validate", file_root, "--run-id", staged.run_id])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and "column 'score' changed from int64 to double" in err
+    code = main(["validate", file_root, "--run-id", staged.run_id, "--schema-change", "any"])
+    out, err = capsys.readouterr()
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert code == 0 and checks["schema_change"]["ok"] and checks["schema_change"]["figure"][0]["new"] == "double"
+    code = main(["validate", file_root, "--run-id", staged.run_id, "--schema-change", "some"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "invalid choice: 'some' (choose from" in err and "'additions', 'none', 'any'" in err
+
+
+# Not with capsys: the task logger would keep writing to capsys's stream after the test closed it.
+def test_operator_takes_schema_change(file_root):
+    from airflow_provider_shardyfusion.operators.validate import ValidateManifestOperator
+
+    _live, staged = _schemas(file_root, None, {"name": "string", "score": "double"})
+    op = ValidateManifestOperator(task_id="v", output_uri=file_root, run_id=staged.run_id, schema_change="any")
+    assert op.execute({})["checks"][-1]["figure"][0]["column"] == "score"
+    with pytest.raises(ManifestValidationError, match="column 'score' changed from int64 to double"):
+        ValidateManifestOperator(task_id="v", output_uri=file_root, run_id=staged.run_id).execute({})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,11 +18,14 @@ from airflow_provider_shardyfusion.core.lifecycle.validation import (
     ValidationReport,
     _limit,
     sample_keys,
+    schema_change_check,
+    schema_change_policy,
     threshold_checks,
     value_digest,
 )
 from airflow_provider_shardyfusion.core.model.encoding import encode_key, key_from_text
 from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardingInfo
+from tests.value_schemas import leaf_schema
 
 ROOT = "file:///data/snap"
 RUN = "20250101T000000Z-abcdef01"
@@ -154,9 +158,13 @@ def test_operator_keeps_templated_arguments_verbatim_and_checks_them_in_execute(
     assert set(op.template_fields) == {
         "output_uri", "run_id", "manifest_ref", "min_rows", "max_row_change_ratio", "max_empty_shards",
         "max_shard_skew", "sample_lookups", "expected_keys", "verify_checksums", "max_delta_ratio", "absent_keys",
-        "aws_conn_id"}
+        "schema_change", "aws_conn_id"}
     bad = ValidateManifestOperator(task_id="b", output_uri="file:///tmp/nowhere", min_rows=-3)
     with pytest.raises(ConfigError, match="min_rows -3 must be an integer >= 0"):
+        bad.execute({})
+    assert ValidateManifestOperator(task_id="s", output_uri="x", schema_change="{{ params.s }}").schema_change == "{{ params.s }}"
+    bad = ValidateManifestOperator(task_id="s", output_uri="file:///tmp/nowhere", schema_change="additive")
+    with pytest.raises(ConfigError, match=r"schema_change 'additive' must be one of \['additions', 'none', 'any'\]"):
         bad.execute({})
 
 
@@ -165,3 +173,60 @@ def test_importing_the_operator_is_light():
             "print(sorted(m for m in ('pyspark', 'rocksdict', 'boto3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+LIVE = "20241231T000000Z-11111111"
+
+
+def _with_schema(m: Manifest, columns: dict[str, str] | None, run_id: str = RUN, not_null: tuple[str, ...] = ()) -> Manifest:
+    schema = leaf_schema(columns, not_null) if columns is not None else None
+    return dataclasses.replace(m, run_id=run_id, value_schema=schema)
+
+
+def test_schema_policies_and_their_rendered_text():
+    assert [schema_change_policy(v) for v in ("additions", " none ", "any")] == ["additions", "none", "any"]
+    for bad in ("", "None", None, 1, "all"):
+        with pytest.raises(ConfigError, match=r"must be one of \['additions', 'none', 'any'\]"):
+            schema_change_policy(bad)
+
+
+def test_a_nullable_addition_passes_by_default_and_is_reported():
+    m = _manifest({0: 5})
+    live = _with_schema(m, {"name": "string"}, LIVE)
+    run = _with_schema(m, {"name": "string", "city": "string"})
+    check = schema_change_check(run, live)
+    assert check.ok and not check.skipped and check.limit == "additions" and check.problems == ()
+    assert check.figure == [{"column": "city", "kind": "added", "old": None, "new": "string", "nullable": True}]
+    assert check.detail == f"against live run {LIVE!r}: column 'city' added (string)"
+    same = schema_change_check(_with_schema(m, {"name": "string"}), live, "none")
+    assert same.ok and same.figure == [] and same.detail == f"no change against live run {LIVE!r}"
+
+
+def test_each_refused_change_is_a_problem_naming_the_column_and_both_types():
+    m = _manifest({0: 5})
+    live = _with_schema(m, {"name": "string", "score": "int64", "gone": "date"}, LIVE)
+    run = _with_schema(m, {"name": "string", "score": "string", "city": "string", "rank": "int32"}, not_null=("rank",))
+    check = schema_change_check(run, live)
+    assert not check.ok and [c["column"] for c in check.figure] == ["score", "city", "rank", "gone"]
+    where = f"run {RUN!r}: value schema against live run {LIVE!r}"
+    rule = "(schema_change='additions' allows only added nullable columns)"
+    assert check.problems == (f"{where}: column 'score' changed from int64 to string {rule}",
+                              f"{where}: column 'rank' added (int32, not nullable) {rule}",
+                              f"{where}: column 'gone' removed (was date) {rule}")
+    anything = schema_change_check(run, live, "any")
+    assert anything.ok and anything.figure == check.figure and "column 'score' changed from int64 to string" in anything.detail
+    nothing = schema_change_check(_with_schema(m, {"name": "string", "score": "int64", "gone": "date", "city": "string"}),
+                                  live, "none")
+    assert nothing.problems == (f"{where}: column 'city' added (string) (schema_change='none' allows no change)",)
+
+
+def test_the_schema_check_is_skipped_without_two_schemas_to_compare():
+    m = _manifest({0: 5})
+    with_schema, live = _with_schema(m, {"a": "string"}), _with_schema(m, {"a": "int64"}, LIVE)
+    for check, why in (
+        (schema_change_check(_with_schema(m, None), live), f"run {RUN!r} recorded no value schema"),
+        (schema_change_check(with_schema, _with_schema(m, None, LIVE)), f"the live run {LIVE!r} recorded no value schema"),
+        (schema_change_check(with_schema, None, "none", no_live="the validated run is the live run"),
+         "the validated run is the live run"),
+    ):
+        assert check.ok and check.skipped and check.figure is None and check.detail.startswith(why), check

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
+
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError, ShardyfusionError
 from airflow_provider_shardyfusion.core.model import encoding
 from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
+from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema, describe_changes, schema_changes
 from airflow_provider_shardyfusion.core.write.job_contract import RunStats, WriterIdentity
 
 if TYPE_CHECKING:
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = [
     "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "VALUE_PREVIEW_CHARS", "KeyFate", "RootHistory", "RunDiff",
     "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label", "diff_runs", "differing_fields", "json_value",
-    "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "signed",
+    "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "schema_columns",
+    "schema_diff", "signed",
 ]
 
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
@@ -246,6 +250,8 @@ class RunDiff:
     shards: tuple[ShardDiff, ...]
     manifest_a: str | None = None  # the manifests compared, for readers of the two runs
     manifest_b: str | None = None
+    schema_a: ValueSchema | None = None  # None: the run's manifest recorded no value schema
+    schema_b: ValueSchema | None = None
 
     @property
     def changes(self) -> dict[str, int] | None:
@@ -258,7 +264,29 @@ class RunDiff:
         return {"run_a": self.run_a, "run_b": self.run_b, "rows_a": self.rows_a, "rows_b": self.rows_b,
                 "rows_change": self.rows_b - self.rows_a, "bytes_a": self.bytes_a, "bytes_b": self.bytes_b,
                 "same_routing": self.same_routing, "changes": self.changes, "manifest_a": self.manifest_a,
-                "manifest_b": self.manifest_b, "shards": [s.to_dict() for s in self.shards]}
+                "manifest_b": self.manifest_b, "shards": [s.to_dict() for s in self.shards],
+                "value_schema": schema_diff(self.schema_a, self.schema_b, self.run_a, self.run_b)}
+
+
+def schema_columns(schema: ValueSchema | None) -> list[dict[str, Any]] | None:
+    """A value schema as pages show it: each column's name, type text and nullability; None if not recorded."""
+    if schema is None:
+        return None
+    return [{"name": c.name, "type": c.type.text(), "nullable": c.nullable} for c in schema.columns]
+
+
+def schema_diff(a: ValueSchema | None, b: ValueSchema | None, run_a: str, run_b: str) -> dict[str, Any]:
+    """Both runs' columns and the changes from ``a`` to ``b`` (``None`` when either recorded no schema),
+    with a line that says it: ``no schema change``, ``schema not recorded ...`` or each change."""
+    changes = schema_changes(a, b) if a is not None and b is not None else None
+    if changes is None:
+        missing = [run for run, schema in ((run_a, a), (run_b, b)) if schema is None]
+        summary = ("schema not recorded for either run" if len(missing) == 2 else
+                   f"schema not recorded for run {missing[0]!r} (written before value schemas were recorded)")
+    else:
+        summary = describe_changes(changes) if changes else "no schema change"
+    return {"a": schema_columns(a), "b": schema_columns(b),
+            "changes": msgspec.to_builtins(changes) if changes is not None else None, "summary": summary}
 
 
 _CHANGE_KEYS = ("inserted", "updated", "deleted", "deleted_absent")
@@ -299,7 +327,7 @@ def diff_runs(snapshots: SnapshotRoot, run_a: str, run_b: str) -> RunDiff:
         run_a=run_a, run_b=run_b, rows_a=a.row_count, rows_b=b.row_count,
         bytes_a=sum(d.bytes_a or 0 for d in diffs), bytes_b=sum(d.bytes_b or 0 for d in diffs),
         same_routing=a.num_dbs == b.num_dbs and a.sharding == b.sharding, shards=tuple(diffs),
-        manifest_a=ref_a.uri, manifest_b=ref_b.uri,
+        manifest_a=ref_a.uri, manifest_b=ref_b.uri, schema_a=a.value_schema, schema_b=b.value_schema,
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import xxhash
 
 from airflow_provider_shardyfusion.core import layout
@@ -24,6 +25,7 @@ from airflow_provider_shardyfusion.core.model.encoding import decode_key, key_fr
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED, RunRecord
 from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
+from airflow_provider_shardyfusion.core.model.value_schema import SchemaChange, schema_changes
 from airflow_provider_shardyfusion.core.write.job_contract import RunStats
 
 if TYPE_CHECKING:
@@ -33,8 +35,8 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.storage.base import StorageOptions
 
 __all__ = [
-    "Check", "Lookup", "ValidationReport", "chain_samples", "record_report", "sample_keys", "threshold_checks",
-    "validate_snapshot", "value_digest",
+    "SCHEMA_CHANGE_POLICIES", "Check", "Lookup", "ValidationReport", "chain_samples", "record_report", "sample_keys",
+    "schema_change_check", "schema_change_policy", "threshold_checks", "validate_snapshot", "value_digest",
 ]
 
 log = logging.getLogger(__name__)
@@ -198,6 +200,57 @@ def threshold_checks(
     return checks
 
 
+# ---- value schema against the live run's (SPEC §18, pure) ---------------------------------------
+
+# What each ``schema_change`` lets through: readers of the live snapshot keep working across a
+# nullable added column (old rows decode it as None), not across a removed or retyped one.
+SCHEMA_CHANGE_POLICIES = ("additions", "none", "any")
+_POLICY_RULE = {"additions": "allows only added nullable columns", "none": "allows no change"}
+
+
+def schema_change_policy(value: Any) -> str:
+    """``schema_change`` as given (or rendered from a template): one of ``SCHEMA_CHANGE_POLICIES``."""
+    policy = value.strip() if isinstance(value, str) else value
+    if policy not in SCHEMA_CHANGE_POLICIES:
+        raise ConfigError(
+            f"schema_change {show_value(value)} must be one of {list(SCHEMA_CHANGE_POLICIES)}: 'additions' passes "
+            "only added nullable columns, 'none' no change at all, 'any' every change (still reported)")
+    return str(policy)
+
+
+def _allowed(change: SchemaChange, policy: str) -> bool:
+    return policy == "any" or (policy == "additions" and change.is_nullable_addition)
+
+
+def schema_change_check(manifest: Manifest, live: Manifest | None, policy: str = "additions", *,
+                        no_live: str = "no live run to compare with") -> Check:
+    """The run's value schema against the live run's, held to ``policy`` (``schema_change_policy``).
+
+    The figure lists every change (``column``, ``kind``, ``old`` / ``new`` type); a change the policy
+    refuses is a problem naming the column and both types. Skipped, saying why, when there is no
+    live run (``no_live``) or either run recorded no schema (written before SPEC §18).
+    """
+    def skipped(detail: str) -> Check:
+        return Check("schema_change", True, limit=policy, skipped=True, detail=detail)
+
+    unrecorded = "recorded no value schema (written before value schemas were recorded)"
+    if manifest.value_schema is None:
+        return skipped(f"run {manifest.run_id!r} {unrecorded}")
+    if live is None:
+        return skipped(no_live)
+    against = f"live run {live.run_id!r}"
+    if live.value_schema is None:
+        return skipped(f"the {against} {unrecorded}")
+    changes = schema_changes(live.value_schema, manifest.value_schema)
+    refused = [c for c in changes if not _allowed(c, policy)]
+    figure = msgspec.to_builtins(changes)
+    detail = (f"against {against}: " + "; ".join(c.describe() for c in changes)) if changes else \
+        f"no change against {against}"
+    return Check("schema_change", not refused, figure=figure, limit=policy, detail=detail, problems=tuple(
+        f"run {manifest.run_id!r}: value schema against {against}: {c.describe()} "
+        f"(schema_change={policy!r} {_POLICY_RULE[policy]})" for c in refused))
+
+
 def _delta_ratio_check(manifest: Manifest, limit: float) -> Check:
     """(puts + deletes) of the run's own layers over the rows of its base (SPEC §13).
 
@@ -313,8 +366,12 @@ def validate_snapshot(
     absent_keys: Iterable[Any] | None = None,
     cache_dir: str | None = None,
     storage_options: StorageOptions | Mapping[str, Any] | None = None,
+    schema_change: str = "additions",
 ) -> ValidationReport:
     """Check one snapshot (the live one when neither ``run_id`` nor ``manifest_ref`` is given).
+
+    ``schema_change`` holds the run's value schema against the live run's: ``"additions"`` passes
+    only added nullable columns, ``"none"`` no change, ``"any"`` every change (still reported).
 
     Returns the report when every check passed; otherwise raises one ``ManifestValidationError``
     listing every failure (the report is on the exception as ``.report``, the list as ``.failures``).
@@ -324,6 +381,7 @@ def validate_snapshot(
     max_empty_shards = _limit("max_empty_shards", max_empty_shards, integer=True)  # type: ignore[assignment]
     max_shard_skew = _limit("max_shard_skew", max_shard_skew, integer=False)
     max_delta_ratio = _limit("max_delta_ratio", max_delta_ratio, integer=False)
+    schema_change = schema_change_policy(schema_change)
     sample_lookups = _limit("sample_lookups", sample_lookups or 0, integer=True)  # type: ignore[assignment]
     expected = _key_list("expected_keys", expected_keys)
     absent = _key_list("absent_keys", absent_keys)
@@ -339,14 +397,19 @@ def validate_snapshot(
         checks.append(_run_record_check(snapshots, target))
     lookups: list[Lookup] = []
     if manifest is not None:
+        # Read once for both comparisons, and only when one of them needs it.
+        live, no_live = (None, "")
+        if max_row_change_ratio is not None or manifest.value_schema is not None:
+            live, no_live = _live_manifest(snapshots, target)
         baseline_rows, note = (None, "")
         if max_row_change_ratio is not None:
-            baseline_rows, note = _baseline(snapshots, target, manifest)
+            baseline_rows, note = _baseline(snapshots, manifest, live)
         checks.extend(threshold_checks(
             manifest, baseline_rows=baseline_rows, baseline_note=note, min_rows=min_rows,
             max_row_change_ratio=max_row_change_ratio, max_empty_shards=max_empty_shards, max_shard_skew=max_shard_skew,
             max_delta_ratio=max_delta_ratio,
         ))
+        checks.append(schema_change_check(manifest, live, schema_change, no_live=no_live))
         if sample_lookups or expected or absent:
             check, lookups = _lookup_check(snapshots, target, manifest, sample_lookups, expected, cache_dir,
                                            storage_options, absent)
@@ -481,14 +544,25 @@ def _started(record: RunRecord | None, manifest: Manifest | None) -> datetime | 
     return record.started_at if record is not None else None
 
 
-def _baseline(snapshots: SnapshotRoot, target: _Target, manifest: Manifest) -> tuple[int | None, str]:
-    """Rows to compare with: the live snapshot for another run, else the newest older succeeded run."""
+def _live_manifest(snapshots: SnapshotRoot, target: _Target) -> tuple[Manifest | None, str]:
+    """The live run's manifest when another run is validated (what its rows and schema are compared
+    with), or why there is none."""
     live = target.live_pointer
-    if live is not None and not target.live:
-        try:
-            return snapshots.load_manifest(live).row_count, f"live run {live.run_id!r}"
-        except ShardyfusionError as exc:
-            log.warning("live manifest %s is unreadable (%s); comparing with older runs instead", live.manifest_ref, exc)
+    if live is None:
+        return None, "no live run to compare with"
+    if target.live:
+        return None, "the validated run is the live run"
+    try:
+        return snapshots.load_manifest(live), ""
+    except ShardyfusionError as exc:
+        log.warning("live manifest %s is unreadable (%s)", live.manifest_ref, exc)
+        return None, f"the live manifest {live.manifest_ref} is unreadable ({exc})"
+
+
+def _baseline(snapshots: SnapshotRoot, manifest: Manifest, live: Manifest | None) -> tuple[int | None, str]:
+    """Rows to compare with: the live snapshot for another run, else the newest older succeeded run."""
+    if live is not None:
+        return live.row_count, f"live run {live.run_id!r}"
     try:
         own_record = snapshots.read_run(manifest.run_id)
     except ShardyfusionError:
