@@ -27,6 +27,7 @@ from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LiveDb, LoadedSnapshot, StaleSnapshot
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache, live_fixed_files
+from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, located_error, validate_value_decoding
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
@@ -98,6 +99,13 @@ class ShardedReader:
     several files each fit next to one another, builds (a shard being built holds its layers and a
     few files more) and the rest of the process.
 
+    ``value_decoding``: what ``get``/``multi_get`` return for a JSON snapshot (SPEC §18). ``"typed"``
+    (default): a dict of Python values typed by the run's ``value_schema`` (``datetime`` in UTC,
+    ``date``, ``Decimal``, ``bytes``, dicts for maps and structs; see ``core.read.value_decoding``),
+    or ``json.loads`` for a manifest without one; ``"json"``: ``json.loads`` of the stored bytes;
+    ``"raw"``: the stored bytes. Binary snapshots return bytes in every mode. A value that does not
+    decode raises ``ReaderError`` naming the key, its shard and the column where known.
+
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
     """
@@ -113,7 +121,9 @@ class ShardedReader:
         max_open_shards: int | None = None,
         max_open_files: int | None = None,
         live: bool = False,
+        value_decoding: ValueDecoding = "typed",
     ):
+        self._value_decoding = validate_value_decoding(value_decoding)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
@@ -187,7 +197,12 @@ class ShardedReader:
                 if data is None:
                     return None
                 decode = state.decode
-                return data if decode is None else decode(data)
+                if decode is None:
+                    return data
+                try:
+                    return decode(data)
+                except ReaderError as exc:
+                    raise located_error(exc, run_id=state.run_id, db_id=db_id, key=key) from exc
             if db_id not in state.shards:  # empty shard: left out of the sparse manifest, no I/O
                 return None
         return self._get_slow(key, routing_context)
@@ -396,9 +411,12 @@ class ShardedReader:
                 continue
             if state.generation != generation:
                 continue
-            if data is None:
-                return None
-            return data if state.decode is None else state.decode(data)
+            if data is None or state.decode is None:
+                return data
+            try:
+                return state.decode(data)
+            except ReaderError as exc:
+                raise located_error(exc, run_id=state.run_id, db_id=db_id, key=key) from exc
 
     def _multi_get(
         self, state: LoadedSnapshot, keys: list[Any], ctx: Mapping[str, Any] | None,
@@ -420,9 +438,12 @@ class ShardedReader:
                 for i, value in zip(positions, values, strict=False):
                     out[i] = value
             else:
-                for i, value in zip(positions, values, strict=False):
-                    if value is not None:
-                        out[i] = decode(value)
+                try:
+                    for i, value in zip(positions, values, strict=False):
+                        if value is not None:
+                            out[i] = decode(value)
+                except ReaderError as exc:
+                    raise located_error(exc, run_id=state.run_id, db_id=db_id, key=keys[i]) from exc
         return out
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -441,7 +462,8 @@ class ShardedReader:
         if self._cache.live and manifest.shard_layout == SHARD_LAYOUT_SST:
             # The live databases' own descriptors, held once for the old and the new snapshot.
             max_files = max(1, max_files - live_fixed_files(min(len(manifest.shards), self._max_open_shards)))
-        return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
+        return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files,
+                              value_decoding=self._value_decoding)
 
 
 def default_max_open_shards() -> int:
