@@ -255,22 +255,27 @@ def _typed_decoder(schema: ValueSchema) -> Callable[[bytes], Any]:
     top_ts = tuple(c.name for c in schema.columns if c.type.kind == "timestamp")
     deep = [(c.name, fix) for c in schema.columns if c.type.kind != "timestamp" and (fix := _fixer(c.type)) is not None]
 
-    def decode(data: bytes) -> dict[str, Any]:
+    # Everything the hot path uses is bound as a default argument: a local read is cheaper than a
+    # closure cell's, and this runs once per get (measured: ~100 ns less a call, of ~500, on four columns).
+    def decode(data: bytes, strict: Any = strict, tolerant: Any = tolerant, columns: Any = columns,
+               n_columns: int = n_columns, top_ts: Any = top_ts, deep: Any = deep, utc: Any = _UTC,
+               invalid: Any = msgspec.ValidationError, malformed: Any = msgspec.DecodeError) -> dict[str, Any]:
         try:
             row = strict(data)
-        except msgspec.ValidationError:
+        except invalid:
             row = tolerant(data)  # the older encoder's forms, or a real error (named by the tolerant path)
-        except msgspec.DecodeError as exc:
+        except malformed as exc:
             raise _undecodable(exc, data, schema) from None
         if len(row) != n_columns:
             for name in columns:
                 row.setdefault(name, None)
         for name in top_ts:
             v = row[name]
-            if v is not None and v.tzinfo is not _UTC:
-                row[name] = v.astimezone(_UTC)
-        for name, fix in deep:
-            row[name] = fix(row[name])
+            if v is not None and v.tzinfo is not utc:
+                row[name] = v.astimezone(utc)
+        if deep:
+            for name, fix in deep:
+                row[name] = fix(row[name])
         return row
 
     return decode
