@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "VALUE_ENCODING_ENGINE", "VALUE_ENCODING_PYTHON", "SchemaChange", "ValueField", "ValueSchema", "ValueType",
-    "describe_changes", "from_arrow", "from_spark_json", "schema_changes",
+    "describe_changes", "from_arrow", "from_spark_json", "is_leaf", "schema_changes",
 ]
 
 # Bytes of JSON values by the Python encoder of earlier versions (timestamps as isoformat, maps as
@@ -241,4 +241,5 @@ def from_arrow(schema: pa.Schema, columns: Sequence[str]) -> ValueSchema:
 
 
 def is_leaf(kind: str) -> bool:
+    """Whether ``kind`` is a leaf type (no parts, no precision or scale)."""
     return kind in _LEAVES
