@@ -35,6 +35,7 @@ from airflow_provider_shardyfusion.core.read.key_locator import hash_locator, in
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from tests.snapshot_factory import build_snapshot, publish_current
+from tests.typed_values import ROW, SCHEMA, assert_same, encode_v2, expected_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -928,8 +929,6 @@ def test_numpy_integer_keys_are_read_as_the_int_they_are(tmp_path):
 
 def _typed_rows(n: int) -> list[dict]:
     """``n`` rows of every value kind (test_value_decoding's table), varied per row, some null."""
-    from tests.unit.test_value_decoding import ROW
-
     rows = []
     for i in range(n):
         row = dict(ROW, i64=i, s=f"row {i}", at=ROW["at"] + timedelta(days=i), tags=[str(i)] * (i % 3),
@@ -947,7 +946,6 @@ def test_typed_values_of_both_encoders(any_root):
 
     from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
     from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
-    from tests.unit.test_value_decoding import SCHEMA, assert_same, encode_v2, expected_rows
 
     root, opts = any_root
     full = SCHEMA.append(pa.field("added", pa.timestamp("us")))
