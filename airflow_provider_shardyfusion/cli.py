@@ -235,7 +235,9 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
             raise _UsageError(f"get: --routing-context is not valid JSON: {exc}") from None
         if not isinstance(context, dict):
             raise _UsageError("get: --routing-context must be a JSON object")
-    with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=_storage_options(args)) as reader:
+    # The command prints JSON: values as stored (json.loads), not typed Python values.
+    with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=_storage_options(args),
+                       value_decoding="json") as reader:
         manifest = reader.manifest
         keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
         values = reader.multi_get(keys, routing_context=context)

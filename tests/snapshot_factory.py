@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
     from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
+    from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema
 
 # Not part of a database: the lock and the informational log RocksDB leaves next to it.
 _NOT_SHIPPED = ("LOCK", "LOG")
@@ -172,6 +173,9 @@ def build_snapshot(
     ssts_per_shard: int = 1,
     writer: Mapping[str, Any] | None = None,
     key_index: bool = False,
+    value_schema: ValueSchema | None = None,
+    value_encoding_version: int | None = None,
+    encode_value: Callable[[Any], bytes] | None = None,
 ) -> BuiltSnapshot:
     """Write ``rows`` (key, value) as a snapshot under ``root`` and (by default) publish it.
 
@@ -182,6 +186,8 @@ def build_snapshot(
     writer info (``spark_app_id``, ``airflow``...) for the manifest and the run record.
     ``key_index`` (with "sst"): each shard also gets its key index, as the Spark writer writes it;
     without it, the shards are as written before key indexes existed.
+    ``value_schema`` / ``value_encoding_version`` go into the manifest (the value columns are then
+    the schema's); ``encode_value`` replaces the value format's encoder (e.g. bytes written by hand).
     """
     store = open_store(root, dict(storage_options) if storage_options else None)
     run_id = layout.validate_run_id(run_id or layout.new_run_id())
@@ -194,8 +200,9 @@ def build_snapshot(
                                    routing_values=tuple(routing_values) if routing_values is not None else None))
 
     by_shard: dict[int, list[tuple[bytes, bytes]]] = {}
-    value_columns: tuple[str, ...] = ()
-    encode_value = encode_binary_value if value_format == "binary" else encode_json_value
+    value_columns: tuple[str, ...] = tuple(c.name for c in value_schema.columns) if value_schema else ()
+    if encode_value is None:
+        encode_value = encode_binary_value if value_format == "binary" else encode_json_value
     for key, value in rows:
         if key_encoding is None:
             key_encoding = default_key_encoding(_key_kind(key))
@@ -249,6 +256,7 @@ def build_snapshot(
                         **({"shard_layout": shard_layout} if shard_layout != SHARD_LAYOUT_DB else {})},
         stats={"rows": rows_total, "bytes": bytes_total, "empty_shards": num_dbs - len(shards), "attempts_seen": len(shards)},
         writer={"provider": "snapshot_factory", **(writer or {})}, run_started_at=published_at - timedelta(seconds=1),
+        value_schema=value_schema, value_encoding_version=value_encoding_version,
     ).validate()
     mkey = layout.manifest_key(run_id, published_at)
     store.put(mkey, manifest.to_bytes())

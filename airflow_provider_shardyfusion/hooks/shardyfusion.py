@@ -114,6 +114,8 @@ class ShardyfusionHook(BaseHook):
         return self.get_snapshots(output_uri).list_run_ids()
 
     def get_reader(self, output_uri: str, **kwargs: Any) -> ShardedReader:
+        """A ``ShardedReader`` of ``output_uri`` with this connection's storage options; ``kwargs`` are
+        the reader's own (``cache_dir``, ``manifest_ref``, ``value_decoding``...)."""
         from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
         return ShardedReader(output_uri, storage_options=self.storage_options(output_uri), **kwargs)

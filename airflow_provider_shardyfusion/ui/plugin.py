@@ -155,7 +155,8 @@ def cache_dir() -> str:
 
 
 def open_reader(uri: str, manifest_ref: str) -> ShardedReader:
-    return _hook().get_reader(uri, manifest_ref=manifest_ref, cache_dir=cache_dir())
+    # The pages show values as JSON: as stored, not typed Python values.
+    return _hook().get_reader(uri, manifest_ref=manifest_ref, cache_dir=cache_dir(), value_decoding="json")
 
 
 app = create_app(

@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 from tests.snapshot_factory import build_snapshot, publish_current
+from tests.typed_values import ROW, SCHEMA, assert_same, encode_v2, expected_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -936,3 +938,83 @@ def test_numpy_integer_keys_are_read_as_the_int_they_are(tmp_path):
     with ShardedReader(cel_root, cache_dir=tmp_path / "cel-cache") as reader:
         assert reader.get(np.int64(13)) == b"13" and reader.shard_for_key(np.int32(13)) == 1
         assert reader.multi_get([np.int64(38), np.uint8(2), 41]) == [b"38", b"2", None]
+
+
+def _typed_rows(n: int) -> list[dict]:
+    """``n`` rows of every value kind (test_value_decoding's table), varied per row, some null."""
+    rows = []
+    for i in range(n):
+        row = dict(ROW, i64=i, s=f"row {i}", at=ROW["at"] + timedelta(days=i), tags=[str(i)] * (i % 3),
+                   scores=[(f"k{j}", j / 2) for j in range(i % 4)])
+        if i % 5 == 0:
+            row.update(amount=None, point=None, by_id=None)
+        rows.append(row)
+    return rows
+
+
+def test_typed_values_of_both_encoders(any_root):
+    """A snapshot whose keys hold bytes of both JSON encoders (as a delta chain may) and whose schema
+    gained a nullable column later: typed reads are pyarrow's values, json and raw as stored."""
+    import pyarrow as pa
+
+    from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
+    from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
+
+    root, opts = any_root
+    full = SCHEMA.append(pa.field("added", pa.timestamp("us")))
+    schema = from_arrow(full, full.names)
+    rows = _typed_rows(60)
+    table = pa.Table.from_pylist(rows, schema=full)
+    stored = {}
+    for key, row in enumerate(table.to_pylist()):
+        if key % 2:  # a newer layer: the engine's encoder, the added column set on some keys
+            row["added"] = datetime(2024, 5, 6, 7, 8, 9) if key % 3 == 0 else None
+            stored[key] = encode_v2(row, schema)
+        else:  # an older layer: the Python encoder, before the column existed
+            del row["added"]
+            stored[key] = encode_json_value(row)
+    want = expected_rows(pa.Table.from_pylist(
+        [{**r, "added": datetime(2024, 5, 6, 7, 8, 9) if k % 2 and k % 3 == 0 else None} for k, r in enumerate(rows)],
+        schema=full), schema)
+    build_snapshot(root, stored.items(), num_dbs=4, storage_options=opts, value_format="json",
+                   value_schema=schema, value_encoding_version=VALUE_ENCODING_ENGINE, encode_value=bytes)
+    keys = [*stored, 999]
+    with ShardedReader(root, storage_options=opts) as reader:
+        assert reader.manifest.value_schema == schema
+        for key in stored:
+            assert_same(reader.get(key), want[key])
+        got = reader.multi_get(keys[::-1])
+        assert got[0] is None
+        assert_same(got[1:], want[::-1])
+    with ShardedReader(root, storage_options=opts, value_decoding="json") as reader:
+        assert reader.multi_get(keys) == [json.loads(v) for v in stored.values()] + [None]
+    with ShardedReader(root, storage_options=opts, value_decoding="raw") as reader:
+        assert reader.multi_get(keys) == [*stored.values(), None]
+        assert reader.get(1) == stored[1]
+
+
+def test_typed_values_of_an_older_manifest_read_as_json(file_root):
+    rows = [(i, {"at": f"2024-01-0{1 + i % 9}T00:00:00+00:00", "n": i}) for i in range(20)]
+    build_snapshot(file_root, rows, num_dbs=3, value_format="json")  # no value_schema: before SPEC §18
+    with ShardedReader(file_root) as reader:
+        assert reader.manifest.value_schema is None
+        assert reader.multi_get([k for k, _ in rows]) == [v for _, v in rows]
+
+
+def test_an_undecodable_value_names_key_shard_and_column(file_root):
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+    from airflow_provider_shardyfusion.core.model.value_schema import ValueField, ValueSchema, ValueType
+
+    schema = ValueSchema((ValueField("amount", ValueType("decimal", precision=10, scale=2)),
+                          ValueField("n", ValueType("int64"))))
+    stored = {1: b'{"amount":"1.50","n":1}', 2: b'{"amount":"lots","n":2}', 3: b'{"amount":null,"n":3}'}
+    build_snapshot(file_root, stored.items(), num_dbs=2, value_format="json", value_schema=schema, encode_value=bytes)
+    with ShardedReader(file_root) as reader:
+        shard = reader.shard_for_key(2)
+        message = rf"the value of key 2 in shard {shard} does not decode: column 'amount' \(decimal\(10,2\)\)"
+        for read in (lambda: reader.get(2), lambda: reader.multi_get([1, 2, 3])):
+            with pytest.raises(ReaderError, match=message):
+                read()
+        assert reader.get(1) == {"amount": Decimal("1.50"), "n": 1}
+    with pytest.raises(ConfigError, match=r"value_decoding 'text'.*\['typed', 'json', 'raw'\]"):
+        ShardedReader(file_root, value_decoding="text")  # type: ignore[arg-type]

@@ -3,11 +3,14 @@ and read back, and compared between a base and a change."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pyarrow as pa
 import pytest
 
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.model.manifest import Manifest
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.model.value_schema import (
     VALUE_ENCODING_ENGINE,
     ValueSchema,
@@ -16,17 +19,6 @@ from airflow_provider_shardyfusion.core.model.value_schema import (
     from_spark_json,
     schema_changes,
 )
-
-
-def manifest(**over) -> Manifest:
-    from airflow_provider_shardyfusion.core import layout
-    from airflow_provider_shardyfusion.core.model.manifest import ShardingInfo
-
-    fields = dict(run_id="20240102T030405Z-0a1b2c3d", created_at=layout.utc_now(), output_uri="file:///tmp/root",
-                  num_dbs=4, sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be",
-                  value_format="binary", shards=(), value_columns=("payload",))
-    return Manifest(**{**fields, **over})
-
 
 # What StructType.jsonValue() gives for these columns (Spark 4.2), written out so no Spark is needed.
 SPARK_SCHEMA = {"type": "struct", "fields": [
@@ -55,6 +47,15 @@ ARROW_SCHEMA = pa.schema([
     pa.field("point", pa.struct([("x", pa.float32()), ("day", pa.date32())])),
     pa.field("raw", pa.binary()), pa.field("small", pa.int16()), pa.field("ok", pa.bool_(), nullable=False),
 ])
+
+
+def manifest(**over) -> Manifest:
+    """The manifest of an empty 4-shard snapshot, ``over`` replacing fields."""
+    when = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
+    base = dict(run_id=layout.new_run_id(), created_at=when, output_uri="file:///tmp/value-schema", num_dbs=4,
+                sharding=ShardingInfo(strategy="hash", key_column="id"), key_encoding="u64be", value_format="binary",
+                shards=(), value_columns=("payload",))
+    return Manifest(**{**base, **over})
 
 
 def test_spark_and_arrow_forms_give_the_same_schema():

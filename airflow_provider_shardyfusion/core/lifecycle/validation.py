@@ -669,8 +669,9 @@ def _lookup_check(
     lookups: list[Lookup] = []
     missing_expected: list[Any] = []
     try:
+        # value_digest hashes the JSON form of a value: read values as JSON, not typed.
         with ShardedReader(snapshots.root, manifest_ref=target.ref.uri, cache_dir=cache_dir,
-                           storage_options=storage_options) as reader:
+                           storage_options=storage_options, value_decoding="json") as reader:
             chained = chain_samples(reader, manifest, sample_lookups - len(samples))
             wanted[len(samples):len(samples)] = [(db_id, key, "sample") for db_id, key in chained]
             samples += chained

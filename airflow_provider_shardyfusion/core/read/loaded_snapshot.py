@@ -23,9 +23,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError
-from airflow_provider_shardyfusion.core.model.encoding import decode_value
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUTS, Manifest, ShardEntry
 from airflow_provider_shardyfusion.core.read.key_locator import GroupKeys, KeyLocator, Locate
+from airflow_provider_shardyfusion.core.read.value_decoding import value_decoder
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,7 +76,8 @@ class LoadedSnapshot:
         "sst_files",
     )
 
-    def __init__(self, pointer: CurrentPointer, manifest: Manifest, *, max_open: int, max_files: int):
+    def __init__(self, pointer: CurrentPointer, manifest: Manifest, *, max_open: int, max_files: int,
+                 value_decoding: str = "typed"):
         self.pointer = pointer
         self.manifest = manifest
         self.run_id = manifest.run_id
@@ -98,9 +99,9 @@ class LoadedSnapshot:
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}
         self.mutex = threading.Lock()
         self.retired = False
-        # Binary values are stored as is: skipping the decode call keeps get() close to raw rocksdict.
-        fmt = manifest.value_format
-        self.decode: Callable[[bytes], Any] | None = None if fmt == "binary" else (lambda data: decode_value(data, fmt))
+        # None where the stored bytes are the value: skipping the call keeps get() close to raw rocksdict.
+        self.decode: Callable[[bytes], Any] | None = value_decoder(
+            manifest.value_format, manifest.value_schema, value_decoding)
         locator = KeyLocator.for_manifest(manifest)
         self.locate: Locate = locator.locate
         self.group: GroupKeys | None = locator.group

@@ -26,6 +26,7 @@ from airflow_provider_shardyfusion.core.read.description import OpenShard, Reade
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
+from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, located_error, validate_value_decoding
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
@@ -83,6 +84,13 @@ class ShardedReader:
     the old one's. ``live``: the former name of ``ingest_refreshes``, refused with a message.
     ``describe()`` says what the reader holds now.
 
+    ``value_decoding``: what ``get``/``multi_get`` return for a JSON snapshot (SPEC §18). ``"typed"``
+    (default): a dict of Python values typed by the run's ``value_schema`` (``datetime`` in UTC,
+    ``date``, ``Decimal``, ``bytes``, dicts for maps and structs; see ``core.read.value_decoding``),
+    or ``json.loads`` for a manifest without one; ``"json"``: ``json.loads`` of the stored bytes;
+    ``"raw"``: the stored bytes. Binary snapshots return bytes in every mode. A value that does not
+    decode raises ``ReaderError`` naming the key, its shard and the column where known.
+
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
     """
@@ -99,9 +107,11 @@ class ShardedReader:
         max_open_files: int | None = None,
         ingest_refreshes: bool = False,
         live: None = None,
+        value_decoding: ValueDecoding = "typed",
     ):
         _check_arguments(max_local_layers, max_open_shards, max_open_files, pinned=manifest_ref is not None,
                          ingest_refreshes=ingest_refreshes, live=live)
+        self._value_decoding = validate_value_decoding(value_decoding)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
@@ -169,7 +179,12 @@ class ShardedReader:
                 if data is None:
                     return None
                 decode = state.decode
-                return data if decode is None else decode(data)
+                if decode is None:
+                    return data
+                try:
+                    return decode(data)
+                except ReaderError as exc:
+                    raise located_error(exc, run_id=state.run_id, db_id=db_id, key=key) from exc
             if db_id not in state.shards:  # empty shard: left out of the sparse manifest, no I/O
                 return None
         return self._get_slow(key, routing_context)
@@ -331,9 +346,12 @@ class ShardedReader:
                 continue
             if state.generation != generation:
                 continue
-            if data is None:
-                return None
-            return data if state.decode is None else state.decode(data)
+            if data is None or state.decode is None:
+                return data
+            try:
+                return state.decode(data)
+            except ReaderError as exc:
+                raise located_error(exc, run_id=state.run_id, db_id=db_id, key=key) from exc
 
     def _multi_get(
         self, state: LoadedSnapshot, keys: list[Any], ctx: Mapping[str, Any] | None,
@@ -355,9 +373,12 @@ class ShardedReader:
                 for i, value in zip(positions, values, strict=False):
                     out[i] = value
             else:
-                for i, value in zip(positions, values, strict=False):
-                    if value is not None:
-                        out[i] = decode(value)
+                try:
+                    for i, value in zip(positions, values, strict=False):
+                        if value is not None:
+                            out[i] = decode(value)
+                except ReaderError as exc:
+                    raise located_error(exc, run_id=state.run_id, db_id=db_id, key=keys[i]) from exc
         return out
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -373,7 +394,9 @@ class ShardedReader:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
         manifest = self._snapshots.load_manifest(pointer)
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
-        return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
+        return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files,
+                              value_decoding=self._value_decoding)
+
 
 def default_max_open_shards() -> int:
     """An eighth of the soft open-files limit: room for the old snapshot's handles during a refresh,
