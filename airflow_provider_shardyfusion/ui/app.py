@@ -8,7 +8,9 @@ the API server read a place nobody published to. Read-only: nothing here writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +32,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     root_history,
     sample_changes,
     schema_columns,
+    typed_comparison,
 )
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text
 from airflow_provider_shardyfusion.core.write.job_contract import WriterIdentity
@@ -238,6 +241,9 @@ class HistorySource:
         found: list[ShardSample] = []
         stopped = None
         with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
+            # Bytes of two encoders differ for equal values (SPEC §18): those runs compare typed values.
+            typed = (typed_comparison(after.manifest.value_format, after.manifest.value_schema)
+                     if before.manifest.value_encoding_version != after.manifest.value_encoding_version else None)
             for db_id in db_ids[:SAMPLE_SHARDS]:
                 if before.cache_stats["bytes_downloaded"] + after.cache_stats["bytes_downloaded"] >= self.key_byte_budget:
                     stopped = f"stopped after {len(found)} shards: the byte budget of one request is spent"
@@ -246,7 +252,7 @@ class HistorySource:
                 found.append(sample_changes(db_id, old.items() if old is not None else (),
                                             new.items() if new is not None else (),
                                             key_encoding=after.manifest.key_encoding,
-                                            value_format=after.manifest.value_format))
+                                            value_format=after.manifest.value_format, typed=typed))
         if stopped is None and len(db_ids) > SAMPLE_SHARDS:
             stopped = f"the first {SAMPLE_SHARDS} of {len(db_ids)} changed shards"
         return {"shards": [s.to_dict() for s in found], "fields": rank_fields(found), "stopped": stopped}
@@ -350,7 +356,8 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
     downloaded = 0
     try:
         with open_reader(root, manifest_ref) as reader:
-            key = key_from_text(text, reader.manifest.key_encoding, key_type)
+            manifest = reader.manifest
+            key = key_from_text(text, manifest.key_encoding, key_type)
             try:
                 value = reader.get(key)
             finally:
@@ -359,7 +366,12 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
         return {"found": None, "error": f"{type(exc).__name__}: {exc}"}, downloaded
     if value is None:
         return {"found": False, "value": None}, downloaded
-    return {"found": True, "value": json_value(value)}, downloaded
+    hit = {"found": True, "value": json_value(value)}
+    typed = typed_comparison(manifest.value_format, manifest.value_schema)
+    if typed is not None:  # key_fates compares runs by typed values (SPEC §18), then drops them
+        with contextlib.suppress(ShardyfusionError):  # then compared as shown
+            hit["typed"] = typed(json.dumps(value).encode("utf-8"))
+    return hit, downloaded
 
 
 def _ts_text(value: Any) -> str | None:

@@ -106,3 +106,38 @@ def test_a_chart_of_zeros_labels_its_zero_once():
     for values in ([0, None], [0, -3], [4, 0]):
         svg = bar_chart("net", ["a", "b"], values, x_axis="run", y_axis="change")
         assert len(re.findall(r'text-anchor="end" font-size="10">0</text>', svg)) == 1, (values, svg)
+
+
+def test_values_of_two_encoders_compare_by_their_typed_values():
+    """SPEC §18: a chain whose base the Python encoder wrote must not show every key as updated."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from airflow_provider_shardyfusion.core.lifecycle.history import typed_comparison
+    from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
+    from airflow_provider_shardyfusion.core.model.value_schema import from_arrow
+
+    schema = from_arrow(pa.schema([("at", pa.timestamp("us", tz="UTC")), ("tags", pa.map_(pa.string(), pa.int64())),
+                                   ("n", pa.int64())]), ["at", "tags", "n"])
+    at = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    # The Python encoder of earlier versions: isoformat, a map as pairs; the engine's: RFC 3339 Z, an object.
+    old = {k: encode_json_value({"at": at + dt.timedelta(days=k), "n": k, "tags": [("b", 2), ("a", 1)]}) for k in (1, 2, 3)}
+    new = {k: f'{{"at":"2024-01-0{2 + k}T03:04:05.000000Z","n":{k * (k != 3 or 10)},"tags":{{"a":1,"b":2}}}}'.encode()
+           for k in (1, 2, 3)}
+    assert old[1] != new[1]
+
+    def rows(d):
+        return [(k.to_bytes(8, "big"), v) for k, v in sorted(d.items())]
+
+    typed = typed_comparison("json", schema)
+    sample = sample_changes(0, rows(old), rows(new), key_encoding="u64be", value_format="json", typed=typed)
+    assert [(c["key"], c["kind"], c["fields"]) for c in sample.changes] == [(3, "updated", ["n"])]
+    by_bytes = sample_changes(0, rows(old), rows(new), key_encoding="u64be", value_format="json")
+    assert len(by_bytes.changes) == 3  # what the pages showed without the typed comparison
+    assert typed_comparison("binary", schema) is None and typed_comparison("json", None) is None
+
+    fates = key_fates([{"run_id": "new", "found": True, "value": json.loads(new[1]), "typed": typed(new[1])},
+                       {"run_id": "old", "found": True, "value": json.loads(old[1]), "typed": typed(old[1])}])
+    assert [(f["run_id"], f["fate"]) for f in fates] == [("new", "unchanged"), ("old", "inserted")]
+    assert all("typed" not in f for f in fates)  # the pages and their JSON twins show values as JSON

@@ -27,7 +27,7 @@ from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema, d
 from airflow_provider_shardyfusion.core.write.job_contract import RunStats, WriterIdentity
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from airflow_provider_shardyfusion.core.model.manifest import ShardEntry
     from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
@@ -36,7 +36,7 @@ __all__ = [
     "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "VALUE_PREVIEW_CHARS", "KeyFate", "RootHistory", "RunDiff",
     "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label", "diff_runs", "differing_fields", "json_value",
     "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "schema_columns",
-    "schema_diff", "signed",
+    "schema_diff", "signed", "typed_comparison",
 ]
 
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
@@ -389,25 +389,51 @@ class ShardSample:
         return {"db_id": self.db_id, "changes": list(self.changes), "scanned": self.scanned, "complete": self.complete}
 
 
+def typed_comparison(value_format: str, schema: ValueSchema | None) -> Callable[[bytes], Any] | None:
+    """What two stored values are compared by when their bytes differ: their typed values (SPEC §18),
+    so a value the engine encoder wrote is not "updated" against the same value the Python encoder
+    of earlier versions wrote (other timestamp text, maps as pairs); None: the bytes decide."""
+    if value_format != "json" or schema is None:
+        return None
+    from airflow_provider_shardyfusion.core.read.value_decoding import value_decoder
+
+    decode = value_decoder(value_format, schema, "typed")
+    assert decode is not None  # json values always decode
+    return decode
+
+
 def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Iterable[tuple[bytes, bytes]], *,
                    key_encoding: str, value_format: str, limit: int = SAMPLE_KEYS,
-                   scan_limit: int = SAMPLE_SCAN_KEYS) -> ShardSample:
+                   scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None) -> ShardSample:
     """Walk two key-ordered states of one shard side by side: a key only in ``after`` was inserted,
-    only in ``before`` deleted, in both with other bytes updated. Stops at ``limit`` changes or
-    ``scan_limit`` keys walked."""
+    only in ``before`` deleted, in both with other bytes updated — other typed values, where
+    ``typed`` (``typed_comparison``) is given. Stops at ``limit`` changes or ``scan_limit`` keys walked."""
     found: list[dict[str, Any]] = []
     scanned = 0
     for key, old, new in _merged(iter(before), iter(after)):
         scanned += (old is not None) + (new is not None)
         if old != new:
             kind = "inserted" if old is None else "deleted" if new is None else "updated"
+            fields: list[str] = []
+            if kind == "updated" and typed is not None:
+                typed_old, typed_new = _typed_or_none(typed, old), _typed_or_none(typed, new)
+                if typed_old is not None and typed_old == typed_new:
+                    continue
+                fields = differing_fields(typed_old, typed_new)
             b = _shown_value(old, value_format)
             a = _shown_value(new, value_format)
             found.append({"key": _shown_key(key, key_encoding), "kind": kind, "before": b, "after": a,
-                          "fields": differing_fields(b, a) if kind == "updated" else []})
+                          "fields": (fields or differing_fields(b, a)) if kind == "updated" else []})
         if len(found) >= limit or scanned >= scan_limit:
             return ShardSample(db_id, tuple(found), scanned, complete=False)
     return ShardSample(db_id, tuple(found), scanned, complete=True)
+
+
+def _typed_or_none(typed: Callable[[bytes], Any], data: bytes | None) -> Any:
+    try:
+        return typed(data) if data is not None else None
+    except ShardyfusionError:  # shown as stored, compared as bytes
+        return None
 
 
 def _merged(before: Iterator[tuple[bytes, bytes]],
@@ -470,6 +496,13 @@ def differing_fields(before: Any, after: Any) -> list[str]:
 _ABSENT = object()
 
 
+def _differing_typed(before: Any, after: Any) -> list[str]:
+    """``differing_fields`` of typed values, where a column one run's schema lacks reads None."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return differing_fields(before, after)
+
+
 def rank_fields(samples: Iterable[ShardSample]) -> list[dict[str, Any]]:
     """Fields by how many updated keys of the samples differ in them, most first (Hollow's diff ranking)."""
     counts = Counter(f for s in samples for c in s.changes if c["kind"] == "updated" for f in c["fields"])
@@ -495,9 +528,14 @@ def key_fates(newest_first: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif not row["found"]:
             fate = "deleted"
         else:
-            fields = differing_fields(older.get("value"), row.get("value"))
+            # Typed values where the look-up gave them (SPEC §18): the same value written by two
+            # encoders is unchanged.
+            both_typed = older.get("typed") is not None and row.get("typed") is not None
+            fields = (_differing_typed(older["typed"], row["typed"]) if both_typed
+                      else differing_fields(older.get("value"), row.get("value")))
             fate = "updated" if fields else "unchanged"
-        out.append({**row, "fate": fate, "fields": fields, "compared_with": older["run_id"] if older else None,
+        shown = {k: v for k, v in row.items() if k != "typed"}
+        out.append({**shown, "fate": fate, "fields": fields, "compared_with": older["run_id"] if older else None,
                     "before": older.get("value") if older is not None and fate == "updated" else None})
     return out
 
