@@ -21,8 +21,10 @@ SCHEMA = "id LONG, payload STRING, deleted BOOLEAN"
 class Stream:
     """A source folder, a checkpoint, an output root and the model: every file applied once, in order."""
 
-    def __init__(self, spark, tmp_path):
+    def __init__(self, spark, tmp_path, *, value_format: str = "binary"):
         self.spark = spark
+        # json: the payload as a one-column JSON value (SPEC §18), read back as {"payload": ...}
+        self.json_values = value_format == "json"
         self.source = tmp_path / "source"
         self.source.mkdir()
         self.staging = tmp_path / "staging"
@@ -30,11 +32,13 @@ class Stream:
         self.checkpoint = str(tmp_path / "checkpoint")
         self.root = layout.normalize_root(str(tmp_path / "root"))
         self.files: list[str] = []
-        self.model: dict[int, bytes] = {}
+        self.model: dict[int, bytes | dict[str, str]] = {}
         self.deleted: set[int] = set()
+        values: dict = ({"value_columns": ["payload"], "value_format": "json"} if self.json_values
+                        else {"value_column": "payload"})
         self.config = build_write_config(
-            output_uri=self.root, input_path=str(self.source), key_column="id", value_column="payload",
-            num_dbs=NUM_DBS, write_mode="delta", delete_column="deleted", max_chain_depth=3,
+            output_uri=self.root, input_path=str(self.source), key_column="id", num_dbs=NUM_DBS,
+            write_mode="delta", delete_column="deleted", max_chain_depth=3, **values,
         )
 
     def add_file(self, upserts: dict[int, str], deletes: list[int] = ()) -> str:
@@ -51,7 +55,7 @@ class Stream:
         os.replace(staged, final)
         self.files.append(str(final))
         for k, v in upserts.items():
-            self.model[k] = v.encode()
+            self.model[k] = {"payload": v} if self.json_values else v.encode()
             self.deleted.discard(k)
         for k in deletes:
             if self.model.pop(k, None) is not None or k not in upserts:

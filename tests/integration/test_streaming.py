@@ -82,6 +82,20 @@ def test_a_stream_publishes_each_batch_exactly_once(spark, tmp_path):
     stream.check_reader().close()
 
 
+def test_a_stream_of_json_values_is_encoded_by_the_engine_and_read_typed(spark, tmp_path):
+    """SPEC §18: micro-batches use the same encoder as full writes, and record the value schema."""
+    stream = Stream(spark, tmp_path, value_format="json")
+    writer = foreach_batch_writer(stream.config, stream_id=STREAM)
+    stream.add_file({k: f"v0-{k} é" for k in range(100)}, [500])
+    stream.add_file({k: f"v1-{k}" for k in range(0, 20, 2)}, [1, 3])
+    assert stream.run_query(writer) is None
+    reader = stream.check_reader()  # every value a {"payload": ...} dict, as the model has it
+    assert reader.manifest.write_mode == "delta" and reader.manifest.value_encoding_version == 2
+    assert [(c.name, c.type.text()) for c in reader.manifest.value_schema.columns] == [("payload", "string")]
+    reader.close()
+    stream.check_each_batch_live_once(2)
+
+
 def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     stream = Stream(spark, tmp_path)
     stream.add_file({k: f"v0-{k}" for k in range(100)})
