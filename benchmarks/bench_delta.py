@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", choices=["true", "false"], default="true",
                     help="a small full write, delta and compaction on a scratch root first (untimed)")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--value-format", choices=["binary", "json"], default="binary",
+                    help="json: the payload column as a JSON value (SPEC §18's engine encoder, typed reads)")
     args = ap.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -217,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
 
     def write(output_uri: str, **kw) -> tuple[float, dict]:
-        cfg = build_write_config(output_uri=output_uri, key_column="id", value_column="payload", **kw)
+        values: dict = {"value_column": "payload"}
+        if args.value_format == "json":  # a chain inherits the base's format
+            values = {"value_columns": ["payload"], **({} if kw.get("write_mode") else {"value_format": "json"})}
+        cfg = build_write_config(output_uri=output_uri, key_column="id", **values, **kw)
         t0 = time.perf_counter()
         record = run_write(spark, cfg)
         return time.perf_counter() - t0, record
@@ -398,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         check(reader.multi_get(gone) == [None] * len(gone), f"{name}: a deleted key reads a value")
         check(all(reader.get(k) is None for k in gone[:100]), f"{name}: get of a deleted key reads a value")
         for what, keys in (("updated", updated), ("inserted", inserted)):
-            want = [model.latest[k].encode() for k in keys]
+            want = [{"payload": model.latest[k]} if args.value_format == "json" else model.latest[k].encode()
+                    for k in keys]
             check(reader.multi_get(keys) == want, f"{name}: an {what} key does not read its newest value")
             check(all(reader.get(k) == w for k, w in zip(keys[:100], want, strict=False)),
                   f"{name}: get of an {what} key does not read its newest value")
@@ -471,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     refresh_bytes_ratio = refresh_bytes / (delta_layer_bytes + delta_manifest_bytes)
     result = {
         "benchmark": "delta", "rows": args.rows, "num_dbs": args.num_dbs, "value_bytes": VALUE_BYTES,
+        "value_format": args.value_format,
         "master": "local[2]", "warmup": args.warmup == "true",
         "full_write_s": round(full_s, 2),
         "full_write_driver_phases_s": full_record["stats"]["durations_s"],
