@@ -44,6 +44,7 @@ from airflow_provider_shardyfusion.core.model import write_args
 from airflow_provider_shardyfusion.core.model.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.core.write.input_check import check_write_input
 from airflow_provider_shardyfusion.operators.spark_job import SparkApplicationLink, SparkJobOperator
+from airflow_provider_shardyfusion.operators.write_stats import emit_write_stats
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -408,6 +409,7 @@ class ShardedWriteOperator(SparkJobOperator):
         self.log.info("Run %s %s %s rows in %s shards (%s empty): %s", summary["run_id"], how,
                       summary["rows"], summary["num_dbs"], summary["empty_shards"], summary["manifest_ref"])
         emit_snapshot_event(context, self.outlets or [], summary["output_uri"], summary, live=summary["published"])
+        emit_write_stats(summary, outcome.record.stats if outcome.record is not None else {})
         self._lineage_summary = dict(summary)
         return summary
 

@@ -33,6 +33,7 @@ from ..core.model.run_record import RunRecordLifecycle
 from ..core.retry import NO_RETRY, call_with_retry
 from ..core.storage import open_store
 from ..core.write.job_contract import RunStats, TaskTry, WriterIdentity
+from ..core.write.metrics import report_write
 from ..core.write.winner import WinnerSelection, select_winners
 from . import errors as job_errors
 from . import session_info, spark_types
@@ -143,6 +144,8 @@ def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any
     with _Step(run_id, durations, "delete_losers"):
         deleted, failures = delete_losing_attempts(store, run_id, [s.db_url for s in manifest.shards])
         log.info("run %s: deleted %d objects of non-winning attempts (%d failures)", run_id, deleted, len(failures))
+    # What was written (an automatic compaction says compact), as the manifest records it.
+    report_write(record.stats, durations, write_mode=manifest.write_mode)
     return record.to_dict()
 
 

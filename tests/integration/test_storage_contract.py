@@ -46,6 +46,18 @@ def test_put_get_etag(store):
     assert store.get("a/obj.json") == type(got)(data=b'{"x":2}', etag=etag2)
 
 
+def test_get_if_changed_answers_none_while_the_etag_holds(store):
+    etag = store.put("_CURRENT", b'{"v":1}')
+    assert store.get_if_changed("_CURRENT", None) == store.get("_CURRENT")
+    assert store.get_if_changed("_CURRENT", etag) is None
+    etag2 = store.put("_CURRENT", b'{"v":2}')
+    assert store.get_if_changed("_CURRENT", etag) == type(store.get("_CURRENT"))(data=b'{"v":2}', etag=etag2)
+    assert store.get_if_changed("_CURRENT", etag2) is None
+    store.delete_many(["_CURRENT"])
+    with pytest.raises(ObjectNotFoundError):
+        store.get_if_changed("_CURRENT", etag2)
+
+
 def test_put_binary_and_empty(store):
     payload = bytes(range(256)) * 3
     store.put("bin", payload, content_type="application/octet-stream")

@@ -135,6 +135,14 @@ class SnapshotRoot:
             return PointerState(None, None)
         return PointerState(parse_pointer(obj.data, self.root), obj.etag)
 
+    def read_pointer_if_changed(self, etag: str | None) -> PointerState | None:
+        """``_CURRENT`` as read, or None while its etag is still ``etag`` (on S3 a conditional GET)."""
+        try:
+            obj = self.store.get_if_changed(layout.CURRENT_KEY, etag)
+        except ObjectNotFoundError:
+            return PointerState(None, None)
+        return None if obj is None else PointerState(parse_pointer(obj.data, self.root), obj.etag)
+
     def current(self) -> CurrentPointer | None:
         return self.read_pointer().pointer
 

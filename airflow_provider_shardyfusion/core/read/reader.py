@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import resource
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,19 +24,24 @@ from airflow_provider_shardyfusion.core.errors import ManifestValidationError, O
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.description import OpenShard, ReaderDescription, describe_snapshot
+from airflow_provider_shardyfusion.core.read.follow import Follower, PointerWatch, check_follow_arguments
+from airflow_provider_shardyfusion.core.read.health import CheckLog, ReaderHealth, reader_health
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
+from airflow_provider_shardyfusion.core.read.metrics import TIMED_GET_MASK, ReaderMetrics
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
 from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, located_error, validate_value_decoding
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
     import os
+    from collections.abc import Callable
 
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
 __all__ = [
-    "OpenShard", "ReaderDescription", "RefreshReport", "ShardedReader", "default_max_open_files", "default_max_open_shards",
+    "OpenShard", "ReaderDescription", "ReaderHealth", "RefreshReport", "ShardedReader", "default_max_open_files",
+    "default_max_open_shards",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +97,16 @@ class ShardedReader:
     ``"raw"``: the stored bytes. Binary snapshots return bytes in every mode. A value that does not
     decode raises ``ReaderError`` naming the key, its shard and the column where known.
 
+    ``follow_interval_s`` (seconds; not with ``manifest_ref``): a background thread reads
+    ``_CURRENT`` about that often (±10 % jitter; a conditional GET on S3) and calls ``refresh()``
+    when it moved; a failed check is retried after twice the wait before, up to ten intervals.
+    ``on_refresh(report)`` is called with ``last_refresh`` after each swap it made, ``on_error(exc)``
+    after each failed check (from that thread: keep them short; one that raises is logged).
+    ``close()`` stops it. ``max_staleness_s``: ``health()`` says ``"degraded"`` once the served run
+    was published longer ago than that. ``meter_provider``: the OpenTelemetry ``MeterProvider`` of the
+    reader's metrics (meter ``shardyfusion.reader``); None: the global one (a no-op until an SDK is
+    configured; without the OpenTelemetry API, no metrics).
+
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
     """
@@ -108,9 +124,15 @@ class ShardedReader:
         ingest_refreshes: bool = False,
         live: None = None,
         value_decoding: ValueDecoding = "typed",
+        follow_interval_s: float | None = None,
+        on_refresh: Callable[[RefreshReport], Any] | None = None,
+        on_error: Callable[[BaseException], Any] | None = None,
+        max_staleness_s: float | None = None,
+        meter_provider: Any = None,
     ):
         _check_arguments(max_local_layers, max_open_shards, max_open_files, pinned=manifest_ref is not None,
                          ingest_refreshes=ingest_refreshes, live=live)
+        check_follow_arguments(follow_interval_s, max_staleness_s, pinned=manifest_ref is not None)
         self._value_decoding = validate_value_decoding(value_decoding)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
@@ -126,6 +148,9 @@ class ShardedReader:
         self._cache = ShardCache(self._store, cache_dir, max_local_layers=max_local_layers,
                                  ingest_refreshes=ingest_refreshes)
         self.last_refresh: RefreshReport | None = None
+        self._max_staleness_s = max_staleness_s
+        self._checks = CheckLog()
+        self._follower: Follower | None = None
         try:
             pointer = self._pinned_pointer(manifest_ref) if manifest_ref is not None else self._snapshots.current()
             if pointer is None:
@@ -137,6 +162,17 @@ class ShardedReader:
         except BaseException:
             self._cache.close()
             raise
+        self._checks.record(None)
+        self._metrics = ReaderMetrics(meter_provider, snapshot=lambda: self._state,
+                                      bytes_downloaded=lambda: self._cache.stats.bytes_downloaded)
+        self._gets, self._misses = self._metrics.gets, self._metrics.misses
+        if follow_interval_s is not None:
+            self._follower = Follower(
+                interval_s=follow_interval_s, watch=PointerWatch(self._snapshots, lambda: self._current().pointer),
+                refresh=self.refresh, report=lambda: self.last_refresh, on_check=self._checks.record,
+                on_refresh=on_refresh, on_error=on_error, name=f"shardyfusion-follow {self._root}",
+            )
+            self._follower.start()
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -167,6 +203,16 @@ class ShardedReader:
         ``routing_context`` gives the other column values a multi-column CEL routing needs
         (ignored by hash routing).
         """
+        # The metrics' whole cost here: a count (and one on a miss); one get in 64 timed (see metrics.py).
+        if next(self._gets) & TIMED_GET_MASK:
+            value = self._get(key, routing_context=routing_context)
+        else:
+            value = self._metrics.timed_get(self._get, key, routing_context)
+        if value is None:
+            next(self._misses)
+        return value
+
+    def _get(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> Any:
         state = self._state
         if state is not None:
             generation = state.generation
@@ -215,6 +261,7 @@ class ShardedReader:
                 self._check_swapped(state)
                 continue
             if state.generation == generation:  # else a refresh pinned this snapshot meanwhile: read again
+                self._metrics.count_batch(len(values), values.count(None))
                 return values
 
     def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
@@ -237,8 +284,27 @@ class ShardedReader:
         """Follow ``_CURRENT`` again. True if a new snapshot was swapped in, False if unchanged.
 
         A new pointer or manifest that is missing or malformed keeps the current snapshot
-        (logged, returns False). Other storage errors are raised, also keeping it.
+        (logged, returns False). Other storage errors are raised, also keeping it. Never runs
+        next to another ``refresh()`` (the follower's or another thread's): it waits for it.
         """
+        start = time.perf_counter()
+        try:
+            swapped = self._refresh()
+        except Exception as exc:
+            self._checks.record(exc)
+            self._metrics.refreshed("failed", time.perf_counter() - start)
+            raise
+        self._checks.record(None)
+        self._metrics.refreshed("swapped" if swapped else "unchanged", time.perf_counter() - start)
+        return swapped
+
+    def health(self) -> ReaderHealth:
+        """Whether the reader serves, which run, how old, and how its last check of ``_CURRENT`` went.
+
+        Cheap (no request): fit for a readiness probe. See ``ReaderHealth`` for the statuses."""
+        return reader_health(self._state, self._checks, max_staleness_s=self._max_staleness_s)
+
+    def _refresh(self) -> bool:
         with self._swap_lock:
             old = self._current()
             if self._pinned:
@@ -301,7 +367,10 @@ class ShardedReader:
                 self._check_swapped(state)
 
     def close(self) -> None:
-        """Close every shard and, for a private cache, delete the downloads. Idempotent."""
+        """Stop the follower, close every shard and, for a private cache, delete the downloads. Idempotent."""
+        if self._follower is not None:  # first, and outside the lock its refresh takes
+            self._follower.stop()
+        self._metrics.close()
         with self._swap_lock:
             state, self._state = self._state, None
             if state is not None:

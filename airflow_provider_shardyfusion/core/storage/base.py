@@ -114,6 +114,14 @@ class ObjectStore(abc.ABC):
         """Raise ``ObjectNotFoundError`` if absent (a "folder" is not an object)."""
 
     @abc.abstractmethod
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        """The object, or ``None`` if its etag is still ``etag`` (``etag=None``: always the object).
+
+        A poll of a small mutable object (``_CURRENT``): on S3 a conditional GET (``If-None-Match``),
+        which answers 304 without a body when nothing moved. Raise ``ObjectNotFoundError`` if absent.
+        """
+
+    @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
         """``None`` if absent; otherwise ``etag`` is the one ``get`` returns, fit for ``put_if_match``."""
 

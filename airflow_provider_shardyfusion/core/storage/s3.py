@@ -28,6 +28,7 @@ __all__ = [
 
 T = TypeVar("T")
 
+_NOT_MODIFIED_CODES = {"304", "NotModified"}
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
 # Error codes that say "try again later" whatever the HTTP status (S3 and S3-compatible servers).
@@ -154,6 +155,13 @@ class _Conflict:
 _CONFLICT = _Conflict()
 
 
+class _Unchanged:
+    """A conditional get met an object whose etag is still the caller's (HTTP 304, no body)."""
+
+
+_UNCHANGED = _Unchanged()
+
+
 class S3Store(ObjectStore):
     """The ``s3://`` store over boto3: any S3-compatible endpoint, conditional puts by etag, retried calls."""
 
@@ -253,6 +261,27 @@ class S3Store(ObjectStore):
         if found is None:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
         return found
+
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        if etag is None:
+            return self.get(key)
+        k = self._k(key)
+
+        def attempt() -> StoredObject | _Unchanged | None:
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=k, IfNoneMatch=f'"{etag}"')
+            except Exception as exc:
+                if is_not_found(exc):
+                    return None
+                if _code(exc) in _NOT_MODIFIED_CODES or _status(exc) == 304:
+                    return _UNCHANGED
+                raise
+            return StoredObject(data=resp["Body"].read(), etag=str(resp.get("ETag", "")).strip('"'))
+
+        found = self._retrying("conditional get", key, attempt)
+        if found is None:
+            raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
+        return None if isinstance(found, _Unchanged) else found
 
     def head(self, key: str) -> ObjectInfo | None:
         k = self._k(key)

@@ -1,0 +1,191 @@
+"""The reader in production (SPEC §19): follow ``_CURRENT``, ``health()``, OpenTelemetry metrics.
+
+Real snapshots on the local store (``tests.snapshot_factory``); the metrics are read with the
+OTel SDK's ``InMemoryMetricReader`` through a ``MeterProvider`` given to the reader, so no test
+touches the process's global provider.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
+from airflow_provider_shardyfusion.core.read import metrics as reader_metrics
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+from airflow_provider_shardyfusion.core.storage import open_store
+from tests.polling import wait_for
+from tests.snapshot_factory import build_snapshot
+
+NUM_DBS = 4
+
+
+def _rows(tag: str, n: int = 40) -> list[tuple[int, bytes]]:
+    return [(i, f"{tag}-{i}".encode()) for i in range(n)]
+
+
+def _metrics(metric_reader: InMemoryMetricReader) -> dict[str, list[tuple[dict, object]]]:
+    """``{name: [(attributes, value or histogram count)]}`` of one collection."""
+    out: dict[str, list[tuple[dict, object]]] = {}
+    data = metric_reader.get_metrics_data()
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            assert scope.scope.name == "shardyfusion.reader"
+            for metric in scope.metrics:
+                out[metric.name] = sorted(
+                    ((dict(p.attributes), p.value if hasattr(p, "value") else (p.count, p.sum))
+                     for p in metric.data.data_points), key=repr)
+    return out
+
+
+@pytest.fixture
+def metric_reader():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    yield reader, provider
+    provider.shutdown()
+
+
+def test_follower_serves_a_new_run_without_any_call_and_reports_it(file_root):
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    reports = []
+    with ShardedReader(file_root, follow_interval_s=0.05, on_refresh=reports.append) as reader:
+        assert reader.get(3) == b"r1-3"
+        build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2")
+        wait_for(lambda: reader.get(3) == b"r2-3", what="the follower to serve r2")
+        wait_for(lambda: reports, what="on_refresh")
+        assert [(r.run_id, r.previous_run_id) for r in reports] == [("r2", "r1")] and reader.last_refresh == reports[0]
+        health = reader.health()
+        assert health.status == "healthy" and health.run_id == "r2" and health.last_error is None
+        follower = reader._follower
+    assert follower is not None and not follower.alive  # close() joined it
+    assert reader.health().status == "unhealthy"
+
+
+def test_follower_with_ingest_refreshes(file_root):
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1", shard_layout="sst")
+    with ShardedReader(file_root, follow_interval_s=0.05, ingest_refreshes=True) as reader:
+        assert reader.multi_get([1, 2]) == [b"r1-1", b"r1-2"]
+        build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2", shard_layout="sst")
+        wait_for(lambda: reader.multi_get([1, 2]) == [b"r2-1", b"r2-2"], what="the follower to serve r2")
+
+
+def test_follow_is_refused_for_a_pinned_reader_and_a_bad_interval(file_root):
+    built = build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    with pytest.raises(ConfigError, match="pinned"):
+        ShardedReader(file_root, manifest_ref=built.manifest_ref, follow_interval_s=1)
+    with pytest.raises(ConfigError, match="follow_interval_s must be a positive number"):
+        ShardedReader(file_root, follow_interval_s=0)
+
+
+def test_user_refresh_and_follower_never_refresh_at_once(file_root, monkeypatch):
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    inside = [0]
+    most = [0]
+    loads = [0]
+    lock = threading.Lock()
+    with ShardedReader(file_root, follow_interval_s=0.01) as reader:
+        real = reader._load
+
+        def counted(pointer):  # a refresh's load of the new snapshot, made slow so that overlaps would show
+            with lock:
+                inside[0] += 1
+                loads[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                threading.Event().wait(0.02)
+                return real(pointer)
+            finally:
+                with lock:
+                    inside[0] -= 1
+
+        monkeypatch.setattr(reader, "_load", counted)
+        for step in range(2, 6):
+            build_snapshot(file_root, _rows(f"r{step}"), num_dbs=NUM_DBS, run_id=f"r{step}")
+            callers = [threading.Thread(target=reader.refresh) for _ in range(4)]
+            for t in callers:
+                t.start()
+            for t in callers:
+                t.join()
+            assert reader.get(1) == f"r{step}-1".encode()
+    assert most[0] == 1 and loads[0] == 4  # each run loaded once, by whoever came first
+
+
+def test_health_is_degraded_when_stale_or_the_check_failed(file_root):
+    old = layout.utc_now() - timedelta(hours=2)
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1", published_at=old)
+    with ShardedReader(file_root, max_staleness_s=3600) as reader:
+        health = reader.health()
+        assert health.status == "degraded" and health.published_at == old and health.age_s >= 7200
+        assert health.last_error is None and health.shards_open == 0 and health.cache_bytes == 0
+        reader.get(1)
+        health = reader.health()
+        assert health.shards_open == 1 and health.cache_bytes > 0
+    with ShardedReader(file_root) as reader:
+        assert reader.health().status == "healthy"
+        open_store(file_root).put(layout.CURRENT_KEY, b"{not json")
+        before = reader.health().last_check_at
+        assert reader.refresh() is False  # a malformed pointer keeps the snapshot (SPEC §9)
+        assert reader.health().last_check_at >= before and reader.run_id == "r1"
+
+
+def test_the_follower_reports_a_failed_check_in_health_and_on_error(file_root):
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    errors: list[BaseException] = []
+    store = open_store(file_root)
+    good = store.get(layout.CURRENT_KEY).data
+    with ShardedReader(file_root, follow_interval_s=0.02, on_error=errors.append) as reader:
+        store.put(layout.CURRENT_KEY, b"{not json")
+        health = wait_for(lambda: (h := reader.health()).status == "degraded" and h, what="a degraded health")
+        assert "ManifestValidationError" in health.last_error and health.run_id == "r1"
+        assert errors and reader.get(2) == b"r1-2"
+        store.put(layout.CURRENT_KEY, good)
+        wait_for(lambda: reader.health().status == "healthy", what="the follower to recover")
+
+
+def test_metrics_count_gets_misses_and_refreshes_exactly(file_root, metric_reader):
+    in_memory, provider = metric_reader
+    build_snapshot(file_root, _rows("r1", 100), num_dbs=NUM_DBS, run_id="r1")
+    with ShardedReader(file_root, meter_provider=provider) as reader:
+        for i in range(130):  # 100 hits, 30 misses
+            reader.get(i)
+        assert reader.multi_get([1, 2, 500, 501, 502]) == [b"r1-1", b"r1-2", None, None, None]
+        assert reader.refresh() is False
+        build_snapshot(file_root, _rows("r2", 10), num_dbs=NUM_DBS, run_id="r2")
+        assert reader.refresh() is True
+        got = _metrics(in_memory)
+        assert got["shardyfusion.reader.gets"] == [({"found": False}, 33), ({"found": True}, 102)]
+        timed = (130 + reader_metrics.TIMED_GET_EVERY - 1) // reader_metrics.TIMED_GET_EVERY
+        assert [(attrs, value[0]) for attrs, value in got["shardyfusion.reader.get.duration"]] == [({}, timed)]
+        assert got["shardyfusion.reader.refreshes"] == [({"outcome": "swapped"}, 1), ({"outcome": "unchanged"}, 1)]
+        assert sorted(a["outcome"] for a, _ in got["shardyfusion.reader.refresh.duration"]) == ["swapped", "unchanged"]
+        assert got["shardyfusion.reader.bytes_downloaded"] == [({}, reader.cache_stats["bytes_downloaded"])]
+        assert got["shardyfusion.reader.bytes_downloaded"][0][1] > 0
+        assert got["shardyfusion.reader.shards_open"] == [({}, len(reader.describe().open_shards))]
+        (attrs, age), = got["shardyfusion.reader.snapshot.age"]
+        assert attrs == {} and 0 <= age == pytest.approx(reader.health().age_s, abs=60)
+    after = _metrics(in_memory)
+    # Closed: the counters keep what it counted; the gauges no longer observe it.
+    assert after["shardyfusion.reader.gets"] == [({"found": False}, 33), ({"found": True}, 102)]
+    assert after.get("shardyfusion.reader.snapshot.age", []) == []
+
+
+def test_a_failed_refresh_is_counted_as_failed(file_root, metric_reader):
+    in_memory, provider = metric_reader
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    with ShardedReader(file_root, meter_provider=provider) as reader:
+        def unreachable(key):
+            raise StorageError(f"get of {key} failed: disk gone")
+
+        reader._snapshots.store.get = unreachable  # the store this reader reads _CURRENT through
+        with pytest.raises(StorageError, match="disk gone"):
+            reader.refresh()
+        health = reader.health()
+        assert health.status == "degraded" and health.last_error == "StorageError: get of _CURRENT failed: disk gone"
+        assert reader.get(1) == b"r1-1"
+        assert _metrics(in_memory)["shardyfusion.reader.refreshes"] == [({"outcome": "failed"}, 1)]
