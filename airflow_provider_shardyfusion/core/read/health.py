@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot
 
-__all__ = ["DEGRADED", "HEALTHY", "UNHEALTHY", "CheckLog", "HealthStatus", "ReaderHealth", "reader_health"]
+__all__ = ["DEGRADED", "HEALTHY", "UNHEALTHY", "CheckLog", "HealthStatus", "ReaderHealth", "cached_bytes", "reader_health"]
 
 HealthStatus = Literal["healthy", "degraded", "unhealthy"]
 HEALTHY: HealthStatus = "healthy"
