@@ -63,7 +63,7 @@ def manifest_problems(record: RunRecord | None, ref: ManifestRef, data: bytes) -
 
     Records written before the writer kept the checksum have none: then only the run id is checked.
     """
-    from airflow_provider_shardyfusion.core.model.snapshot import parse_manifest_bytes
+    from airflow_provider_shardyfusion.core.model.chain import parse_manifest_bytes
 
     problems = []
     if record is not None and record.manifest_size is not None and len(data) != record.manifest_size:

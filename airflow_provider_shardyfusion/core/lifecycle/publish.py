@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PublishResult", "delete_losing_attempts", "mark_succeeded", "publish", "publish_run", "release_publish_claim",
-    "resolve_manifest",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,37 +153,6 @@ class PublishResult:
                 "moved": self.moved, "rollback": self.rollback}
 
 
-def resolve_manifest(snapshots: SnapshotRoot, *, run_id: str | None = None,
-                     manifest_ref: str | None = None) -> ManifestRef:
-    """The manifest a publish or a validation is about: by ``manifest_ref``, else the run's own."""
-    if manifest_ref is not None:
-        ref = snapshots.manifest_ref(manifest_ref)
-        if run_id is not None and ref.run_id != run_id:
-            raise PublishManifestError(f"manifest_ref {manifest_ref!r} is of run {ref.run_id!r}, not run_id {run_id!r}")
-        return ref
-    if run_id is None:
-        raise PublishManifestError("give run_id or manifest_ref")
-    record = snapshots.read_run(run_id)
-    if record is not None and record.manifest_ref:
-        ref = snapshots.manifest_ref(record.manifest_ref)
-        if ref.run_id != run_id:
-            raise PublishManifestError(
-                f"the run record of {run_id!r} names manifest {record.manifest_ref!r}, which is run {ref.run_id!r}'s; "
-                "refusing to publish another run in its name"
-            )
-        return ref
-    found = snapshots.find_manifest(run_id)
-    if found is None and record is not None and record.error is not None:
-        raise PublishManifestError(
-            f"run {run_id!r} failed ({record.error.type}: {record.error.message}); it has no manifest to publish"
-        )
-    if found is None:
-        raise PublishManifestError(
-            f"run {run_id!r} has no manifest under {snapshots.root}/{layout.MANIFESTS_DIR}/ (did its write finish?)"
-        )
-    return found
-
-
 def publish_run(
     snapshots: SnapshotRoot,
     *,
@@ -202,7 +170,7 @@ def publish_run(
     a run older than the live one without ``allow_older``, refuses the publish with everything that
     is wrong. Publishing the run that is already live is a no-op success.
     """
-    ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
+    ref = snapshots.resolve_manifest(run_id=run_id, manifest_ref=manifest_ref)
     claimed = _claim_for_publish(snapshots, ref, clock)
     try:
         return _checked_move(snapshots, ref, claimed, allow_older=allow_older, sleep=sleep, clock=clock)

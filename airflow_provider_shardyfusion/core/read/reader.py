@@ -371,7 +371,7 @@ class ShardedReader:
 
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        manifest = self._snapshots.load_manifest(pointer)
+        manifest = self._snapshots.read_manifest(pointer)
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
 
