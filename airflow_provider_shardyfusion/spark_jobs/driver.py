@@ -21,7 +21,6 @@ from ..core.errors import (
     ShardAssignmentError,
     show_value,
 )
-from ..core.lifecycle.publish import delete_losing_attempts, publish
 from ..core.model import encoding, routing, value_schema
 from ..core.model.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
@@ -32,6 +31,7 @@ from ..core.model.manifest import (
 from ..core.model.run_record import RunRecordLifecycle
 from ..core.retry import NO_RETRY, call_with_retry
 from ..core.storage import open_store
+from ..core.write.commit import delete_losing_attempts, publish
 from ..core.write.job_contract import RunStats, TaskTry, WriterIdentity
 from ..core.write.winner import WinnerSelection, select_winners
 from . import errors as job_errors

@@ -2,7 +2,7 @@
 
 Written once, here: a publish of a written run (``PublishSnapshotOperator``, the CLI) and the
 validation gate must never disagree on what makes a run publishable. The writer's own publish
-(``publish.publish``) does not re-check what it has just written and recorded itself: it is the
+(``core.write.commit.publish``) does not re-check what it has just written and recorded itself: it is the
 source of the manifest identity these rules compare against.
 
 - ``record_problems``: the run record says the run ``succeeded``, names exactly this manifest,
