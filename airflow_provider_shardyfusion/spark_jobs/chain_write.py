@@ -353,7 +353,7 @@ def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
             out = write_layer(plan, changes, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base,
                               work=work)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
-        # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
+        # never reads its one placeholder row, which made every task start a new worker.
         collections.deque(batches, maxlen=0)
         faults.after_shard_write(part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
