@@ -152,7 +152,7 @@ def _cmd_manifest(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
         pointer = snapshots.current()
         if pointer is None:
             raise ObjectNotFoundError(f"no snapshot is published at {snapshots.root}: _CURRENT does not exist")
-        return snapshots.load_manifest(pointer).to_dict()
+        return snapshots.read_manifest(pointer).to_dict()
     layout.validate_run_id(args.run_id, what="--run-id")
     ref = snapshots.find_manifest(args.run_id)
     if ref is None:

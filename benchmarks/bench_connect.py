@@ -68,7 +68,7 @@ def main() -> None:
 
     def rows_of(out: Path) -> int:
         snapshots = SnapshotRoot(open_store(f"file://{out}"))
-        return snapshots.load_manifest(snapshots.current()).row_count
+        return snapshots.read_manifest(snapshots.current()).row_count
 
     rounds = []
     with connect_server(work) as port:

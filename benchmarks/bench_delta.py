@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         pointer = snapshots.current()
         assert pointer is not None
         size = len(store.get(store.key_of(pointer.manifest_ref)).data)
-        return snapshots.load_manifest(pointer), size
+        return snapshots.read_manifest(pointer), size
 
     # The readers of this process share one open-files limit. The defaults (an eighth of it for
     # shards, a quarter for files) suit a few readers of fewer shards; at 4000 shards they made every

@@ -56,8 +56,8 @@ from snapshot_factory import metadata_chain_manifest, metadata_full_manifest, pu
 
 import airflow_provider_shardyfusion
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core.model import chain as chain_module
 from airflow_provider_shardyfusion.core.model import routing
-from airflow_provider_shardyfusion.core.model import snapshot as snapshot_module
 from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
 from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot, forget_decoded_manifests
@@ -92,9 +92,9 @@ def _target(value: float, limit: float, digits: int = 3) -> dict[str, Any]:
 @contextlib.contextmanager
 def counting_manifest_io() -> Iterator[dict[str, int]]:
     """Count, for every ``LocalStore`` (a reader opens its own), gets of ``manifests/`` objects and
-    manifest documents decoded (``core.model.snapshot.parse_manifest_bytes``, which every read path calls)."""
+    manifest documents decoded (``core.model.chain.parse_manifest_bytes``, which every read path calls)."""
     counts = {"read": 0, "decoded": 0}
-    get, parse = LocalStore.get, snapshot_module.parse_manifest_bytes
+    get, parse = LocalStore.get, chain_module.parse_manifest_bytes
 
     def counted_get(self: LocalStore, key: str) -> Any:
         if key.startswith(layout.MANIFESTS_DIR + "/"):
@@ -106,12 +106,12 @@ def counting_manifest_io() -> Iterator[dict[str, int]]:
         return parse(where, data)
 
     LocalStore.get = counted_get  # type: ignore[method-assign]
-    snapshot_module.parse_manifest_bytes = counted_parse
+    chain_module.parse_manifest_bytes = counted_parse
     try:
         yield counts
     finally:
         LocalStore.get = get  # type: ignore[method-assign]
-        snapshot_module.parse_manifest_bytes = parse
+        chain_module.parse_manifest_bytes = parse
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, root, reader in (("stream", stream_root, stream_reader), ("full", full_root, full_reader)):
         reader.refresh()
         snapshots = SnapshotRoot.open(root)
-        manifest = snapshots.load_manifest(snapshots.current())
+        manifest = snapshots.read_manifest(snapshots.current())
         manifests[name] = manifest
         if complete:
             check(manifest.row_count == model.rows, f"{name}: manifest rows {manifest.row_count} != {model.rows}")

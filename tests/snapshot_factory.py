@@ -441,13 +441,13 @@ def metadata_chain_manifest(store: ObjectStore, base: Manifest, base_ref: str, b
 
 
 def publish_metadata_run(snapshots: SnapshotRoot, manifest: Manifest) -> ManifestRef:
-    """The writer's publish order through core (``core.lifecycle.publish.publish``'s steps): a running run record,
+    """The writer's publish order through core (``core.write.commit.publish``'s steps): a running run record,
     the manifest, the record marked succeeded with the manifest's identity, ``_CURRENT`` moved
     (conditionally, on its base), ``published_at`` stamped. Done on ``snapshots`` rather than through
     ``publish`` itself, which opens a new ``SnapshotRoot`` and so re-reads the live chain every call."""
-    from airflow_provider_shardyfusion.core.lifecycle.publish import mark_succeeded
     from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
     from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle
+    from airflow_provider_shardyfusion.core.write.commit import mark_succeeded
 
     started = manifest.run_started_at or manifest.created_at
     lifecycle = RunRecordLifecycle(snapshots.store, manifest.run_id, num_dbs=manifest.num_dbs,

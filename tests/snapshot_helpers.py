@@ -53,10 +53,10 @@ def publish_snapshot(store: ObjectStore, run_id: str | None = None) -> CurrentPo
 
 def publish_written_run(store: ObjectStore, run_id: str, *, started_minutes_ago: float = 0.0, live: bool = True,
                         writer: dict[str, Any] | None = None) -> RunRecord:
-    """An empty 2-shard run through the writer's own two-phase publish (``core.lifecycle.publish.publish``),
+    """An empty 2-shard run through the writer's own two-phase publish (``core.write.commit.publish``),
     as if its run had started ``started_minutes_ago``; ``live=False`` stages it."""
-    from airflow_provider_shardyfusion.core.lifecycle.publish import publish
     from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle
+    from airflow_provider_shardyfusion.core.write.commit import publish
 
     now = layout.utc_now()
     manifest = Manifest(

@@ -1,7 +1,7 @@
 """Memory-backed scratch folders (tmpfs) for building small RocksDB databases.
 
-Creating a RocksDB database costs about a dozen fsyncs (CURRENT, MANIFEST, OPTIONS, the folder):
-~30 ms each database on a disk here, ~3 ms on tmpfs. Small databases are built in memory and
+Creating a RocksDB database costs about a dozen fsyncs (CURRENT, MANIFEST, OPTIONS, the folder),
+which a disk pays and tmpfs does not (figures: docs/benchmarks.md). Small databases are built in memory and
 their files copied out; large ones, or where there is no tmpfs, stay on disk.
 """
 

@@ -133,7 +133,7 @@ class CurrentSnapshotSensor(PokeThenDeferSensor):
         if not wait.satisfied_by(pointer):
             self.log.info("_CURRENT names run %r; mode=%r not satisfied yet", pointer.run_id, self.snapshot_mode)
             return False
-        snapshots.load_manifest(pointer)  # a pointer to a missing or altered manifest is no snapshot
+        snapshots.read_manifest(pointer)  # a pointer to a missing or altered manifest is no snapshot
         self.log.info("_CURRENT names run %r (manifest %s)", pointer.run_id, pointer.manifest_ref)
         return PokeReturnValue(is_done=True, xcom_value=pointer.to_dict())
 

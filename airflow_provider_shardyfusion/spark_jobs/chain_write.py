@@ -32,9 +32,10 @@ from .shard_task import RESULT_DDL, RESULT_SCHEMA
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from ..core.model.chain import ResolvedManifest
     from ..core.model.config import WriteConfig
     from ..core.model.manifest import Manifest
-    from ..core.model.snapshot import ResolvedManifest, SnapshotRoot
+    from ..core.model.snapshot import SnapshotRoot
     from ..core.write.compaction import TaskCompaction
     from ..core.write.delta import BuiltLayer, Change, TaskBase
 
@@ -89,7 +90,6 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
     """
     from ..core.errors import BaseNotLiveError
     from ..core.lifecycle.integrity import deletion_problems
-    from ..core.lifecycle.publish import resolve_manifest
     from ..core.model.snapshot import base_not_live
 
     mode = config.delta.write_mode
@@ -106,14 +106,14 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
                 f"{base_not_live(config.run_id, base_run_id, live)}; with publish=True nothing was written. Write "
                 "the change on the live snapshot (leave base_run_id unset), or stage it with publish=False"
             )
-        ref = resolve_manifest(snapshots, run_id=base_run_id)
+        ref = snapshots.resolve_manifest(run_id=base_run_id)
         return ref.uri, snapshots.read_manifest_chain(ref)
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
             "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
         )
-    return pointer.manifest_ref, snapshots.load_manifest_chain(pointer)
+    return pointer.manifest_ref, snapshots.read_manifest_chain(pointer)
 
 
 def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # noqa: C901 - one check per inherited setting, each naming both values
@@ -353,7 +353,7 @@ def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
             out = write_layer(plan, changes, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base,
                               work=work)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
-        # never reads its one placeholder row, which made every task start a new worker (~1-2 s).
+        # never reads its one placeholder row, which made every task start a new worker.
         collections.deque(batches, maxlen=0)
         faults.after_shard_write(part, attempt, plan.run_id)
         yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)

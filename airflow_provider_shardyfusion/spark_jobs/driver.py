@@ -21,7 +21,6 @@ from ..core.errors import (
     ShardAssignmentError,
     show_value,
 )
-from ..core.lifecycle.publish import delete_losing_attempts, publish
 from ..core.model import encoding, routing, value_schema
 from ..core.model.manifest import (
     CHAIN_DOCUMENT_FORMAT_VERSION,
@@ -32,6 +31,7 @@ from ..core.model.manifest import (
 from ..core.model.run_record import RunRecordLifecycle
 from ..core.retry import NO_RETRY, call_with_retry
 from ..core.storage import open_store
+from ..core.write.commit import delete_losing_attempts, publish
 from ..core.write.job_contract import RunStats, TaskTry, WriterIdentity
 from ..core.write.metrics import report_write
 from ..core.write.winner import WinnerSelection, select_winners
@@ -320,7 +320,7 @@ def _spark_sorts_shards(config: WriteConfig, plan: RoutingPlan, rows: int | None
 
     Spark's external sort works for any shard size and hands the writer non-overlapping runs. When
     every shard fits in one sort run, the writer's single in-memory numpy/Arrow sort per shard is
-    cheaper (~15% of the whole write on the benchmark) and memory stays bounded by
+    cheaper (docs/benchmarks.md) and memory stays bounded by
     ``sort_run_rows`` all the same. Hash routing spreads rows binomially, so the largest shard stays
     within six standard deviations of the mean; skewed CEL routing and unknown sizes keep the
     Spark sort.
@@ -393,12 +393,11 @@ def _write_plan(config: WriteConfig, key_encoding: encoding.KeyEncoding, plan: R
 
 
 # Beyond this many tasks per core, one task writes several shards (SPEC §10): each task costs a
-# launch, a Python round trip and a result, ~40 ms that 1000s of small shards paid one by one.
+# launch, a Python round trip and a result, a fixed cost that 1000s of small shards paid one by one.
 TASKS_PER_CORE = 8
-# A delta's tasks: its work is the change, under a ms a shard, so the ~40-80 ms each Python task
-# costs (measured here with an empty task) and the pause between two waves of tasks dominated it
-# at 1000s of shards: one task per core. bench_delta at 1000 shards, 1 vs 2 tasks per core run
-# alternately on the shared 2-core machine: delta 1.01 / 1.19 s vs 1.51 / 1.58 s.
+# A delta's tasks: its work is the change, little per shard, so the fixed cost of each Python task
+# and the pause between two waves of tasks dominated it at 1000s of shards: one task per core
+# (bench_delta, 1 against 2 tasks per core: docs/benchmarks.md).
 DELTA_TASKS_PER_CORE = 1
 
 
@@ -426,7 +425,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
         if write_plan.presorted:
             # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
             partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
-        # The id is the partition index now; not shipping it to Python saved ~1 s per 10M rows.
+        # The id is the partition index now: not shipped to Python, a column less for every row.
         writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     try:
         rows = writing.collect()

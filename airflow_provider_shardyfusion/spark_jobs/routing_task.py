@@ -1,8 +1,8 @@
 """Step 5: an ``int32`` shard id per row, computed on Arrow batches (no pandas).
 
 Routing runs as a scalar Arrow iterator UDF over the routing columns only (the key, or the CEL
-columns): the payload never crosses to Python for routing, which measured ~10% faster than a
-``mapInArrow`` pass over whole rows. The closure holds only plain data (column names, num_dbs,
+columns): the payload never crosses to Python for routing, which is faster than a
+``mapInArrow`` pass over whole rows (docs/benchmarks.md). The closure holds only plain data (column names, num_dbs,
 the CEL source); the CEL program is compiled once per task on the executor because compiled
 programs cannot be pickled.
 """
@@ -135,7 +135,7 @@ _JVM_PRIME_MX2 = _signed(0x9FB21C651E98DF25)
 
 def _with_jvm_int_shard_id(df, key_column: str, num_dbs: int, *, shift: int = 0):
     """``route_key`` of integer keys as Spark expressions, so they never cross to Python for routing
-    (the Arrow round trip of the key column cost more than the hash; measured ~3x slower).
+    (the Arrow round trip of the key column cost more than the hash: docs/benchmarks.md).
 
     For an 8-byte input XXH3 (seed 0) is one keyed mix: the signed little-endian bytes read as two
     32-bit halves swapped (a 32-bit rotation), xored with bytes 8..24 of the default secret, then the

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ManifestValidationError
 from airflow_provider_shardyfusion.core.model.pointer import PointerWait, WaitMode
 from airflow_provider_shardyfusion.triggers._polling import PollingTrigger
 
@@ -87,9 +85,8 @@ class CurrentSnapshotTrigger(PollingTrigger):
         return f"{layout.CURRENT_KEY} under {self.output_uri}"
 
     async def _aevaluate(self, reader: Any, data: bytes | None, waited: float) -> TriggerEvent | None:
-        from airflow_provider_shardyfusion.core.model.chain import missing_base, resolve
+        from airflow_provider_shardyfusion.core.model import chain
         from airflow_provider_shardyfusion.core.model.pointer import parse_pointer
-        from airflow_provider_shardyfusion.core.model.snapshot import base_document, base_manifest_key, manifest_for_pointer
 
         if data is None:
             self.log.info("%s does not exist yet; polling again in %ss", self._describe(), self.poll_interval)
@@ -100,17 +97,8 @@ class CurrentSnapshotTrigger(PollingTrigger):
             self.log.info("%s names run %r (mode=%s not satisfied yet); polling again in %ss",
                           self._describe(), pointer.run_id, self.mode, self.poll_interval)
             return None
-        # A pointer to a missing or altered manifest is not a snapshot anyone can read.
-        manifest_data = await reader.read(layout.relative_key(root, pointer.manifest_ref))
-        if manifest_data is None:
-            raise ManifestValidationError(f"_CURRENT names manifest {pointer.manifest_ref}, which does not exist")
-        doc = manifest_for_pointer(pointer, manifest_data, root)
-        docs = [doc]
-        while doc.is_chain_document:  # a delta's snapshot is readable only with every manifest of its chain
-            base_data = await reader.read(base_manifest_key(doc, root))
-            if base_data is None:
-                raise missing_base(doc, "it does not exist")
-            doc = base_document(doc, base_data, root)
-            docs.append(doc)
-        functools.reduce(lambda base, newer: resolve(newer, base), reversed(docs[:-1]), docs[-1])
+        # A pointer to a missing or altered manifest is not a snapshot anyone can read, nor is a delta
+        # missing a manifest of its chain: the chain walk (core.model.chain) checks every one.
+        walk = chain.walk_pointer(pointer, layout.relative_key(root, pointer.manifest_ref), root)
+        await chain.adrive(walk, lambda wanted: reader.read(wanted.key))
         return TriggerEvent({"status": "success", "pointer": pointer.to_dict()})

@@ -113,8 +113,8 @@ class RunRecordTrigger(PollingTrigger):
     async def _alive_state(self, reader: Any, record: Any) -> Any:
         """``core.lifecycle.run_outcome.LiveState`` of the succeeded ``record``, read with the async reader."""
         from airflow_provider_shardyfusion.core.lifecycle.run_outcome import LiveState
+        from airflow_provider_shardyfusion.core.model.chain import parse_manifest_bytes
         from airflow_provider_shardyfusion.core.model.pointer import parse_pointer
-        from airflow_provider_shardyfusion.core.model.snapshot import parse_manifest_bytes
 
         root = layout.normalize_root(self.output_uri)
         data = await reader.read(layout.CURRENT_KEY)

@@ -71,7 +71,7 @@ def test_full_then_hourly_deltas_then_compaction(run_dag, tmp_path):
     full_run = full.xcoms["write_full"]["run_id"]
     assert full.xcoms["write_full"]["published"] is True and full.xcoms["write_full"]["rows"] == ROWS
     model = {key(i): value(key(i), 0) for i in range(ROWS)}
-    manifest = snapshots.load_manifest(snapshots.current())
+    manifest = snapshots.read_manifest(snapshots.current())
     assert (manifest.run_id, manifest.write_mode, manifest.chain_depth, manifest.base_run_id) == (
         full_run, "full", 0, None)
     follower = ShardedReader(root, cache_dir=tmp_path / "follower-cache")
@@ -116,7 +116,7 @@ def test_full_then_hourly_deltas_then_compaction(run_dag, tmp_path):
             assert (v.encode() if v is not None else None) == model.get(int(k)), k
         assert sum(v is None for v in back["lookups"].values()) == 3  # two deleted keys, one never written
 
-        manifest = snapshots.load_manifest(snapshots.current())
+        manifest = snapshots.read_manifest(snapshots.current())
         assert manifest.run_id == run_id and manifest.format_version == 3
         assert (manifest.write_mode, manifest.chain_depth, manifest.base_run_id) == ("delta", batch, runs[-1])
         new_layers = [layer for s in manifest.shards for layer in s.layers if layer.run_id == run_id]
@@ -148,7 +148,7 @@ def test_full_then_hourly_deltas_then_compaction(run_dag, tmp_path):
     compact_run = compacted.xcoms["compact_snapshot"]["run_id"]
     assert compacted.xcoms["compact_snapshot"]["published"] is True
     assert compacted.xcoms["compact_snapshot"]["rows"] == len(model)
-    manifest = snapshots.load_manifest(snapshots.current())
+    manifest = snapshots.read_manifest(snapshots.current())
     assert (manifest.run_id, manifest.write_mode, manifest.chain_depth, manifest.base_run_id) == (
         compact_run, "compact", 0, runs[-1])
     assert all(not s.layers for s in manifest.shards)

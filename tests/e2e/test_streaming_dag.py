@@ -77,5 +77,5 @@ def test_hourly_available_now_runs_publish_each_increment_once(run_dag, tmp_path
     assert_snapshot(root, model, [7, 8, 99, 0], tmp_path / "cache2")
 
     snapshots = SnapshotRoot(open_store(root))
-    manifest = snapshots.load_manifest(snapshots.current())
+    manifest = snapshots.read_manifest(snapshots.current())
     assert manifest.writer["stream_id"] == STREAM and manifest.writer["batch_id"] == 1

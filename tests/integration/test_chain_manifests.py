@@ -242,7 +242,7 @@ def test_a_missing_or_altered_ancestor_is_an_error_naming_it(file_root, damage):
         assert (follower.get(1), follower.get(2), follower.get(3)) == (b"one", b"two", b"v")
         forget_decoded_manifests()  # as a new process: a1 must be read again, and that is refused
         with pytest.raises(ManifestValidationError) as failed:
-            SnapshotRoot(store).load_manifest(SnapshotRoot(store).current())
+            SnapshotRoot(store).read_manifest(SnapshotRoot(store).current())
         text = str(failed.value)
         assert victim.uri in text and "'a1'" in text and "'a2'" in text
         assert ("does not exist" if damage == "missing" else "altered") in text
@@ -276,7 +276,7 @@ def test_a_fresh_load_of_a_chain_hashes_each_manifest_once(file_root, monkeypatc
     assert pointer == published
     forget_decoded_manifests()
     monkeypatch.setattr(checksum_module, "xxhash", Counting)
-    resolved = snapshots.load_manifest_chain(pointer)
+    resolved = snapshots.read_manifest_chain(pointer)
     monkeypatch.setattr(checksum_module, "xxhash", real)
     assert resolved.manifest.run_id == "h1" and resolved.checksum == bytes_checksum(mine)
     assert sorted(hashed) == sorted([mine, base])  # each manifest of the chain once, nothing else

@@ -1,4 +1,4 @@
-"""Deferred cleanup end to end on both stores (SPEC §8): real runs published through ``core.lifecycle.publish``,
+"""Deferred cleanup end to end on both stores (SPEC §8): real runs published through ``core.write.commit``,
 real shard objects under their attempt folders, then plan + execute, proven by listing the root.
 
 Run records are written with a clock in the past (the lifecycle's ``clock``) and the plan is made
@@ -16,12 +16,12 @@ import pytest
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ShardWriteError
 from airflow_provider_shardyfusion.core.lifecycle.cleanup import execute_cleanup, make_plan
-from airflow_provider_shardyfusion.core.lifecycle.publish import publish
 from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
 from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardFile, ShardingInfo
 from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunRecordLifecycle
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.write.commit import publish
 from tests.snapshot_helpers import write_run_record
 
 OFFSET = timedelta(hours=3)

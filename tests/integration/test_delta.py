@@ -82,7 +82,7 @@ class Chain:
 
     def manifest(self):
         snapshots = SnapshotRoot(open_store(self.root, self.options))
-        return snapshots.load_manifest(snapshots.current())
+        return snapshots.read_manifest(snapshots.current())
 
     def stored(self) -> dict:
         """The live manifest as stored: the JSON object itself, not the snapshot rebuilt from its chain."""

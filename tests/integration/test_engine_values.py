@@ -99,7 +99,7 @@ def test_every_type_reads_back_exactly_as_pyarrow_gives_it(monkeypatch, tmp_path
                  spark_conf={"spark.sql.session.timeZone": "Asia/Kolkata"})  # the bytes must not depend on it
     summary = op.execute(make_context())
     assert summary["rows"] == len(table)
-    manifest = SnapshotRoot(open_store(root)).load_manifest(SnapshotRoot(open_store(root)).current())
+    manifest = SnapshotRoot(open_store(root)).read_manifest(SnapshotRoot(open_store(root)).current())
     assert manifest.value_encoding_version == VALUE_ENCODING_ENGINE
     assert manifest.value_schema is not None
     assert [c.type for c in manifest.value_schema.columns] == [c.type for c in from_arrow(table.schema, columns).columns]

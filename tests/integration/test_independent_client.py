@@ -262,7 +262,7 @@ def test_every_layer_of_a_delta_chain_reads_back_with_rocksdb_7_tools(spark, tmp
             model.pop(k, None)
     store = open_store(root)
     # A delta's manifest names its base's (format 3): the whole chain, rebuilt by the snapshot root.
-    manifest = SnapshotRoot(store).load_manifest(SnapshotRoot(store).current())
+    manifest = SnapshotRoot(store).read_manifest(SnapshotRoot(store).current())
     assert manifest.chain_depth == 2
     shard_pairs, tombstones = {}, 0
     for shard in manifest.shards:

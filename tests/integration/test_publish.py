@@ -10,12 +10,12 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, RunSupersededError, StorageError
-from airflow_provider_shardyfusion.core.lifecycle.publish import delete_losing_attempts, publish
 from airflow_provider_shardyfusion.core.lifecycle.run_outcome import POINTER_SETTLE, RunOutcome, read_live_state
 from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardingInfo
 from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle, mark_failed, read_run_record
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.write.commit import delete_losing_attempts, publish
 
 
 def read_current(store):

@@ -273,6 +273,35 @@ def test_current_pointer_outside_root_is_an_error(file_root, tmp_path):
     assert "outside the output root" in event["message"]
 
 
+@pytest.mark.parametrize("damage", ["intact", "missing", "altered"])
+def test_current_walks_a_delta_chain_as_the_reader_does(file_root, damage):
+    """The trigger drives the same chain walk (core.model.chain) as SnapshotRoot, asynchronously: a
+    delta's pointer is a snapshot only with every manifest of its chain, and the error is the reader's."""
+    from airflow_provider_shardyfusion.core.errors import ManifestValidationError
+    from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot, forget_decoded_manifests
+    from tests.snapshot_factory import build_delta, build_snapshot
+
+    build_snapshot(file_root, [(k, b"v") for k in range(20)], num_dbs=2, run_id="c0", shard_layout="sst")
+    build_delta(file_root, {1: "one"}, [], run_id="c1")
+    build_delta(file_root, {2: "two"}, [3], run_id="c2")
+    store = store_for(file_root)
+    victim = SnapshotRoot(store).find_manifest("c1")
+    if damage == "missing":
+        store.delete_many([victim.key])
+    elif damage == "altered":
+        store.put(victim.key, store.get(victim.key).data + b" ")
+    event = run_trigger(CurrentSnapshotTrigger(file_root, mode="run_id", run_id="c2", **FAST))
+    if damage == "intact":
+        assert event["status"] == "success" and event["pointer"]["run_id"] == "c2"
+        return
+    forget_decoded_manifests()
+    with pytest.raises(ManifestValidationError) as sync_error:
+        SnapshotRoot(store).read_manifest(SnapshotRoot(store).current())
+    assert event["status"] == "error" and event["error_type"] == "ManifestValidationError"
+    assert event["message"].endswith(str(sync_error.value))  # the same words, after where the trigger read
+    assert victim.uri in event["message"] and "'c1'" in event["message"] and "'c2'" in event["message"]
+
+
 def test_current_bad_mode_is_an_error_event(file_root):
     event = run_trigger(CurrentSnapshotTrigger(file_root, mode="newest", **FAST))
     assert event["status"] == "error"

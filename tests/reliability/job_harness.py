@@ -185,7 +185,7 @@ class Watch:
         if record is None or record.status != SUCCEEDED or record.manifest_ref != pointer.manifest_ref:
             self.problems.append(f"poll {self.polls}: _CURRENT names run {pointer.run_id} whose record is "
                                  f"{record.status if record else 'missing'} (manifest {pointer.manifest_ref})")
-        self.snapshots.load_manifest(pointer)  # checksum and size as the pointer records them
+        self.snapshots.read_manifest(pointer)  # checksum and size as the pointer records them
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -103,7 +103,7 @@ class Watcher:
     def _check(self) -> None:
         self.checks += 1
         live = self.snapshots.current()
-        manifest = self.snapshots.load_manifest(live)
+        manifest = self.snapshots.read_manifest(live)
         assert check_storage(self.snapshots, manifest) == [], f"_CURRENT names {live.run_id} with missing data"
         self.reader.refresh()
         assert self.reader.manifest.run_id == live.run_id

@@ -86,7 +86,7 @@ def test_killed_delta_driver_leaves_the_live_snapshot_exact(tmp_path, figure):
         job.stop()
     assert live_run(root) == "delta-rerun"
     checked += read_exactly(root, changed)
-    manifest = snapshots.load_manifest(snapshots.current())
+    manifest = snapshots.read_manifest(snapshots.current())
     assert manifest.base_run_id == "base-run" and manifest.row_count == len(changed)
 
     wait_for(lambda: snapshots.read_run("delta-killed").lease_expired(layout.utc_now()), LEASE_S + 5,

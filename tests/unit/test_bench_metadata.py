@@ -78,5 +78,5 @@ def test_chain_builder_publishes_runs_that_read_back_exactly(monkeypatch, tmp_pa
         assert fresh.read_manifest(record.manifest_ref or "") == manifest
     pointer = fresh.current()
     assert pointer is not None and pointer.run_id == built[-1].run_id
-    assert fresh.load_manifest(pointer) == built[-1]
+    assert fresh.read_manifest(pointer) == built[-1]
     assert not failures

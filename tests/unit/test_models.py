@@ -570,7 +570,7 @@ def test_validation_checks_each_run_id_once_not_once_per_shard(monkeypatch):
 def test_the_root_check_of_shard_urls_validates_each_run_id_once(monkeypatch):
     """Every manifest a read follows is checked against the root it was read from (core.model.snapshot.
     check_shard_urls): once per run, then string tests per shard, as Manifest.validate does."""
-    from airflow_provider_shardyfusion.core.model.snapshot import check_shard_urls
+    from airflow_provider_shardyfusion.core.model.chain import check_shard_urls
 
     many = manifest(num_dbs=500, shards=tuple(shard(i) for i in range(500)))
     checked = []

@@ -128,7 +128,7 @@ def root_history(snapshots: SnapshotRoot) -> RootHistory:
     live_error = None
     if live is not None:
         try:
-            live_manifest = snapshots.load_manifest(live)
+            live_manifest = snapshots.read_manifest(live)
         except ShardyfusionError as exc:  # the timeline still shows; only "base of live" is unknown
             live_error = f"{type(exc).__name__}: {exc}"
     read_by_live = live_manifest.layer_run_ids() if live_manifest is not None else set()

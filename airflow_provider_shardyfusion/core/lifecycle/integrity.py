@@ -2,7 +2,7 @@
 
 Written once, here: a publish of a written run (``PublishSnapshotOperator``, the CLI) and the
 validation gate must never disagree on what makes a run publishable. The writer's own publish
-(``publish.publish``) does not re-check what it has just written and recorded itself: it is the
+(``core.write.commit.publish``) does not re-check what it has just written and recorded itself: it is the
 source of the manifest identity these rules compare against.
 
 - ``record_problems``: the run record says the run ``succeeded``, names exactly this manifest,
@@ -63,7 +63,7 @@ def manifest_problems(record: RunRecord | None, ref: ManifestRef, data: bytes) -
 
     Records written before the writer kept the checksum have none: then only the run id is checked.
     """
-    from airflow_provider_shardyfusion.core.model.snapshot import parse_manifest_bytes
+    from airflow_provider_shardyfusion.core.model.chain import parse_manifest_bytes
 
     problems = []
     if record is not None and record.manifest_size is not None and len(data) != record.manifest_size:

@@ -88,7 +88,7 @@ def read_live_state(snapshots: SnapshotRoot, record: RunRecord) -> LiveState:
     if live is None or live.run_id == record.run_id or record.published_at is not None or not record.manifest_ref:
         return LiveState.of(record, live)
     try:
-        live_started = snapshots.load_manifest_document(live).run_started_at
+        live_started = snapshots.read_manifest_document(live).run_started_at
     except (StorageError, ManifestValidationError):
         live_started = None  # an unreadable live manifest counts as older, as the pointer move treats it
     own = snapshots.read_manifest_document(record.manifest_ref)

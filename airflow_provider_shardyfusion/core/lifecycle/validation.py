@@ -465,8 +465,6 @@ def _storage_check(snapshots: SnapshotRoot, manifest: Manifest, verify_checksums
 
 
 def _resolve(snapshots: SnapshotRoot, run_id: str | None, manifest_ref: str | None, checks: list[Check]) -> _Target:
-    from airflow_provider_shardyfusion.core.lifecycle.publish import resolve_manifest
-
     try:
         live = snapshots.current()
     except ShardyfusionError as exc:
@@ -483,7 +481,7 @@ def _resolve(snapshots: SnapshotRoot, run_id: str | None, manifest_ref: str | No
             return _Target(None, None, None, False)
         manifest_ref = live.manifest_ref
     try:
-        ref = resolve_manifest(snapshots, run_id=run_id, manifest_ref=manifest_ref)
+        ref = snapshots.resolve_manifest(run_id=run_id, manifest_ref=manifest_ref)
     except ShardyfusionError as exc:
         checks.append(Check("structure", False, detail="manifest not found", problems=(f"{exc}",)))
         return _Target(None, run_id, live, False)
@@ -501,7 +499,7 @@ def _structure(snapshots: SnapshotRoot, target: _Target, checks: list[Check]) ->
         manifest_ref=ref.uri, run_id=ref.run_id, updated_at=ref.published_at)
     try:
         pointer.check_root(snapshots.root)
-        manifest = snapshots.load_manifest(pointer)
+        manifest = snapshots.read_manifest(pointer)
     except ShardyfusionError as exc:
         checks.append(Check("structure", False, detail="manifest is invalid", problems=(f"{ref.uri}: {exc}",)))
         return None
@@ -553,7 +551,7 @@ def _live_manifest(snapshots: SnapshotRoot, target: _Target) -> tuple[Manifest |
     if target.live:
         return None, "the validated run is the live run"
     try:
-        return snapshots.load_manifest(live), ""
+        return snapshots.read_manifest(live), ""
     except ShardyfusionError as exc:
         log.warning("live manifest %s is unreadable (%s)", live.manifest_ref, exc)
         return None, f"the live manifest {live.manifest_ref} is unreadable ({exc})"

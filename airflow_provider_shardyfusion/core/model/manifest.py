@@ -305,7 +305,7 @@ class Manifest:
 
     def _validate_shards(self, root: str) -> None:
         # Once per shard, so per-shard work is string tests only: each run's prefix is built (and
-        # its run id validated) once; a 100k-shard manifest decodes within 2x its json.loads (§17).
+        # its run id validated) once, so decoding stays within SPEC §17's bound against json.loads.
         own_prefix = self._run_prefix(root, self.run_id, {})
         prefixes: dict[str, str] = {}
         seen: set[int] = set()
@@ -435,8 +435,8 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         """The stored form (``stored_document``): a chain document holds only this run's change."""
-        # A publish stores these bytes and records their checksum and size: encoded once (a manifest
-        # of 1000s of shards took ~0.1 s to encode, a tenth of a small delta's whole write).
+        # A publish stores these bytes and records their checksum and size: encoded once (encoding a
+        # manifest of 1000s of shards is a noticeable part of a small delta's whole write).
         cached = self.__dict__.get("_bytes_cache")
         if cached is None:
             cached = ser.dumps(self.stored_document().to_dict())

@@ -22,8 +22,7 @@ def rocksdb_options(*, auto_compactions: bool = True) -> Any:
     # raw_mode: stored keys/values are exactly our bytes, so any RocksDB client can read the shard.
     opts = Options(raw_mode=True)
     # A database per shard, opened once: RocksDB's 16 file-opening threads and its stats pass on
-    # open are pure fixed cost here (measured on tmpfs: a read-only open 1.0-2.8 ms -> 0.4 ms, and a
-    # create + ingest + close 1.6-3.0 ms -> 0.9 ms).
+    # open are pure fixed cost here, paid by every shard opened and written (docs/benchmarks.md).
     opts.set_max_file_opening_threads(1)
     opts.set_skip_stats_update_on_db_open(True)
     if not auto_compactions:
@@ -47,8 +46,8 @@ def live_shard_options() -> Any:
     """Options of a reader's live shard: filled by ingesting SSTs that overlap, read, and ingested into again.
 
     Each ingested layer lands in level 0, never stalling, and is merged in the background into the
-    level below: a look-up visits each sorted run (~1 us each, measured: a follower whose shards
-    kept 1-4 runs read 1.5x slower than a compacted snapshot), so a live shard reads from one again
+    level below: a look-up visits each sorted run (a follower whose shards kept several runs read
+    slower than a compacted snapshot: docs/benchmarks.md), so a live shard reads from one again
     soon after a refresh, as a shard built fresh (compacted past ``max_local_layers``) does.
     """
     opts = rocksdb_options()

@@ -64,7 +64,7 @@ def _plain_fields(cls: type) -> tuple[tuple[str, bool], ...] | None:
 def to_plain(obj: Any) -> Any:
     """A dataclass (nested dataclasses, tuples, dicts, datetimes) as JSON-ready values."""
     # Field lists are looked up once per class: a manifest of 1000s of shards is ~30 objects a
-    # shard, and asking dataclasses for each one's fields made encoding it ~0.1 s a publish.
+    # shard, and asking dataclasses for each one's fields was most of the time encoding it took.
     if isinstance(obj, _SCALARS):
         return obj
     fields = _plain_fields(type(obj))

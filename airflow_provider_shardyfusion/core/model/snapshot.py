@@ -29,7 +29,6 @@ from airflow_provider_shardyfusion.core.errors import (
 )
 from airflow_provider_shardyfusion.core.model import chain
 from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
-from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer, parse_pointer
 from airflow_provider_shardyfusion.core.model.run_record import RunRecord, read_run_record
 from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry, is_storage_error
@@ -37,12 +36,13 @@ from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retr
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from airflow_provider_shardyfusion.core.model.chain import ResolvedManifest
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest
     from airflow_provider_shardyfusion.core.storage.base import ObjectStore, StorageOptions
 
 __all__ = [
-    "POINTER_RETRY", "RESOLVED_CACHE_SIZE", "REWRITE_ON_LIVE", "ManifestRef", "PointerState", "ResolvedManifest",
-    "SnapshotRoot", "base_document", "base_manifest_key", "base_not_live", "check_shard_urls", "forget_decoded_manifests",
-    "manifest_document", "manifest_for_pointer", "parse_manifest_bytes",
+    "POINTER_RETRY", "RESOLVED_CACHE_SIZE", "REWRITE_ON_LIVE", "ManifestRef", "ManifestSource", "PointerState",
+    "SnapshotRoot", "base_not_live", "forget_decoded_manifests",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,14 +100,28 @@ def forget_decoded_manifests() -> None:
         _RESOLVED.clear()
 
 
-@dataclass(frozen=True)
-class ResolvedManifest:
-    """A manifest as readers use it, the checksum of its stored bytes, and the manifests of its chain
-    it was rebuilt from (nearest first)."""
+class _DecodedManifests:
+    """The process's decoded manifests of one root, as the chain walk uses them (``chain.ManifestCache``)."""
 
-    manifest: Manifest
-    checksum: str
-    ancestors: tuple[str, ...] = ()
+    def __init__(self, root: str):
+        self.root = root
+
+    def get(self, checksum: str, run_id: str | None) -> ResolvedManifest | None:
+        with _RESOLVED_LOCK:
+            found = _RESOLVED.get((self.root, checksum))
+            if found is not None:
+                _RESOLVED.move_to_end((self.root, checksum))
+        return found if found is not None and found.manifest.run_id == run_id else None
+
+    def put(self, resolved: ResolvedManifest) -> None:
+        with _RESOLVED_LOCK:
+            _RESOLVED[(self.root, resolved.checksum)] = resolved
+            while len(_RESOLVED) > RESOLVED_CACHE_SIZE:
+                _RESOLVED.popitem(last=False)
+
+
+# What a manifest reader is given: a manifest (its ``ManifestRef`` or URI), or the pointer naming one.
+ManifestSource = ManifestRef | str | CurrentPointer
 
 
 class SnapshotRoot:
@@ -166,7 +180,7 @@ class SnapshotRoot:
         if require_base is None:
             require_base = not allow_older
         data = self.store.get(manifest.key).data
-        target = self._manifest_from_bytes(manifest.uri, data)
+        target = chain.parse_manifest_bytes(manifest.uri, data)
 
         def attempt() -> CurrentPointer:
             state = self.read_pointer()
@@ -210,7 +224,7 @@ class SnapshotRoot:
     def started_after(self, live: CurrentPointer, target: Manifest) -> datetime | None:
         """When the live run started, if that was after ``target``'s run; else None."""
         try:
-            theirs = self.load_manifest_document(live).run_started_at
+            theirs = self.read_manifest_document(live).run_started_at
         except (StorageError, ManifestValidationError) as exc:
             log.warning("live manifest %s is unreadable (%s); treating it as older", live.manifest_ref, exc)
             return None
@@ -242,100 +256,76 @@ class SnapshotRoot:
         of_run = [m for m in self.list_manifests() if m.run_id == run_id]
         return of_run[-1] if of_run else None
 
-    def read_manifest(self, ref: ManifestRef | str) -> Manifest:
-        """The run's whole snapshot (a chain document joined to its base chain)."""
-        return self.read_manifest_chain(ref).manifest
-
-    def read_manifest_chain(self, ref: ManifestRef | str) -> ResolvedManifest:
-        """``read_manifest`` and the URIs of the base manifests it was rebuilt from, nearest first."""
-        ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
-        data = self.store.get(ref.key).data
-        checksum = bytes_checksum(data)
-        cached = self._cached(checksum)
-        if cached is not None and cached.manifest.run_id == ref.run_id:
-            return cached
-        return self._resolve(self._document(ref, data), checksum)
-
-    def load_manifest(self, pointer: CurrentPointer) -> Manifest:
-        """The manifest ``pointer`` names, refused unless it is exactly the one the pointer was written for."""
-        return self.load_manifest_chain(pointer).manifest
-
-    def load_manifest_chain(self, pointer: CurrentPointer) -> ResolvedManifest:
-        """``load_manifest`` with the checksum of the pointer's manifest and the chain it was rebuilt from."""
-        ref = self.manifest_ref(pointer.manifest_ref)
-        data = self.store.get(ref.key).data
-        checksum = bytes_checksum(data)
-        pointer.check_manifest_bytes(data, checksum)
-        cached = self._cached(checksum)
-        if cached is not None and cached.manifest.run_id == pointer.run_id:
-            return cached
-        return self._resolve(manifest_for_pointer(pointer, data, self.root, checksum=checksum), checksum)
-
-    def read_manifest_document(self, ref: ManifestRef | str) -> Manifest:
-        """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
-        ``chain_depth``, ``base_run_id``); a delta's ``shards`` are only those it changed."""
-        ref = self.manifest_ref(ref) if isinstance(ref, str) else ref
-        return self._document(ref, self.store.get(ref.key).data)
-
-    def load_manifest_document(self, pointer: CurrentPointer) -> Manifest:
-        """``read_manifest_document`` of the manifest ``pointer`` names, checked against the pointer."""
-        ref = self.manifest_ref(pointer.manifest_ref)
-        return manifest_for_pointer(pointer, self.store.get(ref.key).data, self.root)
-
-    def _document(self, ref: ManifestRef, data: bytes) -> Manifest:
-        return manifest_document(ref.uri, ref.run_id, data, self.root)
-
-    def _resolve(self, doc: Manifest, checksum: str) -> ResolvedManifest:
-        """Join a chain document to its bases, reading only the manifests not resolved before."""
-        if not doc.is_chain_document:
-            whole = ResolvedManifest(doc, checksum)
-            self._remember(checksum, whole)
-            return whole
-        pending: list[tuple[Manifest, str]] = []
-        while True:
-            pending.append((doc, checksum))
-            base_checksum = doc.base_manifest_checksum or ""
-            found = self._cached(base_checksum)
-            if found is not None and found.manifest.run_id == doc.base_run_id:
-                break
-            base = self._base_document(doc)
-            if not base.is_chain_document:
-                found = ResolvedManifest(base, base_checksum)
-                self._remember(base_checksum, found)
-                break
-            doc, checksum = base, base_checksum
-        assert found is not None  # the loop ends on a cached or a self-contained manifest
-        for doc, checksum in reversed(pending):
-            found = ResolvedManifest(chain.resolve(doc, found.manifest), checksum,
-                                     (doc.base_manifest_ref or "", *found.ancestors))
-            self._remember(checksum, found)
+    def resolve_manifest(self, *, run_id: str | None = None, manifest_ref: str | None = None) -> ManifestRef:
+        """The manifest a publish, a validation or a delta's base is about: by ``manifest_ref``, else
+        the one the run's record names, else the run's newest under ``manifests/``."""
+        if manifest_ref is not None:
+            ref = self.manifest_ref(manifest_ref)
+            if run_id is not None and ref.run_id != run_id:
+                raise PublishManifestError(f"manifest_ref {manifest_ref!r} is of run {ref.run_id!r}, not run_id {run_id!r}")
+            return ref
+        if run_id is None:
+            raise PublishManifestError("give run_id or manifest_ref")
+        record = self.read_run(run_id)
+        if record is not None and record.manifest_ref:
+            ref = self.manifest_ref(record.manifest_ref)
+            if ref.run_id != run_id:
+                raise PublishManifestError(
+                    f"the run record of {run_id!r} names manifest {record.manifest_ref!r}, which is run "
+                    f"{ref.run_id!r}'s; refusing to publish another run in its name"
+                )
+            return ref
+        found = self.find_manifest(run_id)
+        if found is None and record is not None and record.error is not None:
+            raise PublishManifestError(
+                f"run {run_id!r} failed ({record.error.type}: {record.error.message}); it has no manifest to publish"
+            )
+        if found is None:
+            raise PublishManifestError(
+                f"run {run_id!r} has no manifest under {self.root}/{layout.MANIFESTS_DIR}/ (did its write finish?)"
+            )
         return found
 
-    def _base_document(self, doc: Manifest) -> Manifest:
+    def read_manifest_chain(self, source: ManifestSource) -> ResolvedManifest:
+        """The run's whole snapshot (a chain document joined to its bases), the checksum of its
+        manifest's bytes and the URIs of the base manifests it was rebuilt from, nearest first.
+
+        ``source``: a manifest (``ManifestRef`` or URI), or a pointer, whose manifest is refused
+        unless it is exactly the one the pointer was written for. Manifests this process decoded
+        before are not read again.
+        """
+        cache = _DecodedManifests(self.root)
+        if isinstance(source, CurrentPointer):
+            walk = chain.walk_pointer(source, self.manifest_ref(source.manifest_ref).key, self.root, cache)
+        else:
+            ref = self.manifest_ref(source) if isinstance(source, str) else source
+            walk = chain.walk_ref(ref.key, ref.uri, ref.run_id, self.root, cache)
+        return chain.drive(walk, self._fetch_manifest)
+
+    def read_manifest(self, source: ManifestSource) -> Manifest:
+        """``read_manifest_chain(source).manifest``: the run's whole snapshot."""
+        return self.read_manifest_chain(source).manifest
+
+    def read_manifest_document(self, source: ManifestSource) -> Manifest:
+        """The manifest as stored, its chain not followed: for the run's own fields (``run_started_at``,
+        ``chain_depth``, ``base_run_id``); a delta's ``shards`` are only those it changed. A pointer's
+        manifest is checked against the pointer."""
+        if isinstance(source, CurrentPointer):
+            data = self.store.get(self.manifest_ref(source.manifest_ref).key).data
+            return chain.manifest_for_pointer(source, data, self.root)
+        ref = self.manifest_ref(source) if isinstance(source, str) else source
+        return chain.manifest_document(ref.uri, ref.run_id, self.store.get(ref.key).data, self.root)
+
+    def _fetch_manifest(self, wanted: chain.ManifestFetch) -> bytes | None:
+        """The chain walk's fetch: the manifest asked for is read as it is; an unreadable base is named."""
+        if wanted.base_of is None:
+            return self.store.get(wanted.key).data
         try:
-            data = self.store.get(base_manifest_key(doc, self.root)).data
+            return self.store.get(wanted.key).data
         except ObjectNotFoundError:
-            raise chain.missing_base(doc, "it does not exist") from None
+            return None
         except StorageError as exc:
-            raise chain.missing_base(doc, str(exc)) from None
-        return base_document(doc, data, self.root)
-
-    def _cached(self, checksum: str) -> ResolvedManifest | None:
-        with _RESOLVED_LOCK:
-            found = _RESOLVED.get((self.root, checksum))
-            if found is not None:
-                _RESOLVED.move_to_end((self.root, checksum))
-            return found
-
-    def _remember(self, checksum: str, resolved: ResolvedManifest) -> None:
-        with _RESOLVED_LOCK:
-            _RESOLVED[(self.root, checksum)] = resolved
-            while len(_RESOLVED) > RESOLVED_CACHE_SIZE:
-                _RESOLVED.popitem(last=False)
-
-    @staticmethod
-    def _manifest_from_bytes(where: str, data: bytes) -> Manifest:
-        return parse_manifest_bytes(where, data)
+            raise wanted.unreadable(str(exc)) from None
 
     def write_manifest(self, manifest: Manifest) -> ManifestRef:
         """Write a new, immutable manifest object for its run."""
@@ -419,76 +409,3 @@ class SnapshotRoot:
         return sorted(out, key=lambda p: p.updated_at, reverse=True)
 
 
-def parse_manifest_bytes(where: str, data: bytes) -> Manifest:
-    """Parse and validate manifest bytes read from ``where`` (named in the error)."""
-    try:
-        return Manifest.from_bytes(data)
-    except ManifestValidationError as exc:
-        raise ManifestValidationError(f"{where}: {exc}") from None
-
-
-def manifest_document(uri: str, run_id: str, data: bytes, root: str) -> Manifest:
-    """The manifest document stored at ``uri``: of the run its path names, its shards in their own folders."""
-    doc = parse_manifest_bytes(uri, data)
-    if doc.run_id != run_id:
-        raise ManifestValidationError(f"{uri}: manifest is of run {doc.run_id!r}, its path says {run_id!r}")
-    check_shard_urls(doc, root, uri)
-    return doc
-
-
-def base_manifest_key(doc: Manifest, root: str) -> str:
-    """The key of a chain document's base manifest, refused unless it is a manifest under ``root``."""
-    try:
-        key = layout.relative_key(root, doc.base_manifest_ref or "")
-    except ManifestValidationError as exc:
-        raise chain.missing_base(doc, str(exc)) from None
-    if layout.parse_manifest_key(key) is None:
-        raise chain.missing_base(doc, f"it is not a manifest under {root}/{layout.MANIFESTS_DIR}/")
-    return key
-
-
-def base_document(doc: Manifest, data: bytes, root: str) -> Manifest:
-    """A chain document's base manifest document from its stored bytes: exactly the bytes it was
-    written on (checksum), of its base run, its shards in their own folders under ``root``."""
-    chain.check_base_bytes(doc, data)
-    parsed = layout.parse_manifest_key(base_manifest_key(doc, root))
-    assert parsed is not None  # base_manifest_key refuses anything else
-    return manifest_document(doc.base_manifest_ref or "", parsed.run_id, data, root)
-
-
-def manifest_for_pointer(pointer: CurrentPointer, data: bytes, root: str, *, checksum: str | None = None) -> Manifest:
-    """Check manifest bytes against the pointer that names them (pure: async callers read the bytes).
-
-    The bytes must be the ones the pointer recorded (checksum and size), of the pointer's run, and
-    every ``db_url`` must lie in its own shard folder under ``root``: ``Manifest.validate`` checks
-    them against the manifest's own ``output_uri``, which a tampered manifest could change too.
-    ``checksum``: the bytes' checksum if the caller computed it already.
-    """
-    pointer.check_manifest_bytes(data, checksum)
-    manifest = parse_manifest_bytes(pointer.manifest_ref, data)
-    if manifest.run_id != pointer.run_id:
-        raise ManifestValidationError(
-            f"{pointer.manifest_ref}: manifest is of run {manifest.run_id!r} but _CURRENT names run {pointer.run_id!r}"
-        )
-    check_shard_urls(manifest, root, pointer.manifest_ref)
-    return manifest
-
-
-def check_shard_urls(manifest: Manifest, root: str, where: str) -> None:
-    """Every ``db_url`` in its own run's shard folder under ``root`` (not only under the manifest's own
-    ``output_uri``, which a tampered manifest could change too). Once per shard and layer of every
-    manifest read: each run's folder is built once, each URL then costs string tests."""
-    prefixes: dict[str, str] = {}
-    for shard in manifest.shards:
-        # A chain's layers lie in the folders of the runs that wrote them, each checked the same way.
-        for run_id, db_url in [(x.run_id, x.db_url) for x in shard.layers] or [(manifest.run_id, shard.db_url)]:
-            own_prefix = prefixes.get(run_id)
-            if own_prefix is None:
-                own_prefix = prefixes[run_id] = layout.join(root, layout.shards_prefix(run_id))
-            own_db = own_prefix + layout.shard_db_dir(shard.db_id)
-            if not db_url.startswith(own_db) or any(
-                    part in ("", ".", "..") for part in db_url[len(own_db):].rstrip("/").split("/")):
-                raise ManifestValidationError(
-                    f"{where}: db_url {db_url!r} of shard {shard.db_id} is not under this "
-                    f"snapshot's {own_db}; refusing to read it"
-                )

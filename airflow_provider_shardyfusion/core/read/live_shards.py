@@ -9,9 +9,9 @@ in place once it holds more than ``max_local_layers`` sorted runs; one closed to
 reader's bounds is dropped, and built again from its layers (checked again) on its next read.
 
 Column families share a database's fixed descriptors (LOCK, LOG, WAL, MANIFEST, its folder), but
-creating one rewrites the database's OPTIONS file, which lists them all (measured: 0.25 ms more per
-column family already there, so one database of 4000 would take about 1 s per shard): a live
-database holds at most ``LIVE_SHARDS_PER_DB`` of them.
+creating one rewrites the database's OPTIONS file, which lists them all (its cost grows with every
+column family already there: docs/benchmarks.md): a live database holds at most
+``LIVE_SHARDS_PER_DB`` of them.
 
 The old and the new snapshot of a refresh share the live shards. Before the first ingestion the
 refresh pins the old snapshot (``pin``): its live handles become reads through a RocksDB snapshot
@@ -58,9 +58,9 @@ LIVE_CF_FILES = 1
 # Descriptors a live (read-write) database holds besides its column families' (LIVE_CF_FILES and
 # the SSTs of each): LOCK, LOG, WAL, MANIFEST and its folder twice (measured).
 LIVE_DB_FILES = 6
-# Live shards (column families) per live database: creating one costs ~0.25 ms per column family
-# already there (see the module's docstring), so 16 keep opening a shard at ~2 ms while their
-# database's fixed descriptors cost each shard ~0.4.
+# Live shards (column families) per live database: creating one costs more with every column family
+# already there (see the module's docstring); 16 keep that cost small while their database's fixed
+# descriptors, shared, cost each shard under one.
 LIVE_SHARDS_PER_DB = 16
 # A new layer of a refresh is copied into the memory-backed folder (small, and no fsync); a shard's
 # files at its first opening are linked (RocksDB syncs the file it links: a disk write of a freshly
@@ -179,7 +179,7 @@ class LiveShards:
     @classmethod
     def create(cls, stats: CacheStats, max_local_layers: int | None) -> LiveShards | None:
         # Live databases need a memory-backed folder: on a disk, opening one and each ingestion cost
-        # fsyncs (measured: 16 ms and 10 ms a shard, against 1.8 ms and 0.1 ms in memory).
+        # fsyncs, several times what they cost in memory (docs/benchmarks.md).
         root = scratch.memory_workdir(0, 1, prefix="shardyfusion-live-")
         return cls(root, stats, max_local_layers) if root is not None else None
 
@@ -271,7 +271,7 @@ class LiveShards:
                 home = _LiveDatabase(Rdict(folder, live_shard_options()))
                 # A RocksDB snapshot at sequence number 0 (a database only ingested into at the
                 # bottom level stays there) makes a compaction drop what it should keep for it
-                # (measured: a pinned shard's compaction kept 2 of 189 keys): a first write moves
+                # (a pinned shard's compaction was seen to lose most of its keys): a first write moves
                 # the sequence on, so ``pin`` never takes one there.
                 home.db.put(b"sequence", b"")
                 self._dbs.append(home)

@@ -48,11 +48,10 @@ MARKER = ".shardyfusion-shard.json"
 # "sst" layout: the downloaded SSTs wait here (inside the staging folder) until they are ingested.
 INCOMING = ".incoming"
 # Shards up to this size are downloaded straight into a memory-backed folder and built there; only
-# the database is copied out, which costs less than a disk's fsyncs (measured: 16 shards of 70 MB
-# opened in 1.9 s this way, 3.6 s on the disk).
+# the database is copied out, which costs less than a disk's fsyncs (docs/benchmarks.md).
 MEMORY_BUILD_MAX_BYTES = 256 << 20
 # A chain's layers are already in the cache on disk: a memory build copies them in and the database
-# out, worth it only for small shards (a 70 MB chain shard opened 2x slower that way).
+# out, worth it only for small shards (a large chain shard opened slower that way).
 MEMORY_BUILD_FROM_DISK_MAX_BYTES = 16 << 20
 # RocksDB's default number of levels (every database here uses it).
 NUM_LEVELS = 7
@@ -168,8 +167,8 @@ class LocalCopies:
         so a refresh ingests only the layers it lacks; else from every layer. A clone is built in
         memory when there is room, its SSTs symbolic links to the source's: opening, ingesting into
         and closing a database on a disk costs fsyncs that made a refresh of a delta touching
-        every shard slower than opening the new snapshot fresh (measured on 200 small shards:
-        ~13 ms of ~20 ms a shard; in memory ~4 ms); only the new files are copied out.
+        every shard slower than opening the new snapshot fresh (docs/benchmarks.md); only the new
+        files are copied out.
         """
         run_id = snapshot.run_id
         final = layout.local_cache_dir(self.root, run_id, shard.db_id)

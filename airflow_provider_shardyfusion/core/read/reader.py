@@ -63,52 +63,38 @@ class RefreshReport:
 class ShardedReader:
     """Key look-ups over the snapshot an output root's ``_CURRENT`` names.
 
-    ``cache_dir``: where shards are downloaded (``<cache_dir>/run_id=<run>/db=<id>/``); reused across
-    readers and kept on close. By default the reader uses a private temporary folder and removes
-    it on ``close()``. ``storage_options``: a ``StorageOptions`` or its dict (endpoint_url,
-    region_name, addressing_style, ...); credentials otherwise come from boto3's default chain.
-    ``manifest_ref``: read this manifest (a URI under ``output_uri/manifests/``) instead of the one
-    ``_CURRENT`` names, e.g. to check a snapshot that is not live; such a reader is pinned and
-    ``refresh()`` always returns False. ``max_local_layers``: a shard of a delta chain is built
-    locally from its layers; one whose local database would hold more layers (sorted runs) than
-    this is compacted in the cache once built, so look-ups on a deep chain cost about what they
-    cost on a compacted snapshot, paid once per build in CPU and transient disk (up to the shard's
-    size again). None keeps every layer as it is (cheapest builds, one more file per look-up per layer).
-    ``max_open_shards`` and ``max_open_files``: how many shard databases, and how many SST files
-    in them together, stay open at once (an open shard holds a file descriptor per SST file: one per
-    layer of a chain shard kept as it is); past either the least recently opened shard is closed and
-    reopened on its next read, from the cache and without checking it again. None: an eighth of the
-    process's soft open-files limit (``RLIMIT_NOFILE``) for shards, a quarter for files (a third
-    when ingesting refreshes), at least 16 each: three read-only readers whose shards hold several
-    files each fit next to one another, builds and the rest of the process.
-    ``ingest_refreshes=True`` (a follower; not with ``manifest_ref``): each SST-layout shard is
-    served from a live shard of this reader (see ``live_shards``), into which ``refresh()`` ingests
-    a delta's new layers instead of building and opening the shard again; a live shard holds one
-    descriptor more than its SSTs, and its database (up to 16 shards) six, counted as files.
-    Otherwise (and for a live shard closed meanwhile) ``refresh()`` builds every changed shard the
-    reader had open but opens in the new snapshot only as many as fit within the bounds next to
-    the old one's. ``live``: the former name of ``ingest_refreshes``, refused with a message.
-    ``describe()`` says what the reader holds now.
+    :param output_uri: the snapshot root, ``s3://bucket/prefix`` or ``file:///abs/dir``.
+    :param cache_dir: where shards are downloaded (``<cache_dir>/run_id=<run>/db=<id>/``), reused across
+        readers and kept on close; default: a private temporary folder, removed on ``close()``.
+    :param storage_options: a ``StorageOptions`` or its dict; credentials otherwise come from boto3's chain.
+    :param manifest_ref: read this manifest (a URI under ``output_uri/manifests/``) instead of the live
+        one; the reader is pinned and ``refresh()`` always returns False.
+    :param max_local_layers: a chain shard built locally with more layers (sorted runs) than this is
+        compacted in the cache once built; None keeps every layer (one more file per look-up each).
+    :param max_open_shards: shard databases open at once; past it the least recently opened shard is
+        closed and reopened, unchecked, on its next read. None: ``default_max_open_shards()``.
+    :param max_open_files: SST files those shards hold open together (one per layer of a chain shard
+        kept as it is), bounded the same way. None: ``default_max_open_files()``.
+    :param ingest_refreshes: a follower: each SST-layout shard is served from a live shard
+        (``live_shards``) into which ``refresh()`` ingests a delta's new layers; not with
+        ``manifest_ref``. Otherwise ``refresh()`` builds the changed shards the reader had open and
+        opens only as many as fit within the bounds next to the old snapshot's.
+    :param live: the former name of ``ingest_refreshes``, refused with a message naming it.
+    :param value_decoding: what ``get``/``multi_get`` return for a JSON snapshot (SPEC §18):
+        ``"typed"`` (default) a dict of Python values typed by the run's ``value_schema``
+        (``core.read.value_decoding``; ``json.loads`` for a manifest without one), ``"json"``
+        ``json.loads`` of the stored bytes, ``"raw"`` the stored bytes. Binary snapshots return bytes.
+    :param follow_interval_s: a background thread reads ``_CURRENT`` about that often (±10 % jitter;
+        a conditional GET on S3) and calls ``refresh()`` when it moved; a failed check waits twice
+        as long as the one before, up to ten intervals; ``close()`` stops it. Not with ``manifest_ref``.
+    :param on_refresh: called with ``last_refresh`` after each swap the follower made (its thread).
+    :param on_error: called with the exception of each failed check (its thread; one that raises is logged).
+    :param max_staleness_s: ``health()`` says ``"degraded"`` once the served run is older than this.
+    :param meter_provider: the OpenTelemetry ``MeterProvider`` of the metrics (meter
+        ``shardyfusion.reader``); None: the global one, a no-op until an SDK is configured.
 
-    ``value_decoding``: what ``get``/``multi_get`` return for a JSON snapshot (SPEC §18). ``"typed"``
-    (default): a dict of Python values typed by the run's ``value_schema`` (``datetime`` in UTC,
-    ``date``, ``Decimal``, ``bytes``, dicts for maps and structs; see ``core.read.value_decoding``),
-    or ``json.loads`` for a manifest without one; ``"json"``: ``json.loads`` of the stored bytes;
-    ``"raw"``: the stored bytes. Binary snapshots return bytes in every mode. A value that does not
-    decode raises ``ReaderError`` naming the key, its shard and the column where known.
-
-    ``follow_interval_s`` (seconds; not with ``manifest_ref``): a background thread reads
-    ``_CURRENT`` about that often (±10 % jitter; a conditional GET on S3) and calls ``refresh()``
-    when it moved; a failed check is retried after twice the wait before, up to ten intervals.
-    ``on_refresh(report)`` is called with ``last_refresh`` after each swap it made, ``on_error(exc)``
-    after each failed check (from that thread: keep them short; one that raises is logged).
-    ``close()`` stops it. ``max_staleness_s``: ``health()`` says ``"degraded"`` once the served run
-    was published longer ago than that. ``meter_provider``: the OpenTelemetry ``MeterProvider`` of the
-    reader's metrics (meter ``shardyfusion.reader``); None: the global one (a no-op until an SDK is
-    configured; without the OpenTelemetry API, no metrics).
-
-    Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
-    in a new snapshot.
+    ``describe()`` says what the reader holds now. Thread-safe: ``get``/``multi_get`` may run from
+    many threads, also while ``refresh()`` swaps in a new snapshot.
     """
 
     def __init__(
@@ -461,7 +447,7 @@ class ShardedReader:
 
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
-        manifest = self._snapshots.load_manifest(pointer)
+        manifest = self._snapshots.read_manifest(pointer)
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files,
                               value_decoding=self._value_decoding)
@@ -476,7 +462,7 @@ def default_max_open_shards() -> int:
 def default_max_open_files(*, ingest_refreshes: bool = False) -> int:
     """A quarter of the soft open-files limit: a follower of a 1000-shard chain (up to five files a
     shard with the default ``max_local_layers``) keeps every shard open under a limit of 20000, and
-    was 3x slower per ``get`` with an eighth (shards reopened); three such readers still fit. A
+    was several times slower per ``get`` with an eighth (shards reopened); three such readers still fit. A
     third for a reader that ingests refreshes: a live shard holds ~1.4 descriptors more than its SSTs (its column
     family's and its share of its database's), so 1000 shards of up to four sorted runs need ~5400,
     and a refresh opens nothing next to the old snapshot's (which the quarter leaves room for)."""

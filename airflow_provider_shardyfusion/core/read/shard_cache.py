@@ -46,9 +46,9 @@ __all__ = ["DEFAULT_MAX_LOCAL_LAYERS", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
-# A look-up visits every sorted run of a database (each ingested layer is one), ~0.5-1.5 us each
-# even when its bloom filter says no; past this many runs a built database is compacted locally so
-# a deep chain reads about as fast as a compacted snapshot (measured: depth 8 read 2.6x slower).
+# A look-up visits every sorted run of a database (each ingested layer is one), even when its
+# bloom filter says no; past this many runs a built database is compacted locally so a deep chain
+# reads about as fast as a compacted snapshot (an uncompacted one reads slower: docs/benchmarks.md).
 DEFAULT_MAX_LOCAL_LAYERS = 4
 # Layer downloads one refresh runs at once.
 _LAYER_DOWNLOADS = 8

@@ -204,8 +204,8 @@ class LocalStore(ObjectStore):
         start = self._path(start_rel, prefix=True)
 
         # Keys are built by joining names (not os.path.relpath per file), and folders that cannot
-        # hold the prefix are not entered: a run's 1000s of shard folders cost ~25 us a file in
-        # relpath alone, listed after every write (losing attempts) and by cleanup.
+        # hold the prefix are not entered: with a run's 1000s of shard folders, relpath per file was
+        # the listing's main cost, paid after every write (losing attempts) and by cleanup.
         found: builtins.list[ObjectInfo] = []
         pending = [(start, f"{start_rel}/" if start_rel else "")]
         while pending:

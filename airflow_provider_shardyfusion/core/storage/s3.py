@@ -81,8 +81,8 @@ _LOADER: Any = None
 def _botocore_session() -> Any:
     """A new botocore session sharing one process-wide data loader.
 
-    A fresh session re-reads botocore's service model JSON (~80 ms of a 110 ms client); the loader
-    caches what it read, so stores opened after the first cost a quarter of that. Sessions stay
+    A fresh session re-reads botocore's service model JSON (most of a new client's cost); the loader
+    caches what it read, so only the first store a process opens pays it. Sessions stay
     one per client: they hold credentials and must not be shared.
     """
     global _LOADER

@@ -4,9 +4,8 @@ A compaction iterates each shard's merged rows in key order. A key routes to one
 shards of a task interleave in key order, so they cannot share one keyspace as a delta's
 existence check does (``delta.TaskBase``). Each shard gets a column family of its own instead: a
 keyspace in the task's database, created for the shard and dropped once its layer is written.
-Measured per shard of 2000 rows on tmpfs, against a fresh database per shard: create + ingest
-1.9-2.3 ms either way, drop 0.8 ms vs close + destroy 1.2-1.6 ms; on a disk a column family cost
-half a database's fsyncs. What cost most was the reader per shard: decoding the base manifest
+A column family costs no more than a fresh database to create and fill, less to drop, and on a
+disk half a database's fsyncs (figures: docs/benchmarks.md). What cost most was the reader per shard: decoding the base manifest
 chain, building its cache on disk, copying and deleting it.
 """
 

@@ -64,8 +64,8 @@ DELTA_KEY_INDEX_MIN_VALUE_BYTES = 64 * 1024
 # Rows written per SST of a compacted layer; a reader ingests them in order (sort runs do not overlap).
 COMPACT_RUN_ROWS = 2_000_000
 # Base shards whose key indexes one task database of a delta holds at once (``TaskBase``): about
-# the shards a task wrote when deltas had 8 tasks per core at 1000 shards, where look-ups cost
-# ~3 µs a key; a fresh database costs ~2 ms on tmpfs.
+# the shards a task wrote when deltas had 8 tasks per core at 1000 shards: look-ups in a larger
+# database stay cheap per key, and a fresh database per few shards cost more than their change.
 KEY_INDEX_SHARDS_PER_DB = 64
 # Base files up to this size are read into memory, checked there and written once (``TaskFiles``).
 FETCH_IN_MEMORY_MAX_BYTES = 8 << 20

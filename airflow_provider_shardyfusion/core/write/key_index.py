@@ -32,7 +32,7 @@ def sst_writer(path: str) -> Any:
 @functools.cache
 def _sst_options() -> Any:
     """The writers' options, built once per process and only read by each writer: building them
-    cost about a third of writing a small delta layer (1000s a run)."""
+    cost a large part of writing a small delta layer (1000s a run)."""
     from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
 
     return rocksdb_options()

@@ -6,8 +6,8 @@ in slices of ``batch_size`` rows (the only place Python objects per row exist).
 
 Two shard layouts (``core.model.manifest.SHARD_LAYOUTS``): "sst" ships the SSTs themselves, one per sort
 run, and readers ingest them; "db" ingests them into a RocksDB database here and ships its files.
-"sst" spares every shard a database's creation, ingestion, fsyncs and close (~1.5-2 ms each even
-on tmpfs, the largest fixed cost left when thousands of small shards are written). Later runs are
+"sst" spares every shard a database's creation, ingestion, fsyncs and close (a fixed cost even
+on tmpfs, the largest left when thousands of small shards are written). Later runs are
 checked for keys already stored: at the boundary for presorted input, else by look-ups in a
 database (the shard's own with "db"; with "sst" a scratch one that only overlapping runs pay for).
 
@@ -117,8 +117,8 @@ class ShardBuilder:
         self._build_dir = workdir
         self.db_dir = self._files_dir(workdir)
         # A memory-backed folder (tmpfs) for shards of at most memory_max_bytes that fit one sort
-        # run: RocksDB's ~12 fsyncs per database created cost nothing there, and cost ~15-40 ms per
-        # shard on a disk, which thousands of small shards paid one by one.
+        # run: RocksDB's dozen fsyncs per database created cost nothing there, and are most of a
+        # small shard's time on a disk, which thousands of small shards paid one by one.
         self.memory_dir = memory_dir
         self.memory_max_bytes = memory_max_bytes
         self._memory_workdir: str | None = None
@@ -213,7 +213,7 @@ class ShardBuilder:
             width = 8 if self.key_encoding == "u64be" else 4
             big_endian = sorted_u.astype(">u8" if width == 8 else ">u4")
             dup = self._duplicates(sorted_u, n)
-            # A void view turns into bytes objects in C, ~4x faster than slicing a bytes buffer,
+            # A void view turns into bytes objects in C, faster than slicing a bytes buffer,
             # and unlike "S" dtypes it keeps trailing zero bytes.
             key_list = big_endian.view(f"V{width}").tolist()
         else:
