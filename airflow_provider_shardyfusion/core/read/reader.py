@@ -26,6 +26,7 @@ from airflow_provider_shardyfusion.core.read.description import OpenShard, Reade
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
+from airflow_provider_shardyfusion.core.read.shard_subset import ShardSubset
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
 if TYPE_CHECKING:
@@ -82,6 +83,11 @@ class ShardedReader:
     reader had open but opens in the new snapshot only as many as fit within the bounds next to
     the old one's. ``live``: the former name of ``ingest_refreshes``, refused with a message.
     ``describe()`` says what the reader holds now.
+    ``shard_ids``: serve only these shards (an iterable of ints or a ``range``; None: all), one
+    host's part of a fleet: no other shard is ever downloaded, also on refresh, and a key routed
+    outside them raises ``ShardNotServedError`` (``route(key)`` says where it goes). An id outside
+    ``[0, num_dbs)`` of the manifest loaded (also by a refresh, which then keeps the old snapshot)
+    is a ``ConfigError``.
 
     Thread-safe: ``get``/``multi_get`` may run from many threads, also while ``refresh()`` swaps
     in a new snapshot.
@@ -99,11 +105,13 @@ class ShardedReader:
         max_open_files: int | None = None,
         ingest_refreshes: bool = False,
         live: None = None,
+        shard_ids: Iterable[int] | None = None,
     ):
         _check_arguments(max_local_layers, max_open_shards, max_open_files, pinned=manifest_ref is not None,
                          ingest_refreshes=ingest_refreshes, live=live)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
+        self._subset = ShardSubset(shard_ids) if shard_ids is not None else None
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
             storage_options = dict(storage_options)
         self._store: ObjectStore = open_store(self._root, storage_options)
@@ -170,6 +178,8 @@ class ShardedReader:
                     return None
                 decode = state.decode
                 return data if decode is None else decode(data)
+            if self._subset is not None:
+                self._subset.check(key, db_id)
             if db_id not in state.shards:  # empty shard: left out of the sparse manifest, no I/O
                 return None
         return self._get_slow(key, routing_context)
@@ -202,9 +212,19 @@ class ShardedReader:
             if state.generation == generation:  # else a refresh pinned this snapshot meanwhile: read again
                 return values
 
-    def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
-        """The shard id ``key`` routes to (the writer's function, SPEC §4)."""
+    def route(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
+        """The shard id ``key`` routes to (the writer's function, SPEC §4), served here or not: a
+        fleet's client asks it to pick the host whose ``shard_ids`` hold that shard."""
         return self._current().locate(key, routing_context)[0]
+
+    def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
+        """The shard id ``key`` routes to: ``route(key)``."""
+        return self.route(key, routing_context=routing_context)
+
+    @property
+    def shard_ids(self) -> frozenset[int] | None:
+        """The shard ids this reader serves (None: every shard)."""
+        return self._subset.ids if self._subset is not None else None
 
     def shard_for_token(self, token: Any) -> int:
         """Categorical CEL snapshots: the shard holding rows whose expression yields ``token``."""
@@ -278,6 +298,8 @@ class ShardedReader:
 
         A reader ingesting refreshes may give its live shard: read it only, and know that a refresh
         ingests into it."""
+        if self._subset is not None:
+            self._subset.check_shard(db_id)
         while True:
             state = self._current()
             try:
@@ -321,6 +343,8 @@ class ShardedReader:
             state = self._current()
             generation = state.generation
             db_id, stored = state.locate(key, routing_context)
+            if self._subset is not None:
+                self._subset.check(key, db_id)
             try:
                 db = self._cache.open_shard(state, db_id)
                 if db is None:  # empty shard: left out of the sparse manifest, nothing to read
@@ -341,6 +365,8 @@ class ShardedReader:
     ) -> list[Any]:
         group = state.group
         groups = group(keys) if group is not None else group_keys(state.locate, keys, ctx, contexts)
+        if self._subset is not None:  # before any read: a batch is answered whole or not at all
+            self._subset.check_groups(groups, keys)
         out: list[Any] = [None] * len(keys)
         decode = state.decode
         handles = state.handles
@@ -372,6 +398,8 @@ class ShardedReader:
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
         manifest = self._snapshots.load_manifest(pointer)
+        if self._subset is not None:
+            self._subset.check_manifest(manifest)
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files)
 
