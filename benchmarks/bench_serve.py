@@ -1,0 +1,167 @@
+"""Serving benchmark (SPEC §19): look-ups as a service makes them, from many concurrent callers.
+
+Builds (untimed, without Spark, as ``bench_read`` does) a snapshot of ``--keys`` int keys with
+~``--value-bytes`` values in ``--shards`` shards on a local ``file://`` root, opens every shard
+once (warm), then measures with 1, 8 and 32 concurrent callers, each over ``--lookups`` random
+existing keys in all:
+
+- ``get``: in-process ``ShardedReader.get`` from that many threads;
+- ``async_get``: ``await AsyncShardedReader.get`` from that many coroutines on one event loop
+  (the reader's pool of ``--max-workers`` threads does the reads).
+
+Each gives keys/s (look-ups over the wall time of the round) and the p50/p99 latency of one call
+in µs. One function per measurement; ``main()`` prints ONE JSON line on stdout, progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from snapshot_factory import build_snapshot
+
+from airflow_provider_shardyfusion.core.read.async_reader import DEFAULT_MAX_WORKERS, AsyncShardedReader
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CONCURRENCY = (1, 8, 32)
+
+
+def _log(msg: str) -> None:
+    print(f"[bench_serve] {msg}", file=sys.stderr, flush=True)
+
+
+def _value(key: int, size: int) -> bytes:
+    head = b"%020d|" % key
+    return (head * (size // len(head) + 1))[:size]
+
+
+def _figures(latencies_ns: list[int], wall_s: float) -> dict[str, float]:
+    ordered = sorted(latencies_ns)
+
+    def pct(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1000.0, 3)
+
+    return {"keys_per_s": round(len(ordered) / wall_s), "p50_us": pct(0.50), "p99_us": pct(0.99)}
+
+
+def _split(keys: list[int], callers: int) -> list[list[int]]:
+    return [keys[i::callers] for i in range(callers)]
+
+
+def measure_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[str, float]:
+    """In-process ``get`` from ``callers`` threads, each timing its own calls."""
+    parts = _split(keys, callers)
+    latencies: list[list[int]] = [[] for _ in parts]
+    start_line = threading.Barrier(callers + 1)
+
+    def caller(mine: list[int], out: list[int]) -> None:
+        clock, get = time.perf_counter_ns, reader.get
+        start_line.wait()
+        for key in mine:
+            t0 = clock()
+            get(key)
+            out.append(clock() - t0)
+
+    threads = [threading.Thread(target=caller, args=(p, out)) for p, out in zip(parts, latencies, strict=True)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return _figures([ns for out in latencies for ns in out], time.perf_counter() - t0)
+
+
+def measure_async_get(reader: AsyncShardedReader, keys: list[int], callers: int) -> dict[str, float]:
+    """``await AsyncShardedReader.get`` from ``callers`` coroutines on one event loop."""
+    parts = _split(keys, callers)
+
+    async def caller(mine: list[int], out: list[int]) -> None:
+        clock, get = time.perf_counter_ns, reader.get
+        for key in mine:
+            t0 = clock()
+            await get(key)
+            out.append(clock() - t0)
+
+    async def round_() -> tuple[list[int], float]:
+        latencies: list[list[int]] = [[] for _ in parts]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(p, out) for p, out in zip(parts, latencies, strict=True)))
+        return [ns for out in latencies for ns in out], time.perf_counter() - t0
+
+    latencies, wall = asyncio.run(round_())
+    return _figures(latencies, wall)
+
+
+def _by_concurrency(measure: Callable[[Any, list[int], int], dict[str, float]], reader: Any,
+                    keys: list[int]) -> dict[str, dict[str, float]]:
+    out = {}
+    for callers in CONCURRENCY:
+        _log(f"{measure.__name__}: {callers} caller(s), {len(keys)} look-ups")
+        measure(reader, keys[:1000], callers)  # warm the threads and the loop
+        out[str(callers)] = measure(reader, keys, callers)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--lookups", type=int, default=50_000, help="look-ups per round (split between callers)")
+    parser.add_argument("--max-workers", type=int, default=DEFAULT_MAX_WORKERS, help="AsyncShardedReader's pool")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        root = f"file://{tmp}/snap"
+        _log(f"building {args.keys} keys in {args.shards} shards")
+        t0 = time.perf_counter()
+        build_snapshot(root, ((k, _value(k, args.value_bytes)) for k in range(args.keys)), num_dbs=args.shards,
+                       work_dir=os.path.join(tmp, "work"))
+        build_s = time.perf_counter() - t0
+        rng = random.Random(args.seed)
+        keys = [rng.randrange(args.keys) for _ in range(args.lookups)]
+        cache = os.path.join(tmp, "cache")
+        with ShardedReader(root, cache_dir=cache) as reader:
+            reader.multi_get(list(range(min(args.keys, 10 * args.shards))))  # every shard open: warm
+            assert all(reader.get(k) == _value(k, args.value_bytes) for k in keys[:100])
+            sync = _by_concurrency(measure_get, reader, keys)
+
+        async def open_async() -> AsyncShardedReader:
+            return await AsyncShardedReader.open(root, cache_dir=cache, max_workers=args.max_workers)
+
+        areader = asyncio.run(open_async())
+        try:
+            areader.reader.multi_get(list(range(min(args.keys, 10 * args.shards))))
+            asynchronous = _by_concurrency(measure_async_get, areader, keys)
+        finally:
+            asyncio.run(areader.aclose())
+
+    result = {
+        "benchmark": "serve",
+        "keys": args.keys, "num_dbs": args.shards, "value_bytes": args.value_bytes, "lookups": args.lookups,
+        "async_max_workers": args.max_workers,
+        "get": sync,
+        "async_get": asynchronous,
+        "async_over_sync_keys_per_s": {c: round(asynchronous[c]["keys_per_s"] / sync[c]["keys_per_s"], 3) for c in sync},
+        "build_s": round(build_s, 1),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
