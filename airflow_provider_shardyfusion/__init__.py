@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ShardedReader", "__version__", "get_provider_info"]
+__all__ = ["AsyncShardedReader", "ShardedReader", "__version__", "get_provider_info"]
 
 __version__ = "0.1.0"
 
-_LAZY = {"ShardedReader": ("airflow_provider_shardyfusion.core.read.reader", "ShardedReader")}
+_LAZY = {
+    "AsyncShardedReader": ("airflow_provider_shardyfusion.core.read.async_reader", "AsyncShardedReader"),
+    "ShardedReader": ("airflow_provider_shardyfusion.core.read.reader", "ShardedReader"),
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,39 +1,126 @@
-"""Serving benchmark (SPEC §19): the reader in a service. Prints ONE JSON line; progress on stderr.
+"""Serving benchmark (SPEC §19): look-ups as a service makes them, from many concurrent callers.
 
-One function per measurement, so others can be added next to them and chosen by ``main()``:
+Builds (untimed, without Spark, as ``bench_read`` does) a snapshot of ``--keys`` int keys with
+~``--value-bytes`` values in ``--shards`` shards on a local ``file://`` root, opens every shard
+once (warm), then measures with 1, 8 and 32 concurrent callers, each over ``--lookups`` random
+existing keys in all:
 
-- ``follow_latency``: a follower (``follow_interval_s``) over ``--shards`` shards (1000 by default)
-  with every shard open, as a busy service has them; a run is published (``_CURRENT`` moved) and
-  the time until the follower serves it is measured, with no call from the user but reads, for a
-  delta changing a few keys (``delta``) and for a full run (``full``: every shard is built again).
-  Target: ≤ interval + 2 s.
+- ``get``: in-process ``ShardedReader.get`` from that many threads;
+- ``async_get``: ``await AsyncShardedReader.get`` from that many coroutines on one event loop
+  (the reader's pool of ``--max-workers`` threads does the reads);
+- ``follow_latency``: a follower (``follow_interval_s``) over ``--follow-shards`` shards (1000 by
+  default) with every shard open, as a busy service has them; a run is published (``_CURRENT``
+  moved) and the time until the follower serves it is measured, with no call from the user but
+  reads, for a delta changing a few keys (``delta``) and for a full run (``full``: every shard is
+  built again). Target: ≤ interval + 2 s.
 
-Local ``file://`` root; snapshots built by ``tests/snapshot_factory.py`` (run with ``tests`` on
-``PYTHONPATH``, as ``make bench`` does).
+Each gives keys/s (look-ups over the wall time of the round) and the p50/p99 latency of one call
+in µs. One function per measurement; ``main()`` prints ONE JSON line on stdout, progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
 
+from airflow_provider_shardyfusion.core.read.async_reader import DEFAULT_MAX_WORKERS, AsyncShardedReader
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+CONCURRENCY = (1, 8, 32)
 FOLLOW_SLACK_S = 2.0  # SPEC §19: publish → served within the interval + 2 s
 
 
 def _log(msg: str) -> None:
     print(f"[bench_serve] {msg}", file=sys.stderr, flush=True)
+
+
+def _value(key: int, size: int) -> bytes:
+    head = b"%020d|" % key
+    return (head * (size // len(head) + 1))[:size]
+
+
+def _figures(latencies_ns: list[int], wall_s: float) -> dict[str, float]:
+    ordered = sorted(latencies_ns)
+
+    def pct(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1000.0, 3)
+
+    return {"keys_per_s": round(len(ordered) / wall_s), "p50_us": pct(0.50), "p99_us": pct(0.99)}
+
+
+def _split(keys: list[int], callers: int) -> list[list[int]]:
+    return [keys[i::callers] for i in range(callers)]
+
+
+def measure_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[str, float]:
+    """In-process ``get`` from ``callers`` threads, each timing its own calls."""
+    parts = _split(keys, callers)
+    latencies: list[list[int]] = [[] for _ in parts]
+    start_line = threading.Barrier(callers + 1)
+
+    def caller(mine: list[int], out: list[int]) -> None:
+        clock, get = time.perf_counter_ns, reader.get
+        start_line.wait()
+        for key in mine:
+            t0 = clock()
+            get(key)
+            out.append(clock() - t0)
+
+    threads = [threading.Thread(target=caller, args=(p, out)) for p, out in zip(parts, latencies, strict=True)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return _figures([ns for out in latencies for ns in out], time.perf_counter() - t0)
+
+
+def measure_async_get(reader: AsyncShardedReader, keys: list[int], callers: int) -> dict[str, float]:
+    """``await AsyncShardedReader.get`` from ``callers`` coroutines on one event loop."""
+    parts = _split(keys, callers)
+
+    async def caller(mine: list[int], out: list[int]) -> None:
+        clock, get = time.perf_counter_ns, reader.get
+        for key in mine:
+            t0 = clock()
+            await get(key)
+            out.append(clock() - t0)
+
+    async def round_() -> tuple[list[int], float]:
+        latencies: list[list[int]] = [[] for _ in parts]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(p, out) for p, out in zip(parts, latencies, strict=True)))
+        return [ns for out in latencies for ns in out], time.perf_counter() - t0
+
+    latencies, wall = asyncio.run(round_())
+    return _figures(latencies, wall)
+
+
+def _by_concurrency(measure: Callable[[Any, list[int], int], dict[str, float]], reader: Any,
+                    keys: list[int]) -> dict[str, dict[str, float]]:
+    out = {}
+    for callers in CONCURRENCY:
+        _log(f"{measure.__name__}: {callers} caller(s), {len(keys)} look-ups")
+        measure(reader, keys[:1000], callers)  # warm the threads and the loop
+        out[str(callers)] = measure(reader, keys, callers)
+    return out
 
 
 def _served_after(reader: ShardedReader, key: int, value: bytes, since: float, deadline_s: float) -> float:
@@ -84,17 +171,61 @@ def follow_latency(shards: int, interval_s: float, rounds: int) -> dict[str, Any
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shards", type=int, default=1000)
-    ap.add_argument("--follow-interval-s", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    figures: dict[str, Any] = {"benchmark": "serve"}
-    _log(f"follow latency on {args.shards} shards, interval {args.follow_interval_s}s, {args.rounds} rounds")
-    figures["follow"] = follow_latency(args.shards, args.follow_interval_s, args.rounds)
-    figures.update(python=platform.python_version(), cpu_count=os.cpu_count(), loadavg_1m_after=round(os.getloadavg()[0], 2))
-    print(json.dumps(figures))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--lookups", type=int, default=50_000, help="look-ups per round (split between callers)")
+    parser.add_argument("--max-workers", type=int, default=DEFAULT_MAX_WORKERS, help="AsyncShardedReader's pool")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--follow-shards", type=int, default=1000)
+    parser.add_argument("--follow-interval-s", type=float, default=1.0)
+    parser.add_argument("--follow-rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        root = f"file://{tmp}/snap"
+        _log(f"building {args.keys} keys in {args.shards} shards")
+        t0 = time.perf_counter()
+        build_snapshot(root, ((k, _value(k, args.value_bytes)) for k in range(args.keys)), num_dbs=args.shards,
+                       work_dir=os.path.join(tmp, "work"))
+        build_s = time.perf_counter() - t0
+        rng = random.Random(args.seed)
+        keys = [rng.randrange(args.keys) for _ in range(args.lookups)]
+        cache = os.path.join(tmp, "cache")
+        with ShardedReader(root, cache_dir=cache) as reader:
+            reader.multi_get(list(range(min(args.keys, 10 * args.shards))))  # every shard open: warm
+            assert all(reader.get(k) == _value(k, args.value_bytes) for k in keys[:100])
+            sync = _by_concurrency(measure_get, reader, keys)
+
+        async def open_async() -> AsyncShardedReader:
+            return await AsyncShardedReader.open(root, cache_dir=cache, max_workers=args.max_workers)
+
+        areader = asyncio.run(open_async())
+        try:
+            areader.reader.multi_get(list(range(min(args.keys, 10 * args.shards))))
+            asynchronous = _by_concurrency(measure_async_get, areader, keys)
+        finally:
+            asyncio.run(areader.aclose())
+
+    _log(f"follow latency on {args.follow_shards} shards, interval {args.follow_interval_s}s, "
+         f"{args.follow_rounds} rounds")
+    follow = follow_latency(args.follow_shards, args.follow_interval_s, args.follow_rounds)
+    result = {
+        "benchmark": "serve",
+        "keys": args.keys, "num_dbs": args.shards, "value_bytes": args.value_bytes, "lookups": args.lookups,
+        "async_max_workers": args.max_workers,
+        "get": sync,
+        "async_get": asynchronous,
+        "async_over_sync_keys_per_s": {c: round(asynchronous[c]["keys_per_s"] / sync[c]["keys_per_s"], 3) for c in sync},
+        "follow": follow,
+        "build_s": round(build_s, 1),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(result, sort_keys=False))
 
 
 if __name__ == "__main__":

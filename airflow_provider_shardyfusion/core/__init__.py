@@ -15,6 +15,7 @@ The public subset, kept compatible across minor releases (the API reference docu
 
 * ``core.read.reader``: ``ShardedReader``, ``RefreshReport``, and ``ReaderDescription`` with its
   ``OpenShard`` (``describe()``), reading a published snapshot;
+* ``core.read.async_reader``: ``AsyncShardedReader``, the same for an asyncio event loop;
 * ``core.model.config``: ``build_write_config``, the write's arguments for your own Spark job;
 * ``core.errors``: the error hierarchy (``ShardyfusionError`` and its subclasses);
 * ``core.model.encoding``: the key encodings and value formats, ``key_from_text`` / ``key_to_show``.

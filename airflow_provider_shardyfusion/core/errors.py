@@ -14,7 +14,8 @@ __all__ = [
     "BaseNotLiveError", "ChecksumMismatchError", "CleanupRefusedError", "ClockSkewError", "ConfigError", "InputDataError",
     "KeyEncodingError", "ManifestValidationError", "ObjectNotFoundError", "PublishManifestError", "ReaderError",
     "RunAbandoned", "RunFailedError", "RunKilled", "RunRecordError", "RunSupersededError", "ShardAssignmentError",
-    "ShardCoverageError", "ShardWriteError", "ShardyfusionError", "SparkConnectError", "SparkSubmitError", "StorageError",
+    "ShardCoverageError", "ShardNotServedError", "ShardWriteError", "ShardyfusionError", "SparkConnectError",
+    "SparkSubmitError", "StorageError",
     "StreamOwnershipError", "WriterLost", "error_type_by_name", "show_value", "text_number_hint",
 ]
 
@@ -188,6 +189,27 @@ class ChecksumMismatchError(StorageError):
 
 class ReaderError(ShardyfusionError):
     """The reader cannot serve a request (closed, routing needs context, …)."""
+
+
+class ShardNotServedError(ReaderError):
+    """A key routes to a shard this reader does not serve (``ShardedReader(shard_ids=…)``).
+
+    ``key``, ``db_id`` and ``served`` (the served ids, compactly, e.g. ``"0-15,32"``) say which
+    host should answer instead: route the key with ``reader.route(key)`` before asking.
+    """
+
+    def __init__(self, message: str, *, key: object = None, db_id: int = -1, served: str = ""):
+        super().__init__(message)
+        self.key = key
+        self.db_id = db_id
+        self.served = served
+
+    def __reduce__(self) -> Any:  # keyword-only fields: rebuilt explicitly, so the error pickles
+        return (_shard_not_served, (str(self), self.key, self.db_id, self.served))
+
+
+def _shard_not_served(message: str, key: object, db_id: int, served: str) -> ShardNotServedError:
+    return ShardNotServedError(message, key=key, db_id=db_id, served=served)
 
 
 @functools.cache

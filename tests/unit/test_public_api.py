@@ -45,7 +45,7 @@ def test_core_states_its_public_subset():
     core = importlib.import_module(f"{pkg.__name__}.core")
     subset = (core.__doc__ or "").partition("The public subset")[2]
     public = re.findall(r"^\* ``core\.([\w.]+)``: ", subset, flags=re.M)
-    assert sorted(public) == ["errors", "model.config", "model.encoding", "read.reader"], public
+    assert sorted(public) == ["errors", "model.config", "model.encoding", "read.async_reader", "read.reader"], public
     for sub in public:
         importlib.import_module(f"{core.__name__}.{sub}")
     assert sorted(core.__all__) == sorted({sub.split(".")[0] for sub in public})

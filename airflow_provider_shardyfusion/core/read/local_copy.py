@@ -27,6 +27,7 @@ from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError, Rea
 from airflow_provider_shardyfusion.core.model.checksum import file_checksum, verify_file
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST
 from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
+from airflow_provider_shardyfusion.core.read.cache_lock import build_lock
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import StaleSnapshot
 
 if TYPE_CHECKING:
@@ -72,8 +73,13 @@ class LocalCopies:
         self._trusted: dict[str, tuple[int, int]] = {}
 
     def shard(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:
-        """The folder of a verified local database of ``shard``: reused, built from its layers, or downloaded."""
-        return self._layered_copy(snapshot, shard) if shard.layers else self._shard_copy(snapshot, shard)
+        """The folder of a verified local database of ``shard``: reused, built from its layers, or downloaded.
+
+        Under the shard's build lock (``cache_lock``): of the processes sharing this cache, one
+        builds it and the others, once it is installed, reuse it after checking it.
+        """
+        with build_lock(layout.local_cache_dir(self.root, snapshot.run_id, shard.db_id), give_up=_giving_up(snapshot)):
+            return self._layered_copy(snapshot, shard) if shard.layers else self._shard_copy(snapshot, shard)
 
     def layer_files(self, snapshot: LoadedSnapshot, shard: ShardEntry, layers: tuple[ShardLayer, ...]) -> list[str]:
         """The verified local files of ``layers`` of ``shard``, oldest first (downloaded once per cache)."""
@@ -143,8 +149,13 @@ class LocalCopies:
     # -- shards of a chain (SPEC §13) --------------------------------------------------------------
 
     def _layer_files(self, snapshot: LoadedSnapshot, shard: ShardEntry, layer: ShardLayer) -> list[str]:
-        """The verified local files of one layer, downloaded once per cache and shared by every run that reads it."""
+        """The verified local files of one layer, downloaded once per cache (under its build lock, as a
+        shard) and shared by every run that reads it."""
         folder = layout.local_layer_dir(self.root, layer.run_id, shard.db_id)
+        with build_lock(folder, give_up=_giving_up(snapshot)):
+            return self._layer_copy(snapshot, shard, layer, folder)
+
+    def _layer_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry, layer: ShardLayer, folder: str) -> list[str]:
         marker = json.dumps({"db_url": layer.db_url, "files": [f.to_dict() for f in layer.files]}, sort_keys=True)
         paths = [os.path.join(folder, *f.name.split("/")) for f in layer.files]
         if _reusable(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
@@ -257,6 +268,14 @@ class LocalCopies:
         for trusted in [f for f in self._trusted if f.startswith(folder + os.sep)]:
             self._trusted.pop(trusted, None)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _giving_up(snapshot: LoadedSnapshot) -> Callable[[], None]:
+    """Stop waiting for another process's build once nobody will open the shard (the snapshot retired)."""
+    def check() -> None:
+        if snapshot.retired:
+            raise StaleSnapshot()
+    return check
 
 
 def _db_file_read(name: str) -> bool:

@@ -30,6 +30,7 @@ from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
 from airflow_provider_shardyfusion.core.read.metrics import TIMED_GET_MASK, ReaderMetrics
 from airflow_provider_shardyfusion.core.read.shard_cache import DEFAULT_MAX_LOCAL_LAYERS, ShardCache
+from airflow_provider_shardyfusion.core.read.shard_subset import ShardSubset
 from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, located_error, validate_value_decoding
 from airflow_provider_shardyfusion.core.storage import ObjectStore, StorageOptions, open_store
 
@@ -92,6 +93,10 @@ class ShardedReader:
     :param max_staleness_s: ``health()`` says ``"degraded"`` once the served run is older than this.
     :param meter_provider: the OpenTelemetry ``MeterProvider`` of the metrics (meter
         ``shardyfusion.reader``); None: the global one, a no-op until an SDK is configured.
+    :param shard_ids: serve only these shards (ints or a ``range``; None: all), one host's part of a
+        fleet: no other shard is ever downloaded, also on refresh, and a key routed outside them raises
+        ``ShardNotServedError`` (``route(key)`` says where it goes). An id outside ``[0, num_dbs)`` of
+        the manifest loaded (also by a refresh, which then keeps the old snapshot) is a ``ConfigError``.
 
     ``describe()`` says what the reader holds now. Thread-safe: ``get``/``multi_get`` may run from
     many threads, also while ``refresh()`` swaps in a new snapshot.
@@ -115,6 +120,7 @@ class ShardedReader:
         on_error: Callable[[BaseException], Any] | None = None,
         max_staleness_s: float | None = None,
         meter_provider: Any = None,
+        shard_ids: Iterable[int] | None = None,
     ):
         _check_arguments(max_local_layers, max_open_shards, max_open_files, pinned=manifest_ref is not None,
                          ingest_refreshes=ingest_refreshes, live=live)
@@ -122,6 +128,7 @@ class ShardedReader:
         self._value_decoding = validate_value_decoding(value_decoding)
         self._root = layout.normalize_root(output_uri)
         self._pinned = manifest_ref is not None
+        self._subset = ShardSubset(shard_ids) if shard_ids is not None else None
         if storage_options is not None and not isinstance(storage_options, StorageOptions):
             storage_options = dict(storage_options)
         self._store: ObjectStore = open_store(self._root, storage_options)
@@ -217,6 +224,8 @@ class ShardedReader:
                     return decode(data)
                 except ReaderError as exc:
                     raise located_error(exc, run_id=state.run_id, db_id=db_id, key=key) from exc
+            if self._subset is not None:
+                self._subset.check(key, db_id)
             if db_id not in state.shards:  # empty shard: left out of the sparse manifest, no I/O
                 return None
         return self._get_slow(key, routing_context)
@@ -250,9 +259,19 @@ class ShardedReader:
                 self._metrics.count_batch(len(values), values.count(None))
                 return values
 
-    def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
-        """The shard id ``key`` routes to (the writer's function, SPEC §4)."""
+    def route(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
+        """The shard id ``key`` routes to (the writer's function, SPEC §4), served here or not: a
+        fleet's client asks it to pick the host whose ``shard_ids`` hold that shard."""
         return self._current().locate(key, routing_context)[0]
+
+    def shard_for_key(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
+        """The shard id ``key`` routes to: ``route(key)``."""
+        return self.route(key, routing_context=routing_context)
+
+    @property
+    def shard_ids(self) -> frozenset[int] | None:
+        """The shard ids this reader serves (None: every shard)."""
+        return self._subset.ids if self._subset is not None else None
 
     def shard_for_token(self, token: Any) -> int:
         """Categorical CEL snapshots: the shard holding rows whose expression yields ``token``."""
@@ -345,6 +364,8 @@ class ShardedReader:
 
         A reader ingesting refreshes may give its live shard: read it only, and know that a refresh
         ingests into it."""
+        if self._subset is not None:
+            self._subset.check_shard(db_id)
         while True:
             state = self._current()
             try:
@@ -391,6 +412,8 @@ class ShardedReader:
             state = self._current()
             generation = state.generation
             db_id, stored = state.locate(key, routing_context)
+            if self._subset is not None:
+                self._subset.check(key, db_id)
             try:
                 db = self._cache.open_shard(state, db_id)
                 if db is None:  # empty shard: left out of the sparse manifest, nothing to read
@@ -414,6 +437,8 @@ class ShardedReader:
     ) -> list[Any]:
         group = state.group
         groups = group(keys) if group is not None else group_keys(state.locate, keys, ctx, contexts)
+        if self._subset is not None:  # before any read: a batch is answered whole or not at all
+            self._subset.check_groups(groups, keys)
         out: list[Any] = [None] * len(keys)
         decode = state.decode
         handles = state.handles
@@ -448,6 +473,8 @@ class ShardedReader:
     def _load(self, pointer: CurrentPointer) -> LoadedSnapshot:
         """Fetch and validate the manifest ``pointer`` names; refuse anything that leaves its run."""
         manifest = self._snapshots.read_manifest(pointer)
+        if self._subset is not None:
+            self._subset.check_manifest(manifest)
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files,
                               value_decoding=self._value_decoding)
