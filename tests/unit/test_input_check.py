@@ -7,6 +7,7 @@ spark-submit stubbed (no cluster here) and show nothing was submitted or written
 from __future__ import annotations
 
 import gzip
+import os
 import time
 
 import pyarrow as pa
@@ -101,6 +102,18 @@ def test_missing_local_path_and_missing_scheme(tmp_path):
         check_write_input(_config("s3://b/in"), output_uri="/data/out")
     for fine in ("file:/data/in", "s3a://b/in", "hdfs://nn/x", None):
         require_scheme("input_path", fine)
+
+
+def test_a_home_path_and_a_windows_path_get_a_hint_that_works(monkeypatch, tmp_path):
+    # Issue 42 item 3: the hint was file://<cwd>/~/x and file://<cwd>/C:\\data\\x.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"input_path '~/x' has no scheme: write 'file://{tmp_path}/x'") as err:
+        require_scheme("input_path", "~/x")
+    assert "~" not in str(err.value).split("write", 1)[1]
+    for windows in ("C:\\data\\x", "c:/data/x", "D:"):
+        with pytest.raises(ConfigError, match=r"is a Windows path: Windows paths are not supported here") as err:
+            require_scheme("input_path", windows)
+        assert os.getcwd() not in str(err.value)  # no file://<cwd>/C:... hint
 
 
 def test_operator_refuses_a_typo_in_a_second_and_writes_nothing(monkeypatch, tmp_path, parquet_dir):

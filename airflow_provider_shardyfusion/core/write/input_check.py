@@ -30,6 +30,8 @@ __all__ = ["check_columns", "check_write_input", "input_columns", "local_path", 
 
 # A scheme of two or more characters, so that a Windows drive letter is not taken for one.
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+# A drive letter ("C:", "C:\\data", "c:/data") or a UNC path ("\\\\host\\share"): not for Spark here.
+_WINDOWS_PATH = re.compile(r"^[A-Za-z]:(?:[\\/]|$)|^\\\\")
 _GLOB_CHARS = frozenset("*?[{")
 _SCHEMA_FORMATS = ("parquet", "orc", "csv")
 # Column lists in messages stop here; a wide table's names would bury the error.
@@ -41,6 +43,13 @@ def require_scheme(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip() or _SCHEME.match(value.strip()):
         return
     text = value.strip()
+    if _WINDOWS_PATH.match(text):
+        raise ConfigError(
+            f"{name} {value!r} is a Windows path: Windows paths are not supported here (Spark reads "
+            "this machine's POSIX file system); give a 'file:///abs/dir' path of this machine or 's3://bucket/prefix'"
+        )
+    if text.startswith("~"):
+        text = os.path.expanduser(text)  # Spark does not expand "~": the hint names the home folder
     local = f"file://{text}" if text.startswith("/") else f"file://{os.path.abspath(text)}"
     raise ConfigError(
         f"{name} {value!r} has no scheme: write {local!r} for a local path, or 's3://bucket/prefix' "
