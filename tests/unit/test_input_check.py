@@ -116,6 +116,17 @@ def test_a_home_path_and_a_windows_path_get_a_hint_that_works(monkeypatch, tmp_p
         assert os.getcwd() not in str(err.value)  # no file://<cwd>/C:... hint
 
 
+def test_a_csv_check_of_a_folder_of_parquet_names_the_file_and_says_it_is_not_csv(tmp_path, parquet_dir):
+    # Issue 42 item 4: the parquet bytes were printed as column names ("csv: PAR1 ...").
+    with pytest.raises(ConfigError, match=r"input_path 'file://.*/pq' is not CSV: its first data file "
+                                          r".*/day=1/part-0\.parquet is a parquet file") as err:
+        _check(f"file://{parquet_dir}", "csv", input_options={"header": "true"})
+    assert "PAR1" not in str(err.value)
+    (tmp_path / "blob.csv").write_bytes(b"id,\x00\x01\x02payload\n")
+    with pytest.raises(ConfigError, match=r"is not CSV: its first data file .*blob\.csv is binary"):
+        _check(f"file://{tmp_path}/blob.csv", "csv", input_options={"header": "true"})
+
+
 def test_operator_refuses_a_typo_in_a_second_and_writes_nothing(monkeypatch, tmp_path, parquet_dir):
     connections(monkeypatch)
     seen = stub_submit(monkeypatch, lambda config: pytest.fail("nothing may be submitted"))
