@@ -2,7 +2,7 @@
 
 Credentials reach storage only through connections, the environment or the cluster's own role.
 A URI with user info (``scheme://user:password@host/...``) or a signed query string
-(``?X-Amz-Signature=...``), a URI like that inside SQL text, or a Spark setting named like a
+(``?X-Amz-Signature=...``, also in a fragment), a URI like that inside SQL text, or a Spark setting named like a
 credential is refused here, and the error never repeats the secret.
 """
 
@@ -40,7 +40,10 @@ _CLASS_SETTING = re.compile(r"(?i)(?:credentials|token)\.provider(?:\.type|\.map
 # Query parameters of signed URLs: S3 (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token; SigV2
 # Signature, AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), and any named like a credential.
 _SIGNATURE_PARAM = re.compile(r"(?i)signature|^sig$|^api[._-]?key$")
-_QUERY = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#]*)\?(?P<query>[^#]*)(?P<tail>#.*)?$", re.DOTALL)
+# A fragment is screened as a query string: "x.parquet#X-Amz-Signature=..." carries the same secret.
+_QUERY = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#]*)(?:\?(?P<query>[^#]*))?(?:#(?P<fragment>.*))?$",
+                    re.DOTALL)
+_PARTS = ("query", "fragment")
 # A URI inside SQL text ends at white space, a quote, a backtick or a closing parenthesis.
 _EMBEDDED_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`)]+")
 
@@ -55,23 +58,34 @@ def _secret_param(name: str) -> bool:
     return bool(_SIGNATURE_PARAM.search(name) or _CREDENTIAL_KEY.search(name))
 
 
-def _query_params(uri: str) -> list[tuple[str, str]]:
-    """The raw ``(name, value)`` pairs of a URI's query string (none for a text that is no URI)."""
-    m = _QUERY.match(uri)
-    if m is None:
+def _params(text: str | None) -> list[tuple[str, str]]:
+    """The raw ``(name, value)`` pairs of a query string or fragment (none when absent)."""
+    if not text:
         return []
-    return [(name, value) for name, _, value in (p.partition("=") for p in m["query"].split("&"))]
+    return [(name, value) for name, _, value in (p.partition("=") for p in text.split("&"))]
+
+
+def _query_params(uri: str) -> dict[str, list[tuple[str, str]]]:
+    """The raw ``(name, value)`` pairs of a URI's query string and fragment (none for a text that is no URI)."""
+    m = _QUERY.match(uri)
+    return {part: _params(m[part]) if m else [] for part in _PARTS}
+
+
+def _redact_params(pairs: list[tuple[str, str]]) -> str:
+    return "&".join(f"{name}=***" if _secret_param(name) else (f"{name}={value}" if value else name)
+                    for name, value in pairs)
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` with any user info and the values of credential query parameters replaced by ``***``."""
+    """``uri`` with any user info and the values of credential parameters (query or fragment) replaced by ``***``."""
     uri = _USERINFO.sub(lambda m: f"{m['scheme']}://***@", uri)
     m = _QUERY.match(uri)
-    if m is None or not any(_secret_param(name) for name, _ in _query_params(uri)):
+    params = _query_params(uri)
+    if m is None or not any(_secret_param(name) for pairs in params.values() for name, _ in pairs):
         return uri
-    query = "&".join(f"{name}=***" if _secret_param(name) else (f"{name}={value}" if value else name)
-                     for name, value in _query_params(uri))
-    return f"{m['head']}?{query}{m['tail'] or ''}"
+    query = f"?{_redact_params(params['query'])}" if m["query"] is not None else ""
+    fragment = f"#{_redact_params(params['fragment'])}" if m["fragment"] is not None else ""
+    return f"{m['head']}{query}{fragment}"
 
 
 def refuse_userinfo(value: object, what: str) -> None:
@@ -84,10 +98,13 @@ def refuse_userinfo(value: object, what: str) -> None:
             f"{what} {redact_uri(uri)!r} carries credentials in the URI (user info before '@'); they "
             f"would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
         )
-    signed = [unquote_plus(name) for name, _ in _query_params(uri) if _secret_param(name)]
-    if signed:
+    params = _query_params(uri)
+    signed = {part: [unquote_plus(name) for name, _ in params[part] if _secret_param(name)] for part in _PARTS}
+    if any(signed.values()):
+        where = " and ".join(("query string", "fragment")[i] for i, part in enumerate(_PARTS) if signed[part])
+        names = ", ".join(signed["query"] + signed["fragment"])
         raise ConfigError(
-            f"{what} {redact_uri(uri)!r} carries credentials in its query string ({', '.join(signed)}); a signed "
+            f"{what} {redact_uri(uri)!r} carries credentials in its {where} ({names}); a signed "
             f"URL would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
         )
 
