@@ -2,14 +2,14 @@
 
 Credentials reach storage only through connections, the environment or the cluster's own role.
 A URI with user info (``scheme://user:password@host/...``) or a signed query string
-(``?X-Amz-Signature=...``), a URI like that inside SQL text, or a Spark setting named like a
+(``?X-Amz-Signature=...``, also in a fragment), a URI like that inside SQL text, or a Spark setting named like a
 credential is refused here, and the error never repeats the secret.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote_plus
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
@@ -40,7 +40,13 @@ _CLASS_SETTING = re.compile(r"(?i)(?:credentials|token)\.provider(?:\.type|\.map
 # Query parameters of signed URLs: S3 (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token; SigV2
 # Signature, AWSAccessKeyId), GCS (X-Goog-Signature), Azure SAS (sig), and any named like a credential.
 _SIGNATURE_PARAM = re.compile(r"(?i)signature|^sig$|^api[._-]?key$")
-_QUERY = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#]*)\?(?P<query>[^#]*)(?P<tail>#.*)?$", re.DOTALL)
+# A fragment is screened as a query string: "x.parquet#X-Amz-Signature=..." carries the same secret.
+_QUERY = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#]*)(?:\?(?P<query>[^#]*))?(?:#(?P<fragment>.*))?$",
+                    re.DOTALL)
+_PARTS = ("query", "fragment")
+# Inside a decoded value, what separates nested parameters; a name a message may show as it is.
+_INNER_SEP = re.compile(r"[&;?#]")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 # A URI inside SQL text ends at white space, a quote, a backtick or a closing parenthesis.
 _EMBEDDED_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`)]+")
 
@@ -50,28 +56,66 @@ HOW_TO_PASS_CREDENTIALS = (
 )
 
 
-def _secret_param(name: str) -> bool:
-    name = unquote_plus(name)
+def _decoded(text: str) -> str:
+    """``text`` percent-decoded until it no longer changes (``%253D`` is ``=`` encoded twice)."""
+    for _ in range(8):
+        once = unquote_plus(text)
+        if once == text:
+            break
+        text = once
+    return text
+
+
+def _secret_name(name: str) -> bool:
     return bool(_SIGNATURE_PARAM.search(name) or _CREDENTIAL_KEY.search(name))
 
 
-def _query_params(uri: str) -> list[tuple[str, str]]:
-    """The raw ``(name, value)`` pairs of a URI's query string (none for a text that is no URI)."""
-    m = _QUERY.match(uri)
-    if m is None:
+class _Param(NamedTuple):
+    """One parameter of a query string or fragment: as written, and decoded before it is screened."""
+
+    raw: str
+    name: str  # decoded: "X-Amz-Signature%3D<secret>" is the name "X-Amz-Signature" with a value
+    value: str
+
+    @property
+    def secret(self) -> bool:
+        # Its name, or a name inside its decoded value ("a=1%26X-Amz-Signature%3D..."), is a credential's.
+        inner = (p.partition("=")[0] for p in _INNER_SEP.split(self.value) if "=" in p)
+        return _secret_name(self.name) or any(_secret_name(n) for n in inner)
+
+    @property
+    def shown(self) -> str:
+        """The name as a message may show it: never a name that could hold part of the secret."""
+        return self.name if _PLAIN_NAME.fullmatch(self.name) else "***"
+
+
+def _params(text: str | None) -> list[_Param]:
+    """The parameters of a query string or fragment (none when absent), each decoded."""
+    if not text:
         return []
-    return [(name, value) for name, _, value in (p.partition("=") for p in m["query"].split("&"))]
+    return [_Param(piece, *_decoded(piece).partition("=")[::2]) for piece in text.split("&")]
+
+
+def _query_params(uri: str) -> dict[str, list[_Param]]:
+    """The parameters of a URI's query string and fragment (none for a text that is no URI)."""
+    m = _QUERY.match(uri)
+    return {part: _params(m[part]) if m else [] for part in _PARTS}
+
+
+def _redact_params(params: list[_Param]) -> str:
+    return "&".join(f"{p.shown}=***" if p.secret else p.raw for p in params)
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` with any user info and the values of credential query parameters replaced by ``***``."""
+    """``uri`` with any user info and credential parameters (query or fragment, decoded) shown as ``name=***``."""
     uri = _USERINFO.sub(lambda m: f"{m['scheme']}://***@", uri)
     m = _QUERY.match(uri)
-    if m is None or not any(_secret_param(name) for name, _ in _query_params(uri)):
+    params = _query_params(uri)
+    if m is None or not any(p.secret for ps in params.values() for p in ps):
         return uri
-    query = "&".join(f"{name}=***" if _secret_param(name) else (f"{name}={value}" if value else name)
-                     for name, value in _query_params(uri))
-    return f"{m['head']}?{query}{m['tail'] or ''}"
+    query = f"?{_redact_params(params['query'])}" if m["query"] is not None else ""
+    fragment = f"#{_redact_params(params['fragment'])}" if m["fragment"] is not None else ""
+    return f"{m['head']}{query}{fragment}"
 
 
 def refuse_userinfo(value: object, what: str) -> None:
@@ -84,10 +128,13 @@ def refuse_userinfo(value: object, what: str) -> None:
             f"{what} {redact_uri(uri)!r} carries credentials in the URI (user info before '@'); they "
             f"would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
         )
-    signed = [unquote_plus(name) for name, _ in _query_params(uri) if _secret_param(name)]
-    if signed:
+    params = _query_params(uri)
+    signed = {part: [p.shown for p in params[part] if p.secret] for part in _PARTS}
+    if any(signed.values()):
+        where = " and ".join(("query string", "fragment")[i] for i, part in enumerate(_PARTS) if signed[part])
+        names = ", ".join(signed["query"] + signed["fragment"])
         raise ConfigError(
-            f"{what} {redact_uri(uri)!r} carries credentials in its query string ({', '.join(signed)}); a signed "
+            f"{what} {redact_uri(uri)!r} carries credentials in its {where} ({names}); a signed "
             f"URL would reach logs, the spark-submit command line and lineage. Remove them and {HOW_TO_PASS_CREDENTIALS}"
         )
 

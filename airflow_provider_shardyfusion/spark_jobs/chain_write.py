@@ -85,8 +85,9 @@ class ChainPlan:
 def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, ResolvedManifest]:
     """The base run's manifest URI and whole snapshot: ``base_run_id``, else the run ``_CURRENT`` names now.
 
-    Checked before any input is read: a base cleanup deleted is named so, and a run meant to go
-    live (``publish=True``) on a base that is not live is refused, as its publish would be.
+    Checked before any input is read: a base cleanup deleted is named so, a run meant to go live
+    (``publish=True``) on a base that is not live is refused, as its publish would be, and so is a
+    base whose chain was altered since this process resolved it (``SnapshotRoot.check_chain``).
     """
     from ..core.errors import BaseNotLiveError
     from ..core.lifecycle.integrity import deletion_problems
@@ -107,13 +108,13 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
                 "the change on the live snapshot (leave base_run_id unset), or stage it with publish=False"
             )
         ref = snapshots.resolve_manifest(run_id=base_run_id)
-        return ref.uri, snapshots.read_manifest_chain(ref)
+        return ref.uri, snapshots.read_checked_chain(ref)
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
             "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
         )
-    return pointer.manifest_ref, snapshots.read_manifest_chain(pointer)
+    return pointer.manifest_ref, snapshots.read_checked_chain(pointer)
 
 
 def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # noqa: C901 - one check per inherited setting, each naming both values

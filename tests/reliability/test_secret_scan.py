@@ -2,7 +2,8 @@
 
 The canary goes into the AWS connection (where credentials belong), and where they do not: into
 ``input_path``, a ``spark_conf`` value, an ``input_options`` value and ``python_env_archive`` as URI
-user info, into ``input_path`` as the signature of a presigned URL, into a URI inside ``input_sql``,
+user info, into ``input_path`` as the signature of a presigned URL (also in its fragment, and with its
+``=`` percent-encoded), into a URI inside ``input_sql``,
 into ``spark_conf`` as an S3A secret key and into ``input_options`` as an Azure account key. The
 connection's run chooses its S3A credentials provider in ``spark_conf`` (a class name, allowed) and
 writes a real snapshot to the S3 server on loopback; spark-submit is stubbed (building the real
@@ -68,6 +69,8 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
     refused = [
         ("input_path", dict(input_path=f"s3a://AKIACANARY:{CANARY}@bucket/in/")),
         ("input_path", dict(input_path=f"https://bucket.s3.amazonaws.com/in/part-0.parquet?X-Amz-Signature={CANARY}")),
+        ("input_path", dict(input_path=f"https://bucket.s3.amazonaws.com/in/part-0.parquet#X-Amz-Signature={CANARY}")),
+        ("input_path", dict(input_path=f"https://bucket.s3.amazonaws.com/in/part-0.parquet?X-Amz-Signature%3D{CANARY}")),
         ("input_sql", dict(input_path=None, input_sql=f"SELECT * FROM parquet.`s3a://AKIACANARY:{CANARY}@bucket/in/`")),
         ("spark_conf", dict(spark_conf={**provider, "spark.hadoop.fs.s3a.secret.key": CANARY})),
         ("spark_conf['spark.eventLog.dir']", dict(spark_conf={"spark.eventLog.dir": f"s3a://AKIACANARY:{CANARY}@b/l"})),

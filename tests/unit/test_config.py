@@ -560,6 +560,41 @@ def test_a_signed_query_string_in_input_path_is_refused_without_repeating_it(uri
     assert CANARY not in str(err.value) and "=***" in str(err.value)
 
 
+@pytest.mark.parametrize(("uri", "named"), [
+    (f"https://lake.s3.amazonaws.com/in/x.parquet#X-Amz-Signature={CANARY}", "X-Amz-Signature"),
+    (f"s3a://lake/in/x.parquet?versionId=3#sig={CANARY}&sv=1", "sig"),
+])
+def test_a_signature_in_a_uri_fragment_is_refused_without_repeating_it(uri, named):
+    # Issue 42 item 5: a fragment was not screened; the signature reached the write config.
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.secrets import redact_uri
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    with pytest.raises(ConfigError, match=rf"^input_path '.*' carries credentials in its .*fragment \({named}\)") as err:
+        build_write_config(input_path=uri, **args)
+    assert CANARY not in str(err.value) and "=***" in str(err.value)
+    assert CANARY not in redact_uri(uri)
+
+
+@pytest.mark.parametrize("uri", [
+    f"https://lake.s3.amazonaws.com/in.parquet?X-Amz-Signature%3D{CANARY}",
+    f"https://lake.s3.amazonaws.com/in.parquet?X-Amz-Signature%253D{CANARY}",  # encoded twice
+    f"https://lake.s3.amazonaws.com/in.parquet?a=1%26X-Amz-Signature%3D{CANARY}",  # inside another's value
+    f"https://lake.s3.amazonaws.com/in.parquet?%58-Amz-Signature={CANARY}",
+    f"https://lake.s3.amazonaws.com/in.parquet?X-Amz-Signature:{CANARY}",  # no "=": the name holds the secret
+])
+def test_a_percent_encoded_signature_is_refused_without_repeating_it(uri):
+    # Issue 42 item 6: "X-Amz-Signature%3D<secret>" was refused, and the message repeated the secret.
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.secrets import redact_uri
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    with pytest.raises(ConfigError, match=r"^input_path '.*' carries credentials in its query string") as err:
+        build_write_config(input_path=uri, **args)
+    assert CANARY not in str(err.value) and "***" in str(err.value)
+    assert CANARY not in redact_uri(uri)
+
+
 @pytest.mark.parametrize("sql", [
     f"SELECT id, v FROM parquet.`s3a://AKIAX:{CANARY}@lake/in/`",
     f"select * from read_files('s3a://AKIAX:{CANARY}/with+slash@lake/in/')",

@@ -7,6 +7,7 @@ spark-submit stubbed (no cluster here) and show nothing was submitted or written
 from __future__ import annotations
 
 import gzip
+import os
 import time
 
 import pyarrow as pa
@@ -101,6 +102,29 @@ def test_missing_local_path_and_missing_scheme(tmp_path):
         check_write_input(_config("s3://b/in"), output_uri="/data/out")
     for fine in ("file:/data/in", "s3a://b/in", "hdfs://nn/x", None):
         require_scheme("input_path", fine)
+
+
+def test_a_home_path_and_a_windows_path_get_a_hint_that_works(monkeypatch, tmp_path):
+    # Issue 42 item 3: the hint was file://<cwd>/~/x and file://<cwd>/C:\\data\\x.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"input_path '~/x' has no scheme: write 'file://{tmp_path}/x'") as err:
+        require_scheme("input_path", "~/x")
+    assert "~" not in str(err.value).split("write", 1)[1]
+    for windows in ("C:\\data\\x", "c:/data/x", "D:"):
+        with pytest.raises(ConfigError, match=r"is a Windows path: Windows paths are not supported here") as err:
+            require_scheme("input_path", windows)
+        assert os.getcwd() not in str(err.value)  # no file://<cwd>/C:... hint
+
+
+def test_a_csv_check_of_a_folder_of_parquet_names_the_file_and_says_it_is_not_csv(tmp_path, parquet_dir):
+    # Issue 42 item 4: the parquet bytes were printed as column names ("csv: PAR1 ...").
+    with pytest.raises(ConfigError, match=r"input_path 'file://.*/pq' is not CSV: its first data file "
+                                          r".*/day=1/part-0\.parquet is a parquet file") as err:
+        _check(f"file://{parquet_dir}", "csv", input_options={"header": "true"})
+    assert "PAR1" not in str(err.value)
+    (tmp_path / "blob.csv").write_bytes(b"id,\x00\x01\x02payload\n")
+    with pytest.raises(ConfigError, match=r"is not CSV: its first data file .*blob\.csv is binary"):
+        _check(f"file://{tmp_path}/blob.csv", "csv", input_options={"header": "true"})
 
 
 def test_operator_refuses_a_typo_in_a_second_and_writes_nothing(monkeypatch, tmp_path, parquet_dir):

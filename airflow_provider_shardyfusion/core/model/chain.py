@@ -33,20 +33,47 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 
 __all__ = [
-    "ManifestCache", "ManifestFetch", "ResolvedManifest", "Walk", "adrive", "base_document", "base_manifest_key",
+    "ChainLink", "ManifestCache", "ManifestFetch", "ResolvedManifest", "Walk", "adrive", "base_document", "base_manifest_key",
     "check_base_bytes", "check_shard_urls", "drive", "manifest_document", "manifest_for_pointer", "missing_base",
     "parse_manifest_bytes", "resolve", "walk_pointer", "walk_ref",
 ]
 
 
 @dataclass(frozen=True)
+class ChainLink:
+    """One base a resolved chain was rebuilt from: its manifest, its run, the checksum its successor
+    recorded for its bytes, and that successor's run."""
+
+    ref: str
+    run_id: str
+    checksum: str
+    base_of: str
+
+    def missing(self, reason: str) -> ManifestValidationError:
+        """The error of this base's manifest that cannot be read any more."""
+        return ManifestValidationError(
+            f"base manifest {self.ref} of run {self.run_id!r} (the base of run {self.base_of!r}) cannot be read: "
+            f"{reason}; the snapshot of run {self.base_of!r} cannot be rebuilt without it"
+        )
+
+    def altered(self, found: str) -> ManifestValidationError:
+        """The error of this base's manifest whose bytes now have checksum ``found``."""
+        return ManifestValidationError(
+            f"base manifest {self.ref} of run {self.run_id!r} (the base of run {self.base_of!r}) was altered after "
+            f"run {self.base_of!r} was written on it: checksum {found}, recorded {self.checksum}; refusing to read "
+            "a snapshot built on it"
+        )
+
+
+@dataclass(frozen=True)
 class ResolvedManifest:
     """A manifest as readers use it, the checksum of its stored bytes, and the manifests of its chain
-    it was rebuilt from (nearest first)."""
+    it was rebuilt from (nearest first): their URIs (``ancestors``) and what each must still be (``links``)."""
 
     manifest: Manifest
     checksum: str
     ancestors: tuple[str, ...] = ()
+    links: tuple[ChainLink, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,7 +191,9 @@ def _join_bases(doc: Manifest, checksum: str, root: str, cache: ManifestCache) -
             break
         doc, checksum = base, base_checksum
     for doc, checksum in reversed(pending):
-        found = ResolvedManifest(resolve(doc, found.manifest), checksum, (doc.base_manifest_ref or "", *found.ancestors))
+        link = ChainLink(doc.base_manifest_ref or "", doc.base_run_id or "", doc.base_manifest_checksum or "", doc.run_id)
+        found = ResolvedManifest(resolve(doc, found.manifest), checksum, (link.ref, *found.ancestors),
+                                 (link, *found.links))
         cache.put(found)
     return found
 
@@ -254,11 +283,8 @@ def check_base_bytes(doc: Manifest, data: bytes) -> None:
     """The base manifest's bytes must be exactly the ones the document was written on."""
     found = bytes_checksum(data)
     if found != doc.base_manifest_checksum:
-        raise ManifestValidationError(
-            f"base manifest {doc.base_manifest_ref} of run {doc.base_run_id!r} (the base of run {doc.run_id!r}) was "
-            f"altered after run {doc.run_id!r} was written on it: checksum {found}, recorded "
-            f"{doc.base_manifest_checksum}; refusing to read a snapshot built on it"
-        )
+        raise ChainLink(doc.base_manifest_ref or "", doc.base_run_id or "", doc.base_manifest_checksum or "",
+                        doc.run_id).altered(found)
 
 
 def missing_base(doc: Manifest, reason: str) -> ManifestValidationError:

@@ -94,10 +94,37 @@ _RESOLVED: OrderedDict[tuple[str, str], ResolvedManifest] = OrderedDict()
 _RESOLVED_LOCK = threading.Lock()
 
 
+# What the process last hashed of each manifest it read, by root and key: (size, etag, checksum). A
+# chain's bases are checked against it with a HEAD (``SnapshotRoot.check_chain``), and hashed again
+# only when the size or ETag moved.
+_SEEN: OrderedDict[tuple[str, str], tuple[int, str | None, str]] = OrderedDict()
+_SEEN_SIZE = 1024
+
+
 def forget_decoded_manifests() -> None:
     """Empty the process's cache of decoded manifests (the next read of each decodes it again)."""
     with _RESOLVED_LOCK:
         _RESOLVED.clear()
+        _SEEN.clear()
+
+
+def _remember_bytes(root: str, key: str, size: int, etag: str | None, checksum: str) -> None:
+    with _RESOLVED_LOCK:
+        _SEEN[(root, key)] = (size, etag, checksum)
+        _SEEN.move_to_end((root, key))
+        while len(_SEEN) > _SEEN_SIZE:
+            _SEEN.popitem(last=False)
+
+
+def _forget_chains_on(root: str, key: str, link: chain.ChainLink) -> None:
+    """Drop what the process knows of a base found altered, and of every chain rebuilt on it: a walk
+    finds a base in the cache by the checksum its successor recorded, and would not read it again."""
+    ref = link.ref
+    with _RESOLVED_LOCK:
+        _SEEN.pop((root, key), None)
+        _RESOLVED.pop((root, link.checksum), None)
+        for cached in [k for k, r in _RESOLVED.items() if k[0] == root and ref in r.ancestors]:
+            del _RESOLVED[cached]
 
 
 class _DecodedManifests:
@@ -181,6 +208,12 @@ class SnapshotRoot:
             require_base = not allow_older
         data = self.store.get(manifest.key).data
         target = chain.parse_manifest_bytes(manifest.uri, data)
+        if target.is_chain_document:
+            try:
+                # This process may have resolved the chain long ago: its bases must still be what they were.
+                self.check_chain(self.read_manifest_chain(manifest))
+            except ManifestValidationError as exc:
+                raise PublishManifestError(f"run {target.run_id!r} cannot go live: {exc}") from None
 
         def attempt() -> CurrentPointer:
             state = self.read_pointer()
@@ -300,7 +333,50 @@ class SnapshotRoot:
         else:
             ref = self.manifest_ref(source) if isinstance(source, str) else source
             walk = chain.walk_ref(ref.key, ref.uri, ref.run_id, self.root, cache)
-        return chain.drive(walk, self._fetch_manifest)
+        fetched: list[tuple[chain.ManifestFetch, int, str]] = []
+        resolved = chain.drive(walk, lambda wanted: self._fetch_manifest(wanted, fetched))
+        # What ``check_chain`` compares a later HEAD with, hashed by the walk already: the start's bytes
+        # have the resolved checksum, and each base's the one recorded for it (the walk checked them).
+        for wanted, size, etag in fetched:
+            checksum = wanted.checksum if wanted.base_of is not None else resolved.checksum
+            if checksum:
+                _remember_bytes(self.root, wanted.key, size, etag, checksum)
+        return resolved
+
+    def read_checked_chain(self, source: ManifestSource) -> ResolvedManifest:
+        """``read_manifest_chain(source)``, its bases checked to be still what they were (``check_chain``):
+        what a run is written on, or goes live with."""
+        resolved = self.read_manifest_chain(source)
+        self.check_chain(resolved)
+        return resolved
+
+    def check_chain(self, resolved: ResolvedManifest) -> None:
+        """Refuse, naming it, a base manifest of ``resolved``'s chain whose bytes are no longer the ones
+        its successor recorded (or that is gone).
+
+        The process keeps chains it resolved by checksum and does not read their bases again, so a
+        long-lived writer (a streaming driver, a service) calls this before it writes on a base and
+        when a run goes live. It costs a HEAD per base while its size and ETag are the ones last
+        hashed here; the bytes are read and hashed again only when either moved.
+        """
+        for link in resolved.links:
+            key = self.manifest_ref(link.ref).key
+            info = self.store.head(key)
+            if info is None:
+                raise link.missing("it does not exist")
+            with _RESOLVED_LOCK:
+                seen = _SEEN.get((self.root, key))
+            if info.etag is not None and seen == (info.size, info.etag, link.checksum):
+                continue
+            try:
+                obj = self.store.get(key)
+            except ObjectNotFoundError:
+                raise link.missing("it does not exist") from None
+            found = bytes_checksum(obj.data)
+            if found != link.checksum:
+                _forget_chains_on(self.root, key, link)
+                raise link.altered(found)
+            _remember_bytes(self.root, key, len(obj.data), obj.etag, found)
 
     def read_manifest(self, source: ManifestSource) -> Manifest:
         """``read_manifest_chain(source).manifest``: the run's whole snapshot."""
@@ -316,16 +392,21 @@ class SnapshotRoot:
         ref = self.manifest_ref(source) if isinstance(source, str) else source
         return chain.manifest_document(ref.uri, ref.run_id, self.store.get(ref.key).data, self.root)
 
-    def _fetch_manifest(self, wanted: chain.ManifestFetch) -> bytes | None:
-        """The chain walk's fetch: the manifest asked for is read as it is; an unreadable base is named."""
+    def _fetch_manifest(self, wanted: chain.ManifestFetch, fetched: list[tuple[chain.ManifestFetch, int, str]],
+                        ) -> bytes | None:
+        """The chain walk's fetch: the manifest asked for is read as it is (noted in ``fetched`` with its
+        size and etag); an unreadable base is named."""
         if wanted.base_of is None:
-            return self.store.get(wanted.key).data
-        try:
-            return self.store.get(wanted.key).data
-        except ObjectNotFoundError:
-            return None
-        except StorageError as exc:
-            raise wanted.unreadable(str(exc)) from None
+            obj = self.store.get(wanted.key)
+        else:
+            try:
+                obj = self.store.get(wanted.key)
+            except ObjectNotFoundError:
+                return None
+            except StorageError as exc:
+                raise wanted.unreadable(str(exc)) from None
+        fetched.append((wanted, len(obj.data), obj.etag))
+        return obj.data
 
     def write_manifest(self, manifest: Manifest) -> ManifestRef:
         """Write a new, immutable manifest object for its run."""

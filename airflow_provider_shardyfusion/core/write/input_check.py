@@ -30,8 +30,13 @@ __all__ = ["check_columns", "check_write_input", "input_columns", "local_path", 
 
 # A scheme of two or more characters, so that a Windows drive letter is not taken for one.
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+# A drive letter ("C:", "C:\\data", "c:/data") or a UNC path ("\\\\host\\share"): not for Spark here.
+_WINDOWS_PATH = re.compile(r"^[A-Za-z]:(?:[\\/]|$)|^\\\\")
 _GLOB_CHARS = frozenset("*?[{")
 _SCHEMA_FORMATS = ("parquet", "orc", "csv")
+# What a file named as CSV is when it begins with these bytes; the rest of its first 4 KiB is not read.
+_BINARY_MAGIC = ((b"PAR1", "a parquet file"), (b"ORC", "an ORC file"), (b"Obj\x01", "an Avro file"))
+_SNIFF_BYTES = 4096
 # Column lists in messages stop here; a wide table's names would bury the error.
 _SHOWN_COLUMNS = 20
 
@@ -41,6 +46,13 @@ def require_scheme(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip() or _SCHEME.match(value.strip()):
         return
     text = value.strip()
+    if _WINDOWS_PATH.match(text):
+        raise ConfigError(
+            f"{name} {value!r} is a Windows path: Windows paths are not supported here (Spark reads "
+            "this machine's POSIX file system); give a 'file:///abs/dir' path of this machine or 's3://bucket/prefix'"
+        )
+    if text.startswith("~"):
+        text = os.path.expanduser(text)  # Spark does not expand "~": the hint names the home folder
     local = f"file://{text}" if text.startswith("/") else f"file://{os.path.abspath(text)}"
     raise ConfigError(
         f"{name} {value!r} has no scheme: write {local!r} for a local path, or 's3://bucket/prefix' "
@@ -80,6 +92,10 @@ def _first_data_file(folder: str) -> tuple[str, list[str]] | None:
     return None
 
 
+class _NotCsvError(Exception):
+    """The file given as CSV is plainly something else (its message names the file and what it is)."""
+
+
 def _csv_columns(path: str, options: Mapping[str, str]) -> list[str] | None:
     if path.endswith(".gz"):
         opener: Any = gzip.open
@@ -92,6 +108,13 @@ def _csv_columns(path: str, options: Mapping[str, str]) -> list[str] | None:
     if len(sep) != 1 or len(quote) > 1:
         return None  # multi-character separators: Spark's parser, not the csv module's
     encoding = _option(options, "encoding", "charset", default="utf-8")
+    with opener(path, "rb") as raw:
+        head = raw.read(_SNIFF_BYTES)
+    kind = next((k for magic, k in _BINARY_MAGIC if head.startswith(magic)), None)
+    if kind is None and b"\x00" in head and not encoding.lower().replace("-", "").startswith(("utf16", "utf32")):
+        kind = "binary (it holds NUL bytes)"
+    if kind is not None:
+        raise _NotCsvError(f"{path} is {kind}")
     with opener(path, "rt", encoding=encoding, errors="replace", newline="") as f:
         first = next(csv.reader(f, delimiter=sep, quotechar=quote or None), None)
     if first is None:
@@ -118,7 +141,10 @@ def _file_columns(path: str, fmt: str, options: Mapping[str, str]) -> list[str] 
 
 
 def input_columns(path: str, fmt: str, options: Mapping[str, str] | None = None) -> list[str] | None:
-    """Column names Spark will see for a local parquet/ORC/CSV input (a file or a folder), or ``None``."""
+    """Column names Spark will see for a local parquet/ORC/CSV input (a file or a folder), or ``None``.
+
+    A file read as CSV that begins like parquet, ORC or Avro, or holds NUL bytes, raises ``_NotCsvError``.
+    """
     options = options or {}
     if fmt not in _SCHEMA_FORMATS or _option(options, "mergeSchema", default="false").lower() == "true":
         return None  # other formats, or a schema merged over every file: left to Spark
@@ -153,7 +179,11 @@ def check_columns(name: str, uri: str, fmt: str, options: Mapping[str, str],
                   wanted: Iterable[tuple[str, str]]) -> None:
     """Refuse the first named column that the local input lacks (Spark's default: case-insensitive)."""
     matches = _local_matches(name, uri)
-    columns = input_columns(matches[0], fmt, options) if matches else None
+    try:
+        columns = input_columns(matches[0], fmt, options) if matches else None
+    except _NotCsvError as e:
+        raise ConfigError(f"{name} {uri!r} is not CSV: its first data file {e}, not text with a header line "
+                          "(check input_format, or the folder's contents)") from None
     if columns is None:
         return
     known = {c.lower() for c in columns}
