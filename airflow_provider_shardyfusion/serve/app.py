@@ -109,8 +109,9 @@ def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
 class SnapshotService:
     """What the routes do, apart from HTTP parsing: read from one snapshot, shape answers and errors."""
 
-    def __init__(self, slot: ReaderSlot, *, key_type: str):
+    def __init__(self, slot: ReaderSlot, *, key_type: str, max_staleness_s: float | None = None):
         self.slot = slot
+        self.max_staleness_s = max_staleness_s
         self.key_type = key_type
         self.metrics = ServeMetrics()
 
@@ -198,7 +199,7 @@ class SnapshotService:
         body: dict[str, Any] = {"ready": ready, "status": health.status, "run_id": health.run_id, "age_s": health.age_s,
                                 "last_error": health.last_error, "shards_open": health.shards_open}
         if not ready:
-            body["reason"] = _unready_reason(health)
+            body["reason"] = _unready_reason(health, self.max_staleness_s)
         return self.answer("readyz", 200 if ready else 503, body, health.run_id)
 
     def metrics_text(self) -> Response:
@@ -207,11 +208,12 @@ class SnapshotService:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(factory: Callable[[], ShardedReader], *, key_type: str = "auto", retry_s: float = 5.0) -> FastAPI:
+def create_app(factory: Callable[[], ShardedReader], *, key_type: str = "auto", retry_s: float = 5.0,
+               max_staleness_s: float | None = None) -> FastAPI:
     """The FastAPI app serving the reader ``factory`` opens (once, at start-up; closed at shutdown).
 
     Reads run in the server's thread pool (a cold shard may be downloaded), never on the event loop."""
-    service = SnapshotService(ReaderSlot(factory, retry_s), key_type=key_type)
+    service = SnapshotService(ReaderSlot(factory, retry_s), key_type=key_type, max_staleness_s=max_staleness_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -221,7 +223,8 @@ def create_app(factory: Callable[[], ShardedReader], *, key_type: str = "auto", 
         finally:
             await run_in_threadpool(service.slot.close)
 
-    app = FastAPI(title="shardyfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="shardyfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.service = service
 
     # A path parameter: "/" inside a key (sent as %2F) is part of the key, never a path on disk.
@@ -267,7 +270,8 @@ def app_from_environment() -> FastAPI:
     from airflow_provider_shardyfusion.serve.config import ServeConfig
 
     config = ServeConfig.from_environment()
-    return create_app(reader_factory(config), key_type=config.key_type, retry_s=config.follow_interval_s or 5.0)
+    return create_app(reader_factory(config), key_type=config.key_type, retry_s=config.follow_interval_s or 5.0,
+                      max_staleness_s=config.max_staleness_s)
 
 
 async def _read_body(request: Request) -> bytes | None:
@@ -285,12 +289,15 @@ async def _read_body(request: Request) -> bytes | None:
     return b"".join(chunks)
 
 
-def _unready_reason(health: Any) -> str:
+def _unready_reason(health: Any, max_staleness_s: float | None) -> str:
     if health.status == "unhealthy":
         return "no snapshot is loaded (the reader is closed)"
+    reasons = []
     if health.last_error is not None:
-        return f"the last check of _CURRENT failed: {health.last_error}"
-    return f"the served run {health.run_id} went live {health.age_s:.0f}s ago, more than max_staleness_s"
+        reasons.append(f"the last check of _CURRENT failed: {health.last_error}")
+    if max_staleness_s is not None and health.age_s is not None and health.age_s > max_staleness_s:
+        reasons.append(f"the served run {health.run_id} went live {health.age_s:.0f}s ago, more than max_staleness_s")
+    return "; ".join(reasons)
 
 
 def _shown(key: Any) -> Any:
