@@ -7,5 +7,3 @@
 Imports ``core`` only, never Airflow (the import-linter contract says so); FastAPI and uvicorn are
 imported by these modules, never by the CLI's other commands.
 """
-
-__all__ = ["app", "config", "server"]

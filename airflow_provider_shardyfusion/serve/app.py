@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from airflow_provider_shardyfusion.serve.config import ServeConfig
 
-__all__ = ["MAX_BODY_BYTES", "MAX_KEYS", "RUN_ID_HEADER", "ReaderSlot", "SnapshotService", "create_app", "reader_factory"]
+__all__ = [
+    "MAX_BODY_BYTES", "MAX_KEYS", "RUN_ID_HEADER", "ReaderSlot", "SnapshotService", "app_from_environment", "create_app",
+    "reader_factory",
+]
 
 log = logging.getLogger(__name__)
 

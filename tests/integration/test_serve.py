@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -285,3 +286,29 @@ def test_storage_down_readyz_503_while_reads_are_served(tmp_path, s3_server, s3_
 def _unready(server: Server) -> str | None:
     status, _, body = server.call("GET", "/readyz")
     return body["reason"] if status == 503 else None
+
+
+@pytest.mark.s3
+def test_sigterm_lets_an_in_flight_request_finish(tmp_path, s3_server, s3_root, s3_options):
+    """A request waiting on a slow shard download when SIGTERM arrives is still answered, then the server exits."""
+    from tests.reliability.fault_proxy import FaultProxy, Rule
+
+    build_snapshot(s3_root, [(k, _value(k, "r1")) for k in range(100)], num_dbs=2, run_id="r1",
+                   value_format="json", storage_options=s3_options)
+    with FaultProxy(s3_server) as proxy:
+        server = Server(s3_root, tmp_path / "server.log", "--endpoint-url", proxy.url, "--region", "us-east-1",
+                        "--path-style", "--follow-interval-s", "5")
+        slow = proxy.add(Rule("delay", "GET", r"/shards/run_id=r1/db=", count=2, delay_s=1.5))
+        answers: list[Any] = []
+        reader = threading.Thread(target=lambda: answers.append(server.multi_get(list(range(100)))))
+        try:
+            reader.start()
+            wait_for(lambda: slow.hits, timeout=30, what="the request to wait on a shard download")
+            server.proc.send_signal(signal.SIGTERM)
+            reader.join(timeout=60)
+            assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+        finally:
+            server.stop()
+    (status, headers, body), = answers
+    assert status == 200 and body["values"] == [_value(k, "r1") for k in range(100)]
+    assert headers[RUN_ID_HEADER.lower()] == "r1"
