@@ -7,6 +7,7 @@
     shardyfusion publish  URI --run-id RUN [--allow-older]   move _CURRENT to a staged run / roll back
     shardyfusion history  URI                     every run: live / staged / superseded / rolled back / ...
     shardyfusion diff     URI RUN_A RUN_B         per-shard rows and bytes of two runs
+    shardyfusion serve    URI [--port 8080]       the live snapshot over HTTP (see docs/serve.md)
 
 S3-compatible servers: ``--endpoint-url``, ``--region``, ``--path-style``. Credentials are never
 flags: boto3 takes them from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...).
@@ -128,7 +129,46 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="nothing younger is touched (default 3600)")
     clean.add_argument("--keep-run-id", dest="keep_run_ids", action="append", default=[], metavar="ID",
                        help="a run readers are pinned to (repeat)")
+    _add_serve(subs, common)
     return parser
+
+
+def _add_serve(subs: Any, common: argparse.ArgumentParser) -> None:
+    serve = subs.add_parser(
+        "serve", parents=[common], help="serve the live snapshot over HTTP (FastAPI + uvicorn)",
+        description="GET /v1/keys/{key}, POST /v1/multi_get, /healthz, /readyz, /metrics; follows _CURRENT. "
+                    "Runs until SIGTERM or Ctrl-C (in-flight requests finish).",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this host only)")
+    serve.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    serve.add_argument("--follow-interval-s", type=float, default=5.0,
+                       help="check _CURRENT about this often and serve a new run once published (default 5)")
+    serve.add_argument("--shard-ids", metavar="IDS", help="serve only these shards, e.g. 0-15,20 (others: 421)")
+    serve.add_argument("--value-decoding", choices=("json", "typed", "raw"), default="json",
+                       help="json (default): values as stored; typed: by the run's value_schema, rendered to JSON; "
+                            "raw: the stored bytes, base64")
+    serve.add_argument("--max-staleness-s", type=float,
+                       help="/readyz answers 503 once the served run went live longer ago than this")
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes, sharing one cache (default 1)")
+    serve.add_argument("--cache-dir", help="the shared shard cache (default: a temporary folder)")
+    serve.add_argument("--key-type", choices=KEY_TEXTS, default="auto",
+                       help="how a key's text becomes a key, as for 'get' (default auto)")
+    serve.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .serve.config import ServeConfig, parse_shard_ids
+    from .serve.server import run_server
+
+    config = ServeConfig(
+        root=layout.normalize_root(args.uri), storage_options=_storage_options(args).to_dict(),
+        follow_interval_s=args.follow_interval_s,
+        shard_ids=parse_shard_ids(args.shard_ids) if args.shard_ids is not None else None,
+        value_decoding=args.value_decoding, max_staleness_s=args.max_staleness_s,
+        cache_dir=args.cache_dir, key_type=args.key_type,
+    )
+    run_server(config, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level)
+    return 0
 
 
 def _storage_options(args: argparse.Namespace) -> StorageOptions:
@@ -286,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "serve":  # runs until stopped; prints no JSON
+            return _run_serve(args)
         snapshots = SnapshotRoot.open(args.uri, _storage_options(args))
         result = _COMMANDS[args.command](snapshots, args)
     except _FailedWithReport as failed:

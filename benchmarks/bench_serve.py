@@ -8,31 +8,41 @@ existing keys in all:
 - ``get``: in-process ``ShardedReader.get`` from that many threads;
 - ``async_get``: ``await AsyncShardedReader.get`` from that many coroutines on one event loop
   (the reader's pool of ``--max-workers`` threads does the reads);
+- ``multi_get``: in-process ``ShardedReader.multi_get`` of ``BATCH`` keys from that many threads;
+- ``http_get`` / ``http_multi_get``: the same look-ups through ``shardyfusion serve --workers 2`` on
+  loopback (``GET /v1/keys/{key}``; ``POST /v1/multi_get`` of ``BATCH`` keys), one persistent
+  connection per client thread; ``http_multi_get_over_in_process`` is the keys/s ratio (target
+  ≥ ``HTTP_RATIO_TARGET``). The clients are Python threads on the same host as the server: their
+  own cost is in the figures;
 - ``follow_latency``: a follower (``follow_interval_s``) over ``--follow-shards`` shards (1000 by
   default) with every shard open, as a busy service has them; a run is published (``_CURRENT``
   moved) and the time until the follower serves it is measured, with no call from the user but
   reads, for a delta changing a few keys (``delta``) and for a full run (``full``: every shard is
   built again). Target: ≤ interval + 2 s.
 
-Each gives keys/s (look-ups over the wall time of the round) and the p50/p99 latency of one call
-in µs. One function per measurement; ``main()`` prints ONE JSON line on stdout, progress on stderr.
+Each gives keys/s (keys looked up over the wall time of the round) and the p50/p99 latency of one
+call in µs (a call of ``BATCH`` keys for the multi_gets). One function per measurement; ``main()``
+prints ONE JSON line on stdout, progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from processes import free_port, stop_process
 from snapshot_factory import build_delta, build_snapshot, keys_by_shard, publish_current
 
 from airflow_provider_shardyfusion.core.read.async_reader import DEFAULT_MAX_WORKERS, AsyncShardedReader
@@ -44,6 +54,9 @@ if TYPE_CHECKING:
 
 CONCURRENCY = (1, 8, 32)
 FOLLOW_SLACK_S = 2.0  # SPEC §19: publish → served within the interval + 2 s
+BATCH = 100  # keys per multi_get
+HTTP_WORKERS = 2
+HTTP_RATIO_TARGET = 0.3  # SPEC §19: HTTP multi_get keys/s ≥ 0.3 × in-process multi_get
 
 
 def _log(msg: str) -> None:
@@ -55,13 +68,37 @@ def _value(key: int, size: int) -> bytes:
     return (head * (size // len(head) + 1))[:size]
 
 
-def _figures(latencies_ns: list[int], wall_s: float) -> dict[str, float]:
+def _figures(latencies_ns: list[int], wall_s: float, keys_per_call: int = 1) -> dict[str, float]:
     ordered = sorted(latencies_ns)
 
     def pct(q: float) -> float:
         return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1000.0, 3)
 
-    return {"keys_per_s": round(len(ordered) / wall_s), "p50_us": pct(0.50), "p99_us": pct(0.99)}
+    return {"keys_per_s": round(len(ordered) * keys_per_call / wall_s), "p50_us": pct(0.50), "p99_us": pct(0.99)}
+
+
+def _threads(work: Callable[[list[Any], list[int]], None], items: list[Any], callers: int) -> tuple[list[int], float]:
+    """Run ``work(part, latencies)`` in ``callers`` threads started together: all latencies, wall seconds."""
+    parts = _split(items, callers)
+    latencies: list[list[int]] = [[] for _ in parts]
+    start_line = threading.Barrier(callers + 1)
+
+    def caller(mine: list[Any], out: list[int]) -> None:
+        start_line.wait()
+        work(mine, out)
+
+    threads = [threading.Thread(target=caller, args=(p, out)) for p, out in zip(parts, latencies, strict=True)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return [ns for out in latencies for ns in out], time.perf_counter() - t0
+
+
+def _batches(keys: list[int]) -> list[list[int]]:
+    return [keys[i:i + BATCH] for i in range(0, len(keys) - BATCH + 1, BATCH)]
 
 
 def _split(keys: list[int], callers: int) -> list[list[int]]:
@@ -92,6 +129,89 @@ def measure_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[st
     return _figures([ns for out in latencies for ns in out], time.perf_counter() - t0)
 
 
+def measure_multi_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[str, float]:
+    """In-process ``multi_get`` of ``BATCH`` keys from ``callers`` threads."""
+
+    def work(mine: list[list[int]], out: list[int]) -> None:
+        clock, multi_get = time.perf_counter_ns, reader.multi_get
+        for batch in mine:
+            t0 = clock()
+            multi_get(batch)
+            out.append(clock() - t0)
+
+    latencies, wall = _threads(work, _batches(keys), callers)
+    return _figures(latencies, wall, BATCH)
+
+
+def measure_http_get(port: int, keys: list[int], callers: int) -> dict[str, float]:
+    """``GET /v1/keys/{key}`` from ``callers`` threads, one keep-alive connection each."""
+
+    def work(mine: list[int], out: list[int]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        clock = time.perf_counter_ns
+        try:
+            for key in mine:
+                t0 = clock()
+                conn.request("GET", f"/v1/keys/{key}")
+                response = conn.getresponse()
+                response.read()
+                out.append(clock() - t0)
+                if response.status != 200:
+                    raise RuntimeError(f"GET /v1/keys/{key}: HTTP {response.status}")
+        finally:
+            conn.close()
+
+    latencies, wall = _threads(work, keys, callers)
+    return _figures(latencies, wall)
+
+
+def measure_http_multi_get(port: int, keys: list[int], callers: int) -> dict[str, float]:
+    """``POST /v1/multi_get`` of ``BATCH`` keys from ``callers`` threads, one keep-alive connection each."""
+
+    def work(mine: list[list[int]], out: list[int]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        clock = time.perf_counter_ns
+        headers = {"Content-Type": "application/json"}
+        try:
+            for batch in mine:
+                body = json.dumps({"keys": batch})
+                t0 = clock()
+                conn.request("POST", "/v1/multi_get", body=body, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+                out.append(clock() - t0)
+                if response.status != 200 or len(json.loads(data)["values"]) != len(batch):
+                    raise RuntimeError(f"POST /v1/multi_get: HTTP {response.status}")
+        finally:
+            conn.close()
+
+    latencies, wall = _threads(work, _batches(keys), callers)
+    return _figures(latencies, wall, BATCH)
+
+
+def start_server(root: str, cache: str, log_path: str, workers: int = HTTP_WORKERS) -> tuple[subprocess.Popen, int]:
+    """``shardyfusion serve ROOT --workers N`` on a free loopback port, once ``/readyz`` says 200."""
+    port = free_port()
+    log = open(log_path, "wb")  # noqa: SIM115  # the child's output, closed with the file by the OS at exit
+    proc = subprocess.Popen([sys.executable, "-m", "airflow_provider_shardyfusion", "serve", root, "--port", str(port),
+                             "--workers", str(workers), "--cache-dir", cache, "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}; see {log_path}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.1)
+    stop_process(proc)
+    raise RuntimeError(f"the server was not ready within 120 s; see {log_path}")
+
+
 def measure_async_get(reader: AsyncShardedReader, keys: list[int], callers: int) -> dict[str, float]:
     """``await AsyncShardedReader.get`` from ``callers`` coroutines on one event loop."""
     parts = _split(keys, callers)
@@ -118,7 +238,7 @@ def _by_concurrency(measure: Callable[[Any, list[int], int], dict[str, float]], 
     out = {}
     for callers in CONCURRENCY:
         _log(f"{measure.__name__}: {callers} caller(s), {len(keys)} look-ups")
-        measure(reader, keys[:1000], callers)  # warm the threads and the loop
+        measure(reader, keys[:max(1000, BATCH * callers)], callers)  # warm the threads, the loop, the workers
         out[str(callers)] = measure(reader, keys, callers)
     return out
 
@@ -198,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             reader.multi_get(list(range(min(args.keys, 10 * args.shards))))  # every shard open: warm
             assert all(reader.get(k) == _value(k, args.value_bytes) for k in keys[:100])
             sync = _by_concurrency(measure_get, reader, keys)
+            in_process_multi = _by_concurrency(measure_multi_get, reader, keys)
 
         async def open_async() -> AsyncShardedReader:
             return await AsyncShardedReader.open(root, cache_dir=cache, max_workers=args.max_workers)
@@ -209,9 +330,18 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             asyncio.run(areader.aclose())
 
+        _log(f"serve --workers {HTTP_WORKERS} (shared cache {cache})")
+        server, port = start_server(root, cache, os.path.join(tmp, "serve.log"))
+        try:
+            http_get = _by_concurrency(measure_http_get, port, keys)
+            http_multi = _by_concurrency(measure_http_multi_get, port, keys)
+        finally:
+            stop_process(server, timeout=60)
+
     _log(f"follow latency on {args.follow_shards} shards, interval {args.follow_interval_s}s, "
          f"{args.follow_rounds} rounds")
     follow = follow_latency(args.follow_shards, args.follow_interval_s, args.follow_rounds)
+    ratios = {c: round(http_multi[c]["keys_per_s"] / in_process_multi[c]["keys_per_s"], 3) for c in http_multi}
     result = {
         "benchmark": "serve",
         "keys": args.keys, "num_dbs": args.shards, "value_bytes": args.value_bytes, "lookups": args.lookups,
@@ -219,6 +349,14 @@ def main(argv: list[str] | None = None) -> None:
         "get": sync,
         "async_get": asynchronous,
         "async_over_sync_keys_per_s": {c: round(asynchronous[c]["keys_per_s"] / sync[c]["keys_per_s"], 3) for c in sync},
+        "batch": BATCH,
+        "multi_get": in_process_multi,
+        "http_workers": HTTP_WORKERS,
+        "http_get": http_get,
+        "http_multi_get": http_multi,
+        "http_multi_get_over_in_process": ratios,
+        "http_multi_get_ratio_target": HTTP_RATIO_TARGET,
+        "http_multi_get_ratio_met": {c: r >= HTTP_RATIO_TARGET for c, r in ratios.items()},
         "follow": follow,
         "build_s": round(build_s, 1),
         "python": platform.python_version(),

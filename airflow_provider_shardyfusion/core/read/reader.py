@@ -237,6 +237,16 @@ class ShardedReader:
 
         ``routing_context``: one mapping for every key, or one mapping per key.
         """
+        return self.multi_get_with_run_id(keys, routing_context=routing_context)[1]
+
+    def multi_get_with_run_id(
+        self, keys: Iterable[Any], *, routing_context: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[str, list[Any]]:
+        """``(run_id, values)``: ``multi_get(keys)`` and the run every value was read from, in one step.
+
+        All values come from one snapshot (a refresh during the call makes it read again from the new
+        one), so the run id names them all: what a server puts beside its answer (``shardyfusion serve``).
+        """
         keys = keys if isinstance(keys, list) else list(keys)
         contexts: Sequence[Mapping[str, Any]] | None = None
         if routing_context is not None and not isinstance(routing_context, Mapping):
@@ -257,7 +267,7 @@ class ShardedReader:
                 continue
             if state.generation == generation:  # else a refresh pinned this snapshot meanwhile: read again
                 self._metrics.count_batch(len(values), values.count(None))
-                return values
+                return state.run_id, values
 
     def route(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
         """The shard id ``key`` routes to (the writer's function, SPEC §4), served here or not: a

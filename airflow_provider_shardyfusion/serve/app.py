@@ -1,0 +1,314 @@
+"""The HTTP application of ``shardyfusion serve`` (SPEC §19), built from a reader factory.
+
+Routes: ``GET /v1/keys/{key}``, ``POST /v1/multi_get``, ``GET /healthz``, ``GET /readyz``,
+``GET /metrics``. Every answer read from a snapshot names its run in the body (``run_id``) and in
+the header ``X-Shardyfusion-Run-Id``; the values of one answer come from one snapshot
+(``ShardedReader.multi_get_with_run_id``). Values are JSON as msgspec renders the decoded values:
+datetimes RFC 3339, ``Decimal`` as a string, bytes base64.
+
+Errors are one JSON object ``{"error": ...}`` (plus what helps: ``key``, ``shard``), never a stack
+trace. Nothing from a request is ever used as a path: a key is only ever looked up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_provider_shardyfusion.core.errors import ConfigError, KeyEncodingError, ShardNotServedError, ShardyfusionError
+from airflow_provider_shardyfusion.core.model.encoding import key_from_text, key_to_show
+from airflow_provider_shardyfusion.serve.metrics import ServeMetrics
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from airflow_provider_shardyfusion.serve.config import ServeConfig
+
+__all__ = [
+    "MAX_BODY_BYTES", "MAX_KEYS", "RUN_ID_HEADER", "ReaderSlot", "SnapshotService", "app_from_environment", "create_app",
+    "reader_factory",
+]
+
+log = logging.getLogger(__name__)
+
+RUN_ID_HEADER = "X-Shardyfusion-Run-Id"
+MAX_KEYS = 10_000
+MAX_BODY_BYTES = 4 << 20  # 10,000 keys of ~400 characters each
+JSON = "application/json"
+
+_encode = msgspec.json.Encoder(decimal_format="string").encode
+
+
+class _MultiGet(msgspec.Struct, forbid_unknown_fields=True):
+    keys: list[str | int]
+
+
+_decode_multi_get = msgspec.json.Decoder(_MultiGet).decode
+
+
+class ReaderSlot:
+    """The worker's reader, opened at start-up; while it cannot be (nothing published yet, storage
+    down), a thread tries again every ``retry_s`` and ``reason`` says what went wrong."""
+
+    def __init__(self, factory: Callable[[], ShardedReader], retry_s: float):
+        self._factory = factory
+        self._retry_s = retry_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reader: ShardedReader | None = None
+        self.reason = "the snapshot is not loaded yet"
+
+    def open(self) -> None:
+        if not self._try_open():
+            self._thread = threading.Thread(target=self._retry, name="shardyfusion-serve-open", daemon=True)
+            self._thread.start()
+
+    def _try_open(self) -> bool:
+        try:
+            self.reader = self._factory()
+        except Exception as exc:  # kept as the reason /readyz gives; the process stays up and retries
+            self.reason = f"cannot open the snapshot: {type(exc).__name__}: {_one_line(exc)}"
+            log.warning("serve: %s (retrying every %ss)", self.reason, self._retry_s)
+            return False
+        return True
+
+    def _retry(self) -> None:
+        while not self._stop.wait(self._retry_s):
+            if self._try_open():
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._retry_s + 5)
+        if self.reader is not None:
+            self.reader.close()
+
+
+def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
+    """A ``ShardedReader`` as ``config`` asks: following ``_CURRENT``, on the shared cache."""
+
+    def open_reader() -> ShardedReader:
+        from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+
+        return ShardedReader(
+            config.root, cache_dir=config.cache_dir, storage_options=config.storage_options or None,
+            follow_interval_s=config.follow_interval_s, max_staleness_s=config.max_staleness_s,
+            shard_ids=config.shard_ids, value_decoding=config.value_decoding,  # type: ignore[arg-type]  # checked by ServeConfig
+        )
+
+    return open_reader
+
+
+class SnapshotService:
+    """What the routes do, apart from HTTP parsing: read from one snapshot, shape answers and errors."""
+
+    def __init__(self, slot: ReaderSlot, *, key_type: str, max_staleness_s: float | None = None):
+        self.slot = slot
+        self.max_staleness_s = max_staleness_s
+        self.key_type = key_type
+        self.metrics = ServeMetrics()
+
+    def answer(self, route: str, status: int, body: dict[str, Any], run_id: str | None = None) -> Response:
+        self.metrics.request(route, status)
+        headers = {RUN_ID_HEADER: run_id} if run_id else None
+        return Response(_encode(body), status_code=status, media_type=JSON, headers=headers)
+
+    def failure(self, route: str, status: int, message: str, run_id: str | None = None, **extra: Any) -> Response:
+        body = {"error": message, **extra}
+        if run_id:
+            body["run_id"] = run_id
+        return self.answer(route, status, body, run_id)
+
+    def _serving(self, route: str) -> ShardedReader | Response:
+        reader = self.slot.reader
+        if reader is None:
+            return self.failure(route, 503, self.slot.reason)
+        return reader
+
+    def _read(self, route: str, reader: ShardedReader, texts: list[str]) -> tuple[list[Any], str, list[Any]] | Response:
+        """``(keys, run_id, values)`` of ``texts`` from one snapshot, or the error answer (400, 421, 503)."""
+        try:
+            encoding = reader.manifest.key_encoding
+            keys = [key_from_text(text, encoding, self.key_type) for text in texts]
+        except (KeyEncodingError, ConfigError) as exc:
+            return self.failure(route, 400, _one_line(exc), reader.run_id)
+        try:
+            run_id, values = reader.multi_get_with_run_id(keys)
+        except ShardNotServedError as exc:
+            return self.failure(route, 421, _one_line(exc), reader.run_id, key=_shown(exc.key), shard=exc.db_id,
+                                served=exc.served)
+        except (KeyEncodingError, ConfigError) as exc:  # e.g. text for an integer key, an int out of range
+            return self.failure(route, 400, _one_line(exc), reader.run_id)
+        except ShardyfusionError as exc:  # storage unreachable for a shard not cached yet, ...
+            log.warning("serve: %s failed: %s", route, exc)
+            return self.failure(route, 503, f"{type(exc).__name__}: {_one_line(exc)}", reader.run_id)
+        return keys, run_id, values
+
+    def get_key(self, text: str) -> Response:
+        reader = self._serving("get")
+        if isinstance(reader, Response):
+            return reader
+        got = self._read("get", reader, [text])
+        if isinstance(got, Response):
+            return got
+        (key,), run_id, (value,) = got
+        found = value is not None
+        self.metrics.keys(1, int(found))
+        return self.answer("get", 200 if found else 404,
+                           {"run_id": run_id, "key": key_to_show(key), "found": found, "value": value}, run_id)
+
+    def multi_get(self, texts: list[str]) -> Response:
+        reader = self._serving("multi_get")
+        if isinstance(reader, Response):
+            return reader
+        got = self._read("multi_get", reader, texts)
+        if isinstance(got, Response):
+            return got
+        _, run_id, values = got
+        self.metrics.keys(len(values), len(values) - values.count(None))
+        return self.answer("multi_get", 200, {"run_id": run_id, "values": values}, run_id)
+
+    def multi_get_body(self, content_type: str, body: bytes | None) -> list[str] | Response:
+        """The keys of a ``POST /v1/multi_get`` body, or the error answer (415, 413, 400)."""
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != JSON:
+            return self.failure("multi_get", 415, f"POST /v1/multi_get takes {JSON}, got {media or 'no content type'!r}")
+        if body is None:
+            return self.failure("multi_get", 413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        try:
+            asked = _decode_multi_get(body)
+        except msgspec.DecodeError as exc:
+            return self.failure("multi_get", 400, f'the body must be {{"keys": [KEY, ...]}} (strings or integers): {exc}')
+        if len(asked.keys) > MAX_KEYS:
+            return self.failure("multi_get", 413, f"{len(asked.keys)} keys asked; at most {MAX_KEYS} per request")
+        return [k if isinstance(k, str) else str(k) for k in asked.keys]
+
+    def readyz(self) -> Response:
+        reader = self.slot.reader
+        if reader is None:
+            return self.answer("readyz", 503, {"ready": False, "reason": self.slot.reason})
+        health = reader.health()
+        ready = health.status == "healthy"
+        body: dict[str, Any] = {"ready": ready, "status": health.status, "run_id": health.run_id, "age_s": health.age_s,
+                                "last_error": health.last_error, "shards_open": health.shards_open}
+        if not ready:
+            body["reason"] = _unready_reason(health, self.max_staleness_s)
+        return self.answer("readyz", 200 if ready else 503, body, health.run_id)
+
+    def metrics_text(self) -> Response:
+        text = self.metrics.exposition(self.slot.reader)
+        self.metrics.request("metrics", 200)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(factory: Callable[[], ShardedReader], *, key_type: str = "auto", retry_s: float = 5.0,
+               max_staleness_s: float | None = None) -> FastAPI:
+    """The FastAPI app serving the reader ``factory`` opens (once, at start-up; closed at shutdown).
+
+    Reads run in the server's thread pool (a cold shard may be downloaded), never on the event loop."""
+    service = SnapshotService(ReaderSlot(factory, retry_s), key_type=key_type, max_staleness_s=max_staleness_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(service.slot.open)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.slot.close)
+
+    app = FastAPI(title="shardyfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
+    app.state.service = service
+
+    # A path parameter: "/" inside a key (sent as %2F) is part of the key, never a path on disk.
+    @app.get("/v1/keys/{key:path}")
+    async def get_route(key: str) -> Response:
+        return await run_in_threadpool(service.get_key, key)
+
+    @app.post("/v1/multi_get")
+    async def multi_get_route(request: Request) -> Response:
+        is_json = request.headers.get("content-type", "").split(";", 1)[0].strip().lower() == JSON
+        keys = service.multi_get_body(request.headers.get("content-type", ""),
+                                      await _read_body(request) if is_json else b"")
+        if isinstance(keys, Response):
+            return keys
+        return await run_in_threadpool(service.multi_get, keys)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return service.answer("healthz", 200, {"status": "alive"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        return service.readyz()
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return service.metrics_text()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:  # 404/405 of the router
+        return service.failure("other", exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:  # logged here, never in a body
+        log.error("serve: unexpected error", exc_info=exc)
+        return service.failure("other", 500, f"internal error ({type(exc).__name__}); see the server's log")
+
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one uvicorn worker, from the ``ServeConfig`` in the environment (``serve.server``)."""
+    from airflow_provider_shardyfusion.serve.config import ServeConfig
+
+    config = ServeConfig.from_environment()
+    return create_app(reader_factory(config), key_type=config.key_type, retry_s=config.follow_interval_s or 5.0,
+                      max_staleness_s=config.max_staleness_s)
+
+
+async def _read_body(request: Request) -> bytes | None:
+    """The request body, or None once it passes ``MAX_BODY_BYTES`` (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _unready_reason(health: Any, max_staleness_s: float | None) -> str:
+    if health.status == "unhealthy":
+        return "no snapshot is loaded (the reader is closed)"
+    reasons = []
+    if health.last_error is not None:
+        reasons.append(f"the last check of _CURRENT failed: {health.last_error}")
+    if max_staleness_s is not None and health.age_s is not None and health.age_s > max_staleness_s:
+        reasons.append(f"the served run {health.run_id} went live {health.age_s:.0f}s ago, more than max_staleness_s")
+    return "; ".join(reasons)
+
+
+def _shown(key: Any) -> Any:
+    try:
+        return key_to_show(key)
+    except Exception:
+        return repr(key)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or repr(exc)

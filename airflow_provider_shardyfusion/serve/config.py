@@ -1,0 +1,76 @@
+"""What ``shardyfusion serve`` was asked for: one ``ServeConfig``, carried to every worker as JSON.
+
+uvicorn starts its worker processes afresh (``--workers N``), so the options travel in the
+environment variable ``SERVE_CONFIG_ENV`` and each worker builds its own app from them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_provider_shardyfusion.core.errors import ConfigError
+from airflow_provider_shardyfusion.core.model.encoding import KEY_TEXTS
+from airflow_provider_shardyfusion.core.read.value_decoding import validate_value_decoding
+
+__all__ = ["SERVE_CONFIG_ENV", "ServeConfig", "parse_shard_ids"]
+
+SERVE_CONFIG_ENV = "SHARDYFUSION_SERVE_CONFIG"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The reader a worker opens and how it answers: the ``serve`` command's options."""
+
+    root: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    follow_interval_s: float | None = 5.0
+    shard_ids: tuple[int, ...] | None = None
+    value_decoding: str = "json"
+    max_staleness_s: float | None = None
+    cache_dir: str | None = None
+    key_type: str = "auto"
+
+    def __post_init__(self) -> None:
+        validate_value_decoding(self.value_decoding)
+        if self.key_type not in KEY_TEXTS:
+            raise ConfigError(f"--key-type {self.key_type!r} is not supported; choose one of {list(KEY_TEXTS)}")
+        for name in ("follow_interval_s", "max_staleness_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ServeConfig:
+        plain = json.loads(text)
+        if plain.get("shard_ids") is not None:
+            plain["shard_ids"] = tuple(plain["shard_ids"])
+        return cls(**plain)
+
+    @classmethod
+    def from_environment(cls) -> ServeConfig:
+        text = os.environ.get(SERVE_CONFIG_ENV)
+        if not text:
+            raise ConfigError(f"{SERVE_CONFIG_ENV} is not set: start the server with 'shardyfusion serve ROOT'")
+        return cls.from_json(text)
+
+
+def parse_shard_ids(text: str) -> tuple[int, ...]:
+    """``"0-15,20"`` → ``(0, 1, …, 15, 20)``: comma-separated ids and inclusive ranges."""
+    ids: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        first, sep, last = part.partition("-")
+        try:
+            low = int(first)
+            high = int(last) if sep else low
+        except ValueError:
+            raise ConfigError(f"--shard-ids {text!r}: {part!r} is not a shard id or a range like 0-15") from None
+        if low < 0 or high < low:
+            raise ConfigError(f"--shard-ids {text!r}: {part!r} is not a range of non-negative ids (low-high)")
+        ids.update(range(low, high + 1))
+    return tuple(sorted(ids))

@@ -1,0 +1,314 @@
+"""``shardyfusion serve`` through real HTTP on loopback (SPEC §19, issue 39).
+
+The server runs as its own process (``python -m airflow_provider_shardyfusion serve``) on a free
+port; snapshots are built without Spark (``tests.snapshot_factory``). One server per module where
+the tests only read; the tests that publish start their own. Every wait has a deadline; no
+assertion is on time.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from airflow_provider_shardyfusion.core.model.value_schema import from_arrow
+from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.serve.app import RUN_ID_HEADER
+from tests.polling import wait_for
+from tests.processes import free_port, stop_process
+from tests.snapshot_factory import build_snapshot, publish_current
+from tests.typed_values import ROW, SCHEMA, encode_v2
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+KEYS = 10_000
+
+
+class Server:
+    """A ``shardyfusion serve`` process and a small HTTP client for it (one connection per call)."""
+
+    def __init__(self, root: str, log: Path, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.log = log
+        self._log_file = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_provider_shardyfusion", "serve", root, "--port", str(self.port), *args],
+            stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+        try:
+            wait_for(self._alive, timeout=60, what=f"the server on port {self.port} (log: {log})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            return self.call("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def call(self, method: str, path: str, body: Any = None, *, content_type: str | None = "application/json",
+             raw: bytes | None = None) -> tuple[int, dict[str, str], Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            headers = {"Content-Type": content_type} if content_type else {}
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            text = response.read().decode()
+            assert "Traceback" not in text and 'File "' not in text, text
+            got = json.loads(text) if response.getheader("content-type", "").startswith("application/json") else text
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, got
+        finally:
+            conn.close()
+
+    def multi_get(self, keys: list[Any]) -> tuple[int, dict[str, str], Any]:
+        return self.call("POST", "/v1/multi_get", {"keys": keys})
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout=30)
+        self._log_file.close()
+
+
+def _value(key: int, run: str) -> dict[str, Any]:
+    return {"v": key, "run": run, "text": f"k{key}-é"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """10k JSON values in 8 shards, served by one server for the module's read-only tests."""
+    tmp = tmp_path_factory.mktemp("serve")
+    root = f"file://{tmp}/snap"
+    build_snapshot(root, [(k, _value(k, "r1")) for k in range(KEYS)], num_dbs=8, run_id="r1", value_format="json")
+    server = Server(root, tmp / "server.log", "--follow-interval-s", "0.5", "--cache-dir", str(tmp / "cache"))
+    try:
+        yield server, tmp
+    finally:
+        server.stop()
+
+
+def test_every_value_exact_for_10k_keys(served):
+    server, _ = served
+    for start in range(0, KEYS, 2500):
+        keys = list(range(start, start + 2500))
+        status, headers, body = server.multi_get(keys)
+        assert status == 200 and headers[RUN_ID_HEADER.lower()] == "r1" == body["run_id"]
+        assert body["values"] == [_value(k, "r1") for k in keys]
+    for key in random.Random(1).sample(range(KEYS), 300):
+        status, headers, body = server.call("GET", f"/v1/keys/{key}")
+        assert (status, body) == (200, {"run_id": "r1", "key": key, "found": True, "value": _value(key, "r1")})
+        assert headers[RUN_ID_HEADER.lower()] == "r1"
+    status, headers, body = server.call("GET", f"/v1/keys/{KEYS + 5}")
+    assert (status, body) == (404, {"run_id": "r1", "key": KEYS + 5, "found": False, "value": None})
+    assert server.multi_get(["7", KEYS + 1])[2]["values"] == [_value(7, "r1"), None]
+
+
+def test_health_ready_and_metrics(served):
+    server, _ = served
+    assert server.call("GET", "/healthz")[:1] == (200,)
+    status, headers, body = server.call("GET", "/readyz")
+    assert status == 200 and body["ready"] is True and body["run_id"] == "r1" == headers[RUN_ID_HEADER.lower()]
+    server.call("GET", "/v1/keys/3")
+    status, headers, text = server.call("GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert "# TYPE shardyfusion_serve_requests_total counter" in text
+    assert 'route="get",code="200"' in text and "shardyfusion_serve_ready{" in text
+    assert 'shardyfusion_reader_status{pid="' in text and 'run_id="r1"} 0' in text
+
+
+def test_bad_input_is_a_clear_error_and_touches_no_file(served):
+    server, tmp = served
+    sentinel = tmp / "sentinel"
+    sentinel.write_text("untouched")
+    before = (sentinel.stat().st_mtime_ns, sorted(p.name for p in tmp.iterdir()))
+
+    status, _, body = server.call("GET", "/v1/keys/not-a-number")
+    assert status == 400 and "not-a-number" in body["error"] and body["run_id"] == "r1"
+    status, _, body = server.multi_get(["1", "x"])
+    assert status == 400 and "'x'" in body["error"]
+    status, _, body = server.multi_get(list(range(20_000)))
+    assert status == 413 and "10000" in body["error"]
+    status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [1]}', content_type="text/plain")
+    assert status == 415 and "application/json" in body["error"]
+    status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [1]}', content_type=None)
+    assert status == 415
+    status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [1', content_type="application/json")
+    assert status == 400 and "keys" in body["error"]
+    status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [{"a": 1}]}')
+    assert status == 400
+    status, _, body = server.call("POST", "/v1/multi_get", raw=b"x" * (5 << 20))
+    assert status == 413
+    for path in ("/v1/keys/../../../etc/passwd", "/v1/keys/..%2F..%2Fsentinel", "/v1/keys/%2e%2e%2fsentinel",
+                 f"/v1/keys/{tmp}/sentinel", "/v1/keys/", "/v1/keys", "/../sentinel", "/v1/keys/%00"):
+        status, _, body = server.call("GET", path)
+        assert status in (400, 404), (path, status, body)
+        assert isinstance(body, dict) and "untouched" not in json.dumps(body)
+    assert server.call("DELETE", "/v1/keys/1")[0] == 405
+    assert (sentinel.stat().st_mtime_ns, sorted(p.name for p in tmp.iterdir())) == before
+    assert server.call("GET", "/readyz")[0] == 200  # still serving
+
+
+def test_typed_values_render_as_json(tmp_path):
+    schema = from_arrow(SCHEMA, SCHEMA.names)
+    root = f"file://{tmp_path}/snap"
+    build_snapshot(root, [(k, encode_v2(ROW, schema)) for k in range(3)], num_dbs=2, run_id="typed",
+                   value_format="json", value_schema=schema, encode_value=bytes)
+    server = Server(root, tmp_path / "server.log", "--value-decoding", "typed", "--follow-interval-s", "5")
+    try:
+        status, _, body = server.call("GET", "/v1/keys/1")
+    finally:
+        server.stop()
+    value = body["value"]
+    assert status == 200 and body["run_id"] == "typed"
+    assert value["at"] == "2024-01-02T03:04:05.123456Z"  # RFC 3339, UTC
+    assert value["local"] == "2024-01-02T03:04:05"  # timestamp_ntz: no offset
+    assert value["day"] == "2024-01-02"
+    assert value["amount"] == "1234.50" and value["tiny"] == "1E-10"  # Decimal as text, exact
+    assert base64.b64decode(value["bin"]) == b"\x00\xffab"
+    assert value["i64"] == -9223372036854775808 and value["scores"] == {"x": 1.5, "y": None}
+
+
+def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
+    root = f"file://{tmp_path}/snap"
+    build_snapshot(root, [(k, _value(k, "r1")) for k in range(200)], num_dbs=4, run_id="r1", value_format="json")
+    server = Server(root, tmp_path / "server.log", "--shard-ids", "0-1", "--follow-interval-s", "5")
+    try:
+        answers = {k: server.call("GET", f"/v1/keys/{k}") for k in range(40)}
+        served = [k for k, (status, _, _) in answers.items() if status == 200]
+        refused = [k for k, (status, _, _) in answers.items() if status == 421]
+        assert served and refused and len(served) + len(refused) == 40
+        for k in refused:
+            body = answers[k][2]
+            assert body["shard"] in (2, 3) and body["served"] == "0-1" and body["run_id"] == "r1"
+        assert server.multi_get(served)[2]["values"] == [_value(k, "r1") for k in served]
+        status, _, body = server.multi_get([served[0], refused[0]])
+        assert status == 421 and body["key"] == refused[0]
+    finally:
+        server.stop()
+
+
+def test_publish_while_8_clients_read_then_rollback(tmp_path):
+    """Each answer is from one run: its body, its header and every value name the same run."""
+    root = f"file://{tmp_path}/snap"
+    rows = range(2000)
+    first = build_snapshot(root, [(k, _value(k, "r1")) for k in rows], num_dbs=4, run_id="r1", value_format="json")
+    server = Server(root, tmp_path / "server.log", "--follow-interval-s", "0.2", "--workers", "2",
+                    "--cache-dir", str(tmp_path / "cache"))
+    stop = threading.Event()
+    seen: list[set[str]] = [set() for _ in range(8)]
+    errors: list[str] = []
+
+    def client(n: int) -> None:
+        rng = random.Random(n)
+        while not stop.is_set():
+            keys = rng.sample(rows, 100)
+            status, headers, body = server.multi_get(keys)
+            run = body.get("run_id")
+            if status != 200 or headers.get(RUN_ID_HEADER.lower()) != run or \
+                    body["values"] != [_value(k, run) for k in keys]:
+                errors.append(f"{status} {run} {headers.get(RUN_ID_HEADER.lower())}")
+            key = rng.choice(rows)
+            status, headers, body = server.call("GET", f"/v1/keys/{key}")
+            if status != 200 or body["value"] != _value(key, body["run_id"]) or \
+                    headers[RUN_ID_HEADER.lower()] != body["run_id"]:
+                errors.append(f"GET {status} {body}")
+            seen[n].add(run)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        second = build_snapshot(root, [(k, _value(k, "r2")) for k in rows], num_dbs=4, run_id="r2",
+                                value_format="json", publish=False)
+        publish_current(open_store(root), second.manifest_key, "r2")
+        wait_for(lambda: all("r2" in s for s in seen), timeout=30, what="every client to read run r2")
+        # Rollback: _CURRENT back to r1's manifest; the server stays ready throughout.
+        publish_current(open_store(root), first.manifest_key, "r1")
+        for s in seen:
+            s.clear()
+
+        def rolled_back() -> bool:
+            assert server.call("GET", "/readyz")[0] == 200  # ready through the rollback
+            return all("r1" in s for s in seen)
+
+        wait_for(rolled_back, timeout=30, what="every client to read run r1 again")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        server.stop()
+    assert not errors, errors[:5]
+
+
+@pytest.mark.s3
+def test_storage_down_readyz_503_while_reads_are_served(tmp_path, s3_server, s3_root, s3_options):
+    from tests.reliability.fault_proxy import FaultProxy, Rule
+
+    build_snapshot(s3_root, [(k, _value(k, "r1")) for k in range(500)], num_dbs=4, run_id="r1",
+                   value_format="json", storage_options=s3_options)
+    with FaultProxy(s3_server) as proxy:
+        server = Server(s3_root, tmp_path / "server.log", "--endpoint-url", proxy.url, "--region", "us-east-1",
+                        "--path-style", "--follow-interval-s", "0.3", "--max-staleness-s", "10")
+        try:
+            assert server.multi_get(list(range(500)))[2]["values"] == [_value(k, "r1") for k in range(500)]
+            status, _, body = server.call("GET", "/readyz")
+            assert status == 200, body
+            # Storage refusing every request. A closed connection reports the same, only after the store's retry
+            # budget (5 botocore attempts within each of 6: about a minute), too slow for this test.
+            outage = proxy.add(Rule("error", None, r"", count=None, status=403, code="AccessDenied"))
+            reason = wait_for(lambda: (lambda r: r if r and "_CURRENT" in r else None)(_unready(server)), timeout=60,
+                              what="/readyz to answer 503 naming the failed check with S3 down")
+            status, headers, body = server.call("GET", "/v1/keys/42")  # from the local cache, S3 still down
+            assert (status, body["value"], headers[RUN_ID_HEADER.lower()]) == (200, _value(42, "r1"), "r1")
+            assert server.multi_get([1, 2, 499])[2]["values"] == [_value(k, "r1") for k in (1, 2, 499)]
+            proxy.remove(outage)
+            # Storage back, no new run: the served run is older than --max-staleness-s, so still not ready.
+            reason = wait_for(lambda: (lambda r: r if r and "_CURRENT" not in r else None)(_unready(server)),
+                              timeout=60, what="/readyz to say only that the run is too old")
+            assert "went live" in reason and "max_staleness_s" in reason
+        finally:
+            server.stop()
+
+
+def _unready(server: Server) -> str | None:
+    status, _, body = server.call("GET", "/readyz")
+    return body["reason"] if status == 503 else None
+
+
+@pytest.mark.s3
+def test_sigterm_lets_an_in_flight_request_finish(tmp_path, s3_server, s3_root, s3_options):
+    """A request waiting on a slow shard download when SIGTERM arrives is still answered, then the server exits."""
+    from tests.reliability.fault_proxy import FaultProxy, Rule
+
+    build_snapshot(s3_root, [(k, _value(k, "r1")) for k in range(100)], num_dbs=2, run_id="r1",
+                   value_format="json", storage_options=s3_options)
+    with FaultProxy(s3_server) as proxy:
+        server = Server(s3_root, tmp_path / "server.log", "--endpoint-url", proxy.url, "--region", "us-east-1",
+                        "--path-style", "--follow-interval-s", "5")
+        slow = proxy.add(Rule("delay", "GET", r"/shards/run_id=r1/db=", count=2, delay_s=1.5))
+        answers: list[Any] = []
+        reader = threading.Thread(target=lambda: answers.append(server.multi_get(list(range(100)))))
+        try:
+            reader.start()
+            wait_for(lambda: slow.hits, timeout=30, what="the request to wait on a shard download")
+            server.proc.send_signal(signal.SIGTERM)
+            reader.join(timeout=60)
+            assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+        finally:
+            server.stop()
+    (status, headers, body), = answers
+    assert status == 200 and body["values"] == [_value(k, "r1") for k in range(100)]
+    assert headers[RUN_ID_HEADER.lower()] == "r1"
