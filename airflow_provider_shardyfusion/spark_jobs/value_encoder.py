@@ -65,8 +65,8 @@ def _or(parts: list[Any]) -> Any:
 
 
 def _encoded(c: Any, t: Any) -> Any:
-    """``c`` of Spark type ``t`` rewritten so ``to_json`` writes the bytes described above, or ``c``
-    itself when ``to_json`` already does."""
+    """``c`` of Spark type ``t`` rewritten so ``to_json`` writes the bytes described above, or None
+    when ``to_json`` already writes them from ``c`` as it is (``_rewritten`` says which)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
