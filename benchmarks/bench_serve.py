@@ -107,26 +107,15 @@ def _split(keys: list[int], callers: int) -> list[list[int]]:
 
 def measure_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[str, float]:
     """In-process ``get`` from ``callers`` threads, each timing its own calls."""
-    parts = _split(keys, callers)
-    latencies: list[list[int]] = [[] for _ in parts]
-    start_line = threading.Barrier(callers + 1)
 
-    def caller(mine: list[int], out: list[int]) -> None:
+    def work(mine: list[int], out: list[int]) -> None:
         clock, get = time.perf_counter_ns, reader.get
-        start_line.wait()
         for key in mine:
             t0 = clock()
             get(key)
             out.append(clock() - t0)
 
-    threads = [threading.Thread(target=caller, args=(p, out)) for p, out in zip(parts, latencies, strict=True)]
-    for t in threads:
-        t.start()
-    start_line.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return _figures([ns for out in latencies for ns in out], time.perf_counter() - t0)
+    return _figures(*_threads(work, keys, callers))
 
 
 def measure_multi_get(reader: ShardedReader, keys: list[int], callers: int) -> dict[str, float]:

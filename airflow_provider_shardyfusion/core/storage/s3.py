@@ -246,20 +246,10 @@ class S3Store(ObjectStore):
 
     def get(self, key: str) -> StoredObject:
         k = self._k(key)
-
-        def attempt() -> StoredObject | None:
-            try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=k)
-            except Exception as exc:
-                if is_not_found(exc):
-                    return None
-                raise
-            # The body is read inside the retried call: a connection dropped mid-body is transient too.
-            return StoredObject(data=resp["Body"].read(), etag=str(resp.get("ETag", "")).strip('"'))
-
-        found = self._retrying("get", key, attempt)
+        found = self._retrying("get", key, lambda: self._get_object(k))
         if found is None:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
+        assert isinstance(found, StoredObject)  # no condition: never _UNCHANGED
         return found
 
     def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
@@ -267,21 +257,23 @@ class S3Store(ObjectStore):
             return self.get(key)
         k = self._k(key)
 
-        def attempt() -> StoredObject | _Unchanged | None:
-            try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=k, IfNoneMatch=f'"{etag}"')
-            except Exception as exc:
-                if is_not_found(exc):
-                    return None
-                if _code(exc) in _NOT_MODIFIED_CODES or _status(exc) == 304:
-                    return _UNCHANGED
-                raise
-            return StoredObject(data=resp["Body"].read(), etag=str(resp.get("ETag", "")).strip('"'))
-
-        found = self._retrying("conditional get", key, attempt)
+        found = self._retrying("conditional get", key, lambda: self._get_object(k, IfNoneMatch=f'"{etag}"'))
         if found is None:
             raise ObjectNotFoundError(f"{self.uri(key)} does not exist")
         return None if isinstance(found, _Unchanged) else found
+
+    def _get_object(self, k: str, **conditions: str) -> StoredObject | _Unchanged | None:
+        """One GET of bucket key ``k``: None when absent, ``_UNCHANGED`` when a condition says so."""
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=k, **conditions)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            if conditions and (_code(exc) in _NOT_MODIFIED_CODES or _status(exc) == 304):
+                return _UNCHANGED
+            raise
+        # The body is read inside the retried call: a connection dropped mid-body is transient too.
+        return StoredObject(data=resp["Body"].read(), etag=str(resp.get("ETag", "")).strip('"'))
 
     def head(self, key: str) -> ObjectInfo | None:
         k = self._k(key)
