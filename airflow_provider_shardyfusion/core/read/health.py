@@ -36,6 +36,11 @@ class ReaderHealth:
     or at construction. ``last_error``: the last check's error as text (type and message), or None
     when it succeeded. ``shards_open``: shard databases open now. ``cache_bytes``: the bytes, as the
     manifest records them, of the served run's shards present in the local cache.
+    ``shards_read_only``: for a reader that ingests refreshes, the shards of the served run it
+    serves read-only from the cache because its memory-backed folder had no room for them (it
+    may have filled after the reader opened; the reads are exact, a refresh tries them live
+    again); ``read_only_reason``: why, for one of them (None when there are none). Neither
+    changes ``status``.
     """
 
     status: HealthStatus
@@ -46,6 +51,8 @@ class ReaderHealth:
     last_error: str | None
     shards_open: int
     cache_bytes: int
+    shards_read_only: int = 0
+    read_only_reason: str | None = None
 
 
 class CheckLog:
@@ -77,10 +84,12 @@ def reader_health(snapshot: LoadedSnapshot | None, checks: CheckLog, *, max_stal
     published_at = snapshot.pointer.updated_at
     age_s = max(0.0, ((now or datetime.now(UTC)) - published_at).total_seconds())
     stale = max_staleness_s is not None and age_s > max_staleness_s
+    read_only = dict(snapshot.read_only)  # one step under the GIL, as reads may add to it
     return ReaderHealth(
         status=DEGRADED if error is not None or stale else HEALTHY, run_id=snapshot.run_id, published_at=published_at,
         age_s=age_s, last_check_at=checked_at, last_error=last_error, shards_open=len(snapshot.handles),
-        cache_bytes=cached_bytes(snapshot),
+        cache_bytes=cached_bytes(snapshot), shards_read_only=len(read_only),
+        read_only_reason=next(iter(read_only.values()), None),
     )
 
 

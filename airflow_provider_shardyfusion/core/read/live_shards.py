@@ -21,6 +21,7 @@ it after an ingestion sees the change of generation and reads again, through the
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot
 
 __all__ = ["LIVE_CF_FILES", "LIVE_DB_FILES", "LIVE_SHARDS_PER_DB", "LiveDb", "LiveJob", "LiveShards", "PinnedShard",
-           "live_fixed_files"]
+           "live_fixed_files", "out_of_room"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,20 @@ _LINK_IN = IngestExternalFileOptions()
 _LINK_IN.set_move_files(True)
 # What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
 _NOT_FOUND = "key not found"
+# How RocksDB's IOError (a bare Exception from rocksdict) says its file system is full.
+_FULL = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one it was raised from) says a file system had no room left."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(seen) for text in _FULL):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def live_fixed_files(shards: int) -> int:
@@ -183,15 +198,29 @@ class LiveShards:
         root = scratch.memory_workdir(0, 1, prefix="shardyfusion-live-")
         return cls(root, stats, max_local_layers) if root is not None else None
 
-    def has_room(self, shard: ShardEntry) -> bool:
-        """Whether the memory-backed folder has room for ``shard`` as a live shard (see ``_budget``)."""
+    def no_room(self, shard: ShardEntry) -> str | None:
+        """Why the memory-backed folder has no room for ``shard`` as a new live shard (see ``_budget``),
+        or None when it has."""
         with self._lock:
-            if self._held.bytes + shard.byte_size <= self._budget and _free_bytes(self.root) >= 2 * shard.byte_size:
-                return True
-        log.warning("live shards in %s: no room for shard %s (%d bytes; %d of %d bytes held): it is served "
-                    "read-only from the cache, and a refresh builds it again", self.root, shard.db_id,
-                    shard.byte_size, self._held.bytes, self._budget)
-        return False
+            free = _free_bytes(self.root)
+            if self._held.bytes + shard.byte_size <= self._budget and free >= 2 * shard.byte_size:
+                return None
+            return self._served_read_only(shard.db_id, f"{shard.byte_size} bytes; {self._held.bytes} of "
+                                                       f"{self._budget} bytes held, {free} free")
+
+    def _no_room_for_layers(self, job: LiveJob) -> str | None:
+        """Why the memory-backed folder cannot take ``job``'s new layers (RocksDB copies them in, and
+        may rewrite them in a compaction), or None when it can."""
+        added = sum(layer.byte_size for layer in job.added)
+        free = _free_bytes(self.root)
+        if free >= 2 * added:
+            return None
+        return self._served_read_only(job.entry.db_id, f"new layers of {added} bytes; {free} bytes free")
+
+    def _served_read_only(self, db_id: int, detail: str) -> str:
+        reason = f"no room for shard {db_id} in {self.root} ({detail})"
+        log.warning("live shards: %s: it is served read-only from the cache, and a refresh tries again", reason)
+        return reason
 
     def open(self, shard: ShardEntry, files: list[str], run_id: str) -> LiveDb:
         """A new live shard holding ``shard``'s verified ``files`` (all its layers, oldest first)."""
@@ -200,23 +229,42 @@ class LiveShards:
                    failure=f"cannot open shard {shard.db_id} of run {run_id!r} ({shard.db_url}) as a live shard")
         return live
 
-    def ingest_refresh(self, old: LoadedSnapshot, run_id: str, jobs: Sequence[LiveJob]) -> None:
-        """Pin ``old``, then ingest every job's files into its live shard for run ``run_id``.
+    def ingest_refresh(self, old: LoadedSnapshot, run_id: str, jobs: Sequence[LiveJob]) -> dict[int, str]:
+        """Pin ``old``, then ingest every job's files into its live shard for run ``run_id``; return
+        the shards left out for want of room (``db_id`` → why), to be served read-only from the cache.
 
-        Nothing ``old`` serves changes, also when an ingestion fails: every live shard that took
-        layers is then marked broken (it holds layers of a snapshot nobody will serve).
+        A shard is left out when the memory-backed folder, which may have filled since the shard
+        opened, lacks room for its new layers, or when its ingestion fails for that reason (its live
+        shard is then marked broken). Nothing ``old`` serves changes, also when an ingestion fails
+        otherwise: every live shard that took layers is then marked broken (it holds layers of a
+        snapshot nobody will serve) and the error propagates.
         """
         self.pin(old)
         done: list[LiveDb] = []
+        left_out: dict[int, str] = {}
         try:
             for job in jobs:
-                if job.files:
-                    self.ingest(job.live, list(job.files), job.entry, run_id, reused_layers=job.reused)
-                    done.append(job.live)
+                if not job.files:
+                    continue
+                reason = self._no_room_for_layers(job)
+                if reason is None:
+                    try:
+                        self.ingest(job.live, list(job.files), job.entry, run_id, reused_layers=job.reused)
+                        done.append(job.live)
+                        continue
+                    except ReaderError as exc:
+                        if not out_of_room(exc):
+                            raise
+                        reason = self._served_read_only(job.entry.db_id, str(exc))
+                # It holds the old snapshot's layers (maybe part of the new ones): no refresh ingests
+                # into it again; ``old`` reads it through its pin.
+                job.live.broken = True
+                left_out[job.entry.db_id] = reason
         except BaseException:
             for live in done:
                 live.broken = True
             raise
+        return left_out
 
     def ingest(self, live: LiveDb, files: list[str], shard: ShardEntry, run_id: str, *, reused_layers: int) -> None:
         """Ingest the verified layer ``files`` into ``live``, oldest first, and compact it in place

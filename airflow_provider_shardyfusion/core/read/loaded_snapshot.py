@@ -69,6 +69,7 @@ class LoadedSnapshot:
         "open_files",
         "paths",
         "pointer",
+        "read_only",
         "retired",
         "run_id",
         "shard_locks",
@@ -94,6 +95,9 @@ class LoadedSnapshot:
         self.open_files = 0
         self.paths: dict[int, str] = {}
         self.live: dict[int, LiveDb] = {}  # the open handles that are live databases
+        # Shards a live reader serves read-only from the cache for want of room in its memory-backed
+        # folder, and why (health() reports them); a later refresh tries them live again.
+        self.read_only: dict[int, str] = {}
         self.generation = 0
         # One lock per shard: a shard is downloaded once however many threads want it.
         self.shard_locks = {db_id: threading.Lock() for db_id in self.shards}

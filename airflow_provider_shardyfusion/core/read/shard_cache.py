@@ -32,7 +32,7 @@ from airflow_provider_shardyfusion.core.errors import ReaderError
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST
 from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
 from airflow_provider_shardyfusion.core.read.cache_stats import CacheStats
-from airflow_provider_shardyfusion.core.read.live_shards import LiveJob, LiveShards, live_fixed_files
+from airflow_provider_shardyfusion.core.read.live_shards import LiveJob, LiveShards, live_fixed_files, out_of_room
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import StaleSnapshot
 from airflow_provider_shardyfusion.core.read.local_copy import LocalCopies
 
@@ -150,9 +150,14 @@ class ShardCache:
                     lambda job: replace(job, files=tuple(self._copies.layer_files(new, job.entry, job.added))), jobs))
         finally:
             self._end_download(new.run_id)
-        self._live.ingest_refresh(old, new.run_id, ready)
+        left_out = self._live.ingest_refresh(old, new.run_id, ready)
         for job in ready:
-            self._adopt(new, job.entry.db_id, job.live)
+            db_id = job.entry.db_id
+            if db_id in left_out:
+                new.read_only[db_id] = left_out[db_id]
+                self.build_shard(new, db_id)  # before the swap, so the refresh fails if it cannot be served
+            else:
+                self._adopt(new, db_id, job.live)
 
     def _prepare(self, snapshot: LoadedSnapshot, db_id: int, *, open_it: bool) -> Rdict | PinnedShard | None:
         shard = snapshot.shards.get(db_id)
@@ -165,8 +170,10 @@ class ShardCache:
             self._begin_download(snapshot)
             try:
                 if self._live is not None and snapshot.manifest.shard_layout == SHARD_LAYOUT_SST \
-                        and self._live.has_room(shard):
-                    return self._prepare_live(snapshot, shard, self._live, open_it=open_it)
+                        and db_id not in snapshot.read_only:
+                    done, db = self._try_live(snapshot, shard, self._live, open_it=open_it)
+                    if done:
+                        return db
                 path = snapshot.paths.get(db_id)
                 if path is None or not self._copies.trusted_now(path):
                     path = self._copies.shard(snapshot, shard)
@@ -185,6 +192,23 @@ class ShardCache:
                 raise
             finally:
                 self._end_download(snapshot.run_id)
+
+    def _try_live(self, snapshot: LoadedSnapshot, shard: ShardEntry, live_shards: LiveShards, *,
+                  open_it: bool) -> tuple[bool, Rdict | None]:
+        """``_prepare_live`` where the memory-backed folder has room: ``(True, its answer)``; else
+        ``(False, None)``, the shard recorded as served read-only from the cache (on disk): the
+        folder may have filled since the reader opened, and ``health()`` says so."""
+        reason = live_shards.no_room(shard)
+        if reason is None:
+            try:
+                return True, self._prepare_live(snapshot, shard, live_shards, open_it=open_it)
+            except ReaderError as exc:
+                if not out_of_room(exc):
+                    raise
+                reason = str(exc)
+                snapshot.paths.pop(shard.db_id, None)  # the live shard's folder: not a copy to open
+        snapshot.read_only[shard.db_id] = reason
+        return False, None
 
     def _open(self, snapshot: LoadedSnapshot, shard: ShardEntry, path: str) -> Rdict:
         """Open the verified local copy in ``path`` of ``shard`` read-only and register it."""
