@@ -45,8 +45,13 @@ log = logging.getLogger(__name__)
 # How long the roots list waits to check new events against their roots: with the page's own
 # deadline for reading the roots, an unreachable store keeps the roots page well under 10 s.
 CLAIM_CHECK_DEADLINE_S = 2.0
-# The task types whose asset events describe a snapshot (``assets.emit_snapshot_event``).
-SNAPSHOT_OPERATORS = ("ShardedWriteOperator", "PublishSnapshotOperator", "StreamingSnapshotOperator")
+# The operators whose asset events describe a snapshot (``assets.emit_snapshot_event``): class
+# name -> the module defining it (tests check these against the classes).
+SNAPSHOT_OPERATORS = {
+    "ShardedWriteOperator": "airflow_provider_shardyfusion.operators.sharded_write",
+    "PublishSnapshotOperator": "airflow_provider_shardyfusion.operators.publish",
+    "StreamingSnapshotOperator": "airflow_provider_shardyfusion.operators.streaming_snapshot",
+}
 
 
 def configured_roots() -> list[str]:
@@ -58,7 +63,8 @@ def event_claims() -> dict[str, tuple[str, str]]:
     """Per asset URI, the newest ``(run_id, manifest_ref)`` an event emitted by a task of this
     provider's operators says of it. Events posted through the REST API have no source task and
     never count: anyone allowed to post one could otherwise point the API server, with the
-    history connection's credentials, at any place."""
+    history connection's credentials, at any place. Nor does a task of another class that merely
+    has an operator's name: the module its DAG version records for the task must be ours too."""
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -67,15 +73,58 @@ def event_claims() -> dict[str, tuple[str, str]]:
     source_task = and_(TaskInstance.dag_id == AssetEvent.source_dag_id, TaskInstance.run_id == AssetEvent.source_run_id,
                        TaskInstance.task_id == AssetEvent.source_task_id,
                        TaskInstance.map_index == AssetEvent.source_map_index)
-    query = (select(AssetModel.uri, AssetEvent.extra).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
-             .join(TaskInstance, source_task).where(TaskInstance.operator.in_(SNAPSHOT_OPERATORS))
+    query = (select(AssetModel.uri, AssetEvent.extra, TaskInstance.operator, TaskInstance.dag_version_id,
+                    TaskInstance.task_id)
+             .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+             .join(TaskInstance, source_task).where(TaskInstance.operator.in_(list(SNAPSHOT_OPERATORS)))
              .order_by(AssetEvent.timestamp))
     claims: dict[str, tuple[str, str]] = {}
     with create_session() as session:
-        for uri, extra in session.execute(query):
-            if isinstance(extra, dict) and isinstance(extra.get("run_id"), str) and isinstance(extra.get("manifest_ref"), str):
+        for uri, extra, operator, dag_version_id, task_id in session.execute(query):
+            if not (isinstance(extra, dict) and isinstance(extra.get("run_id"), str)
+                    and isinstance(extra.get("manifest_ref"), str)):
+                continue
+            if _ours(session, operator, dag_version_id, task_id, uri):
                 claims[uri] = (extra["run_id"], extra["manifest_ref"])
     return claims
+
+
+def _ours(session: Any, operator: str, dag_version_id: Any, task_id: str, uri: str) -> bool:
+    """Whether the task named ``operator`` is this provider's class of that name (its module as
+    recorded by the task's DAG version)."""
+    module = _task_module(session, dag_version_id, task_id)
+    if module == SNAPSHOT_OPERATORS[operator]:
+        return True
+    log.warning("shardyfusion history: an event on %s is not counted: its task %s is a %s of module %s, not this "
+                "provider's", uri, task_id, operator, module)
+    return False
+
+
+# (DAG version, task id) -> the module of the task's class, as that DAG version recorded it: a
+# version's serialized DAG never changes, so an answer holds for the life of the process.
+_task_modules: dict[tuple[str, str], str | None] = {}
+
+
+def _task_module(session: Any, dag_version_id: Any, task_id: str) -> str | None:
+    """The module of task ``task_id``'s class in the serialized DAG of ``dag_version_id`` (what
+    Airflow's REST API shows as the task's ``class_ref.module_path``), None when not recorded."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from sqlalchemy import select
+
+    if dag_version_id is None:
+        return None
+    key = (str(dag_version_id), task_id)
+    if key not in _task_modules:
+        row = session.scalar(select(SerializedDagModel).where(SerializedDagModel.dag_version_id == dag_version_id))
+        tasks = ((row.data if row is not None else None) or {}).get("dag", {}).get("tasks", [])
+        found = None
+        for task in tasks:
+            fields = task.get("__var", task) if isinstance(task, dict) else {}
+            if isinstance(fields, dict) and fields.get("task_id") == task_id:
+                found = fields.get("_task_module")
+                break
+        _task_modules[key] = found if isinstance(found, str) else None
+    return _task_modules[key]
 
 
 # (root, run_id, manifest_ref) -> whether the root's record of the run names that manifest: a
