@@ -97,7 +97,7 @@ def test_two_queries_racing_for_one_stream_on_s3(spark, tmp_path, s3_root, s3_op
     refused = [e for e in errors if e is not None]
     assert len(refused) == 1 and "StreamOwnershipError" in str(refused[0]), errors
     assert "belongs to checkpoint" in str(refused[0]), str(refused[0])[:2000]
-    winner, loser = (a, b) if errors[0] is None else (b, a)
+    winner = a if errors[0] is None else b
     won, lost = (wa, wb) if winner is a else (wb, wa)
     assert lost.outcomes == [] and [(o.batch_id, o.action) for o in won.outcomes] == [(0, "written"), (1, "written")]
     winner.check_each_batch_live_once(2)
