@@ -19,3 +19,15 @@ def figure(request):
         return line
 
     return report
+
+
+@pytest.fixture(scope="module")
+def spark():
+    """A local Spark session for the streaming ownership tests (one per module)."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("shardyfusion-stream-ownership")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

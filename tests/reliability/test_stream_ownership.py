@@ -29,17 +29,6 @@ from tests.stream_model import NUM_DBS, STREAM, Stream
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("shardyfusion-stream-ownership")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def make_stream(spark, folder) -> Stream:
     folder.mkdir()
     return Stream(spark, folder)

@@ -28,7 +28,6 @@ from airflow_provider_shardyfusion.core.stream.batches import parse_batch_run_id
 from airflow_provider_shardyfusion.core.stream.owner import StreamOwner
 from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 from airflow_provider_shardyfusion.streaming import foreach_batch_writer
-from tests.reliability.test_stream_ownership import spark  # noqa: F401 - the module's Spark session
 from tests.stream_model import NUM_DBS, STREAM, Stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
@@ -37,7 +36,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.s3]
 class S3Stream(Stream):
     """A ``Stream`` whose root is a bucket of the S3 test server."""
 
-    def __init__(self, spark, folder, root: str, options: dict):  # noqa: F811
+    def __init__(self, spark, folder, root: str, options: dict):
         folder.mkdir()
         super().__init__(spark, folder)
         self.root, self.options = root, options
@@ -84,7 +83,7 @@ def run_at_once(*jobs) -> list:
     return results
 
 
-def test_two_queries_racing_for_one_stream_on_s3(spark, tmp_path, s3_root, s3_options, figure):  # noqa: F811
+def test_two_queries_racing_for_one_stream_on_s3(spark, tmp_path, s3_root, s3_options, figure):
     a = S3Stream(spark, tmp_path / "a", s3_root, s3_options)
     b = S3Stream(spark, tmp_path / "b", s3_root, s3_options)
     a_files = [{k: f"a{n}-{k}" for k in range(n * 10, n * 10 + 30)} for n in range(2)]
@@ -109,7 +108,7 @@ def test_two_queries_racing_for_one_stream_on_s3(spark, tmp_path, s3_root, s3_op
            keys_checked=checked)
 
 
-def test_a_lease_that_expires_mid_batch_never_makes_two_owners_publish(spark, tmp_path, s3_root, s3_options,  # noqa: F811
+def test_a_lease_that_expires_mid_batch_never_makes_two_owners_publish(spark, tmp_path, s3_root, s3_options,
                                                                        figure):
     a = S3Stream(spark, tmp_path / "a", s3_root, s3_options)
     a.add_file({k: f"a0-{k}" for k in range(40)})
