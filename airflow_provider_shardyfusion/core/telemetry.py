@@ -23,8 +23,14 @@ def meter(name: str, meter_provider: Any = None) -> Any:
     return provider.get_meter(name, _own_version())
 
 
+# The same modules ship in the provider and in the reader-only distribution (reader/pyproject.toml).
+_DISTRIBUTIONS = ("airflow-provider-shardyfusion", "shardyfusion-reader")
+
+
 def _own_version() -> str | None:
-    try:
-        return version("airflow-provider-shardyfusion")
-    except PackageNotFoundError:  # a source checkout that was never installed
-        return None
+    for name in _DISTRIBUTIONS:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None  # a source checkout that was never installed

@@ -1,5 +1,6 @@
-"""Packaging: the pyspark / pyspark-client trap (SPEC §12), provider registration (SPEC §8), and the
-wheel carrying spark_jobs/ inside the package (SPEC §2)."""
+"""Packaging: the pyspark / pyspark-client trap (SPEC §12), provider registration (SPEC §8), the
+wheel carrying spark_jobs/ inside the package (SPEC §2), and the reader-only wheel (issue 39) being the
+provider's own files."""
 
 from __future__ import annotations
 
@@ -75,6 +76,64 @@ def wheel(tmp_path_factory):
     wheels = list(out.glob("airflow_provider_shardyfusion-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def reader_wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reader_wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT / "reader")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (found,) = out.glob("shardyfusion_reader-*.whl")
+    return found
+
+
+# What the reader distribution (reader/pyproject.toml) maps in from the package.
+READER_FILES = ("__init__.py", "__main__.py", "py.typed", "cli.py")
+READER_ROOMS = ("core/", "serve/")
+
+
+def test_reader_wheel_is_the_providers_files_unchanged(wheel, reader_wheel):
+    """One copy of the code: every module the reader wheel ships is the provider wheel's, byte for byte,
+    at the same version, with the same console script; Airflow's and Spark's rooms stay out."""
+    package = "airflow_provider_shardyfusion/"
+    with zipfile.ZipFile(wheel) as provider, zipfile.ZipFile(reader_wheel) as reader:
+        ours = {n for n in reader.namelist() if n.startswith(package)}
+        expected = {n for n in provider.namelist() if n.startswith(package)
+                    and (n[len(package):] in READER_FILES or n[len(package):].startswith(READER_ROOMS))}
+        assert ours == expected, sorted(ours ^ expected)
+        dist_info = f"shardyfusion_reader-{airflow_provider_shardyfusion.__version__}.dist-info/"
+        assert all(n.startswith((package, dist_info)) for n in reader.namelist()), reader.namelist()
+        for name in sorted(ours):
+            assert reader.read(name) == provider.read(name), name
+        scripts = []
+        for zf in (provider, reader):
+            parser = configparser.ConfigParser()
+            parser.read_string(zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode())
+            scripts.append(dict(parser["console_scripts"]))
+        assert scripts[0] == scripts[1] == {"shardyfusion": "airflow_provider_shardyfusion.cli:main"}
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in reader.namelist())
+    assert reader_wheel.name == f"shardyfusion_reader-{airflow_provider_shardyfusion.__version__}-py3-none-any.whl"
+    assert any(n.endswith("serve/app.py") for n in ours) and not any("/operators/" in n for n in ours)
+
+
+def test_reader_requirements_are_what_reading_needs(reader_wheel):
+    reqs = _requirements(reader_wheel)
+    base = {name for name, variants in reqs.items() if any(r.marker is None for r in variants)}
+    assert base == {"rocksdict", "xxhash", "msgspec", "cel-python", "boto3", "opentelemetry-api"}
+    serve = {name for name, variants in reqs.items() if any(r.marker and r.marker.evaluate({"extra": "serve"}) for r in variants)}
+    assert serve == {"fastapi", "uvicorn"}
+    provider_floors = {r.name.lower(): str(r.specifier) for r in map(Requirement, _pyproject_dependencies())}
+    for name in base & set(provider_floors):  # the provider's floors, not another set to keep in step
+        assert str(reqs[name][0].specifier) == provider_floors[name], name
+
+
+def _pyproject_dependencies() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 def test_wheel_contents(wheel):
