@@ -1,5 +1,4 @@
 # Run from the root of your clone once `make demo` (or `make install`) has built .venv.
-set -euo pipefail
 export PATH="$PWD/.venv/bin:$PATH"      # airflow, spark-submit, shardyfusion and the venv's python
 export AIRFLOW_HOME="$PWD/.airflow"     # a throw-away Airflow: SQLite database, no services to start
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
