@@ -65,7 +65,7 @@ SPARK_CONF = {"spark.sql.shuffle.partitions": str(NUM_DBS), "spark.ui.enabled": 
 STAGED_RUN_ID = "{{ ti.xcom_pull(task_ids='write_delta')['run_id'] }}"
 
 
-# ---- the data: a pure function of (rows, changes, batch); a test rebuilds it alone ----
+# ---- the data: a pure function of (rows, changes, batch); a test rebuilds it ----
 
 
 def key_of(i: int) -> int:

@@ -41,7 +41,8 @@ def test_the_getting_started_recipe_writes_validates_publishes_and_reads_back(tm
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     # -e -o pipefail here, not in the recipe: a reader pastes it into their own shell, which
     # `set -e` would close at the first error; the test stops at it instead.
-    proc = subprocess.run(["bash", "-eo", "pipefail", str(RECIPE)], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(["bash", "-eo", "pipefail", str(RECIPE)], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=900)
     output = proc.stdout[-20000:] + proc.stderr[-20000:]
     assert proc.returncode == 0, output
 
