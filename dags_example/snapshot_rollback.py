@@ -1,14 +1,17 @@
-"""Roll the live snapshot back, then forward again: ``PublishSnapshotOperator(allow_older=True)``.
+"""Roll the live snapshot back, then forward again:
+``PublishSnapshotOperator(allow_older=True)``.
 
-    find_target → roll_back (allow_older=True) → consumer_sees_rollback (CurrentSnapshotSensor)
+    find_target → roll_back (allow_older=True) → consumer_sees_rollback
+    (CurrentSnapshotSensor)
 
-``find_target`` picks the run to go back to: ``params.to_run_id`` if given, else the run the live
-pointer replaced (``_CURRENT``'s ``previous_run_id``). Rolling forward is the same operator with
-the newer run id (``allow_older`` is then not needed). Without ``allow_older=True`` a publish of
-an older run is refused and ``_CURRENT`` stays where it was.
+``find_target`` picks the run to go back to: ``params.to_run_id`` if given, else the run
+the live pointer replaced (``_CURRENT``'s ``previous_run_id``). Rolling forward is the
+same operator with the newer run id (``allow_older`` is then not needed). Without
+``allow_older=True`` a publish of an older run is refused and ``_CURRENT`` stays where
+it was.
 
-Runs on the lifecycle example's root: ``file://<demo dir>/shardyfusion_snapshot_lifecycle/snapshot``
-(override with ``params.output_uri``).
+Runs on the lifecycle example's root: ``file://<demo
+dir>/shardyfusion_snapshot_lifecycle/snapshot`` (override with ``params.output_uri``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from airflow.sdk import DAG, Param, task
 from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
 from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
 
-DEMO_DIR = os.path.abspath(os.environ.get("SHARDYFUSION_DEMO_DIR") or os.path.join(tempfile.gettempdir(), "shardyfusion-demo"))
+DEMO_DIR = os.path.abspath(
+    os.environ.get("SHARDYFUSION_DEMO_DIR")
+    or os.path.join(tempfile.gettempdir(), "shardyfusion-demo")
+)
 DEFAULT_ROOT = f"file://{DEMO_DIR}/shardyfusion_snapshot_lifecycle/snapshot"
 TARGET = "{{ ti.xcom_pull(task_ids='find_target') }}"
 
@@ -35,8 +41,14 @@ with DAG(
     catchup=False,
     tags=["shardyfusion", "example", "lifecycle"],
     params={
-        "output_uri": Param(DEFAULT_ROOT, type="string", description="the snapshot root"),
-        "to_run_id": Param(None, type=["null", "string"], description="run to publish (default: the previous one)"),
+        "output_uri": Param(
+            DEFAULT_ROOT, type="string", description="the snapshot root"
+        ),
+        "to_run_id": Param(
+            None,
+            type=["null", "string"],
+            description="run to publish (default: the previous one)",
+        ),
     },
 ) as dag:
 
@@ -50,14 +62,26 @@ with DAG(
             return str(params["to_run_id"])
         pointer = ShardyfusionHook(aws_conn_id=None).read_current(params["output_uri"])
         if pointer is None or pointer.previous_run_id is None:
-            raise PublishManifestError(f"{params['output_uri']}: no earlier published run to roll back to")
+            raise PublishManifestError(
+                f"{params['output_uri']}: no earlier published run to roll back to"
+            )
         return pointer.previous_run_id
 
     roll_back = PublishSnapshotOperator(
-        task_id="roll_back", output_uri="{{ params.output_uri }}", run_id=TARGET, allow_older=True, aws_conn_id=None,
+        task_id="roll_back",
+        output_uri="{{ params.output_uri }}",
+        run_id=TARGET,
+        allow_older=True,
+        aws_conn_id=None,
     )
     seen = CurrentSnapshotSensor(
-        task_id="consumer_sees_rollback", output_uri="{{ params.output_uri }}", mode="run_id", run_id=TARGET,
-        deferrable=True, poll_interval=2, timeout=300, aws_conn_id=None,
+        task_id="consumer_sees_rollback",
+        output_uri="{{ params.output_uri }}",
+        mode="run_id",
+        run_id=TARGET,
+        deferrable=True,
+        poll_interval=2,
+        timeout=300,
+        aws_conn_id=None,
     )
     find_target() >> roll_back >> seen

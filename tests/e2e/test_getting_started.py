@@ -1,7 +1,7 @@
 """The getting-started recipe (docs/getting-started.md) run exactly as a reader would paste it.
 
 The page includes ``docs/examples/my_first_snapshot.sh`` and ``my_first_snapshot.py`` verbatim, and
-this test runs that script with bash from a clone-shaped folder (``.venv`` and ``docs/`` beside each
+this test runs that script with ``bash -eo pipefail`` from a clone-shaped folder (``.venv`` and ``docs/`` beside each
 other), with none of the test suite's Airflow, Spark or PySpark settings in the environment: only
 what the script sets itself. Then it reads the whole snapshot back and checks it was validated and
 published, so the page cannot drift from what works.
@@ -39,7 +39,10 @@ def test_the_getting_started_recipe_writes_validates_publishes_and_reads_back(tm
     env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
     # The provider of this checkout (in a fresh clone it is the editable install of it anyway).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.run(["bash", str(RECIPE)], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+    # -e -o pipefail here, not in the recipe: a reader pastes it into their own shell, which
+    # `set -e` would close at the first error; the test stops at it instead.
+    proc = subprocess.run(["bash", "-eo", "pipefail", str(RECIPE)], cwd=clone, env=env, capture_output=True, text=True,
+                          timeout=900)
     output = proc.stdout[-20000:] + proc.stderr[-20000:]
     assert proc.returncode == 0, output
 

@@ -5,6 +5,7 @@ import), so the pages cannot drift from the code. `make docs` runs the same buil
 from __future__ import annotations
 
 import ast
+import html
 import inspect
 import os
 import re
@@ -81,22 +82,87 @@ def _check_signature(where: str, tree: ast.Module) -> None:
         assert shown_default == params[kw.arg].default, f"{where}: {kw.arg} defaults to {params[kw.arg].default!r}"
 
 
-def test_the_site_builds_offline_with_warnings_as_errors(tmp_path):
-    site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> dict[str, str]:
+    """The built site, once per module: its HTML pages by path (``guides/delta.html``)."""
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    pages = {p.relative_to(site).as_posix(): p.read_text() for p in site.rglob("*.html")}
+    pages = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*.html")}
+    pages["search/search_index.js"] = (out / "search" / "search_index.js").read_text()
+    return pages
+
+
+def _text(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def test_the_site_builds_offline_with_warnings_as_errors(site):
+    pages = site
     # Nothing fetched when a page is viewed either: no web fonts, no script from elsewhere.
-    for name, html in pages.items():
-        assert "fonts.googleapis" not in html and not re.search(r"<script[^>]+src=\"https?://", html), name
+    for name, page in pages.items():
+        assert "fonts.googleapis" not in page and not re.search(r"<script[^>]+src=\"https?://", page), name
     # The example DAGs and the changelog are the real files, included at build time.
     quickstart = (REPO / "dags_example" / "quickstart.py").read_text()
     assert "build_quickstart_dag(DAG_ID, snapshot_uri(DAG_ID))" in quickstart
-    assert "build_quickstart_dag</span>" in pages["guides/sharded-write/index.html"]
-    assert "my_first_snapshot" in pages["getting-started/index.html"]
+    assert "build_quickstart_dag</span>" in pages["guides/sharded-write.html"]
+    assert "my_first_snapshot" in pages["getting-started.html"]
     first_release = re.search(r"^## (.+)$", (REPO / "CHANGELOG.md").read_text(), re.M)
-    assert first_release and first_release[1].split()[0].strip("[]") in pages["changelog/index.html"]
+    assert first_release and first_release[1].split()[0].strip("[]") in pages["changelog.html"]
     # The API reference was generated from the docstrings (a :param: line's text is there).
-    assert "max_chain_depth" in pages["api/index.html"] and "RunRecordTrigger" in pages["api/index.html"]
+    assert "max_chain_depth" in pages["api.html"] and "RunRecordTrigger" in pages["api.html"]
+
+
+def test_the_api_reference_shows_default_values_not_the_expressions_behind_them(site):
+    api = site["api.html"]
+    assert "_D." not in _text(api), "a signature shows a default as `_D.name`"
+    # The parameters tables: Name | Type | Description | Default.
+    rows = re.findall(r'<tr class="doc-section-item">\s*<td>(.*?)</td>.*?<td>.*?</td>.*?<td>.*?</td>\s*<td>(.*?)</td>',
+                      api, re.S)
+    assert len(rows) > 100, "the parameters tables were not found"
+    named = [(n, d) for n, d in ((_text(n).strip(), _text(d).strip()) for n, d in rows) if n == d]
+    assert not named, f"a Default cell repeats its parameter's name: {named}"
+    shown = {_text(n).strip(): _text(d).strip() for n, d in rows}
+    assert shown["key_column"] == "'id'" and shown["batch_size"] == "50000", shown
+    assert shown["aws_conn_id"] == "'aws_default'" and shown["poll_interval"] in ("30.0", "10.0"), shown
+
+
+def test_every_code_block_fits_88_columns(site):
+    wide = []
+    for name, page in site.items():
+        if not name.endswith(".html"):
+            continue
+        for block in re.findall(r"<pre[^>]*>(.*?)</pre>", page, re.S):
+            lines = _text(block).split("\n")
+            wide += [f"{name}: {len(line)}: {line}" for line in lines if len(line) > 88]
+    assert not wide, "\n".join(wide)
+
+
+def test_the_site_opens_from_disk_with_search(site):
+    # Links name files (``guides/delta.html``), not folders a server would complete with index.html.
+    broken = []
+    for name, page in site.items():
+        if not name.endswith(".html") or name == "404.html":
+            continue  # the 404 page is served from any depth, so its links are absolute
+        for href in re.findall(r'href="([^"#?]+)[^"]*"', page):
+            if re.match(r"[a-z]+:", href):
+                continue  # http(s):, mailto:
+            target = (Path(name).parent / href).as_posix()
+            target = os.path.normpath(target)
+            if href.endswith("/") or (target.endswith(".html") and target not in site):
+                broken.append(f"{name} → {href}")
+    assert not broken, broken
+    # The search index as a script (fetch() of a file:// JSON is refused) and the worker shim, local.
+    assert site["search/search_index.js"].startswith("var __index = ")
+    assert "guides/delta.html" in site["search/search_index.js"]
+    assert 'src="assets/javascripts/iframe-worker-shim.js"' in site["index.html"]
+
+
+def test_no_shell_block_a_reader_pastes_closes_their_terminal(site):
+    # `set -e` (or `exit`) in a pasted block ends the reader's interactive shell at the first error.
+    for name, page in site.items():
+        for block in re.findall(r'<div class="language-(?:bash|sh|shell|console)[^"]*"[^>]*>(.*?)</pre>', page, re.S):
+            for line in _text(block).splitlines():
+                assert not re.match(r"\s*(set\s+-\w*e|exit\b)", line), f"{name}: {line}"
