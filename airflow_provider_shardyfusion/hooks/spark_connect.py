@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import uuid
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,9 +89,14 @@ def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIME
     not one this worker trusts (``ca_cert``: the connection's CA, PEM).
     """
     import grpc
-    from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
 
-    from airflow_provider_shardyfusion.spark_jobs.connect_channel import channel_builder
+    with warnings.catch_warnings():
+        # pyspark's Connect modules warn on import that pandas 3 is not fully supported; this check
+        # uses no pandas, and the warning would be noise in every Connect task's log.
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+        from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
+
+        from airflow_provider_shardyfusion.spark_jobs.connect_channel import channel_builder
 
     builder = channel_builder(url, ca_cert=ca_cert)
     # A fresh session id, released after: the check leaves no session behind on the server.
@@ -112,10 +118,13 @@ def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIME
                     f"the server at {builder.endpoint} speaks plain text ({status}); serve Connect over TLS, or "
                     "remove the token and use_ssl"
                 ) from None
+            # A refused connection is an answer (nothing listens there), not a wait that ran out.
+            refused = "connection refused" in (exc.details() or "").lower()
+            what = "refused the connection" if refused else f"did not answer within {timeout:g}s"
             raise SparkConnectError(
-                f"the Spark Connect server of connection {conn_id!r} at {builder.endpoint} did not answer within "
-                f"{timeout:g}s ({status}); nothing was written. Check that the server runs and that the "
-                "connection's host, port and TLS settings are the server's"
+                f"the Spark Connect server of connection {conn_id!r} at {builder.endpoint} {what} ({status}); nothing "
+                "was written. Check that the server runs and that the connection's host, port and TLS settings are "
+                "the server's"
             ) from None
         # The server drops idle sessions on its own; the answer above is what counted.
         with contextlib.suppress(grpc.RpcError):
@@ -135,9 +144,10 @@ def _raise_if_refused(conn_id: str, endpoint: str, exc: Any, status: str) -> Non
             f"{where} refused the connection's token ({status}); nothing was written. Set the connection's "
             "password (Token) to the server's spark.connect.authenticate.token"
         ) from None
-    # "CERTIFICATE_VERIFY_FAILED", "Peer name … is not in peer certificate"; a plain-text server
-    # fails the handshake differently (the caller's probe names that).
-    if "certificate" in (exc.details() or "").lower():
+    # A plain-text server fails the handshake with WRONG_VERSION_NUMBER (and "Invalid certificate
+    # verification context: OK"): the caller's probe names that case.
+    details = (exc.details() or "").lower()
+    if "certificate_verify_failed" in details or "peer certificate" in details:
         raise ConfigError(
             f"{where} has a TLS certificate this worker does not trust ({status}); nothing was written. Set "
             "\"ca_cert\" in the connection's extra to the CA (PEM, or a PEM file's path) that signed the server's "
