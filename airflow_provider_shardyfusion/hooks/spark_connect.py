@@ -16,8 +16,10 @@ import os
 import signal
 import subprocess
 import uuid
+import warnings
 from collections import deque
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.hook import BaseHook
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECT_CONN_TYPE", "KILL_GRACE_SECONDS", "OUTPUT_TAIL_LINES", "PLAINTEXT_PROBE_SECONDS", "PREFLIGHT_TIMEOUT_SECONDS",
-    "ShardyfusionConnectJobHook", "check_connect_server", "connect_url", "is_connect_connection",
+    "ShardyfusionConnectJobHook", "check_connect_server", "connect_ca_cert", "connect_url", "is_connect_connection",
 ]
 
 CONNECT_CONN_TYPE = "spark_connect"
@@ -58,18 +60,45 @@ def connect_url(conn_id: str) -> str:
     return SparkConnectHook(conn_id=conn_id).get_connection_url()
 
 
-def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIMEOUT_SECONDS) -> str:
+def connect_ca_cert(conn_id: str) -> str | None:
+    """The PEM of the connection's ``ca_cert`` extra (PEM text, or the path of a PEM file on the
+    worker): the CA the client trusts for the server's TLS certificate; None without one."""
+    value = BaseHook.get_connection(conn_id).extra_dejson.get("ca_cert")
+    if not value:
+        return None
+    text = str(value)
+    if "-----BEGIN" not in text:
+        try:
+            text = Path(text).expanduser().read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"the Spark Connect connection {conn_id!r} has \"ca_cert\": {value!r}, which is not PEM "
+                              f"text and cannot be read as a file on this worker ({exc.__class__.__name__})") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise ConfigError(f"the Spark Connect connection {conn_id!r} has a \"ca_cert\" without a PEM certificate "
+                          "(-----BEGIN CERTIFICATE-----)")
+    return text
+
+
+def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIMEOUT_SECONDS, *,
+                         ca_cert: str | None = None) -> str:
     """The server's Spark version, asked over the channel the job will use, within ``timeout``.
 
     ``SparkConnectError`` naming the connection, ``host:port`` and the gRPC status and details when
     it does not answer; ``ConfigError`` when the connection asks for TLS (a token or ``use_ssl``) and
-    the server speaks plain text.
+    the server speaks plain text, when the server refuses the token, and when its TLS certificate is
+    not one this worker trusts (``ca_cert``: the connection's CA, PEM).
     """
     import grpc
-    from pyspark.sql.connect.client.core import DefaultChannelBuilder
-    from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
 
-    builder = DefaultChannelBuilder(url)
+    with warnings.catch_warnings():
+        # pyspark's Connect modules warn on import that pandas 3 is not fully supported; this check
+        # uses no pandas, and the warning would be noise in every Connect task's log.
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+        from pyspark.sql.connect.proto import base_pb2, base_pb2_grpc
+
+        from airflow_provider_shardyfusion.spark_jobs.connect_channel import channel_builder
+
+    builder = channel_builder(url, ca_cert=ca_cert)
     # A fresh session id, released after: the check leaves no session behind on the server.
     user = base_pb2.UserContext(user_id=builder.userId or os.environ.get("USER") or "shardyfusion")
     session = str(uuid.uuid4())
@@ -82,22 +111,48 @@ def check_connect_server(conn_id: str, url: str, timeout: float = PREFLIGHT_TIME
                 timeout=timeout, metadata=builder.metadata())
         except grpc.RpcError as exc:
             status = f"gRPC {exc.code().name}: {exc.details()}"
+            _raise_if_refused(conn_id, builder.endpoint, exc, status)
             if builder.secure and _speaks_plain_text(builder.endpoint):
                 raise ConfigError(
                     f"the Spark Connect connection {conn_id!r} asks for TLS (it has a token or use_ssl true), but "
                     f"the server at {builder.endpoint} speaks plain text ({status}); serve Connect over TLS, or "
                     "remove the token and use_ssl"
                 ) from None
+            # A refused connection is an answer (nothing listens there), not a wait that ran out.
+            refused = "connection refused" in (exc.details() or "").lower()
+            what = "refused the connection" if refused else f"did not answer within {timeout:g}s"
             raise SparkConnectError(
-                f"the Spark Connect server of connection {conn_id!r} at {builder.endpoint} did not answer within "
-                f"{timeout:g}s ({status}); nothing was written. Check that the server runs and that the "
-                "connection's host, port and TLS settings are the server's"
+                f"the Spark Connect server of connection {conn_id!r} at {builder.endpoint} {what} ({status}); nothing "
+                "was written. Check that the server runs and that the connection's host, port and TLS settings are "
+                "the server's"
             ) from None
         # The server drops idle sessions on its own; the answer above is what counted.
         with contextlib.suppress(grpc.RpcError):
             stub.ReleaseSession(base_pb2.ReleaseSessionRequest(session_id=session, user_context=user),
                                 timeout=timeout, metadata=builder.metadata())
     return answer.spark_version.version
+
+
+def _raise_if_refused(conn_id: str, endpoint: str, exc: Any, status: str) -> None:
+    """``ConfigError`` when the server answered but refused the connection's token or the worker
+    refused the server's certificate: settings to fix, which no retry changes."""
+    import grpc
+
+    where = f"the Spark Connect server of connection {conn_id!r} at {endpoint}"
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        raise ConfigError(
+            f"{where} refused the connection's token ({status}); nothing was written. Set the connection's "
+            "password (Token) to the server's spark.connect.authenticate.token"
+        ) from None
+    # A plain-text server fails the handshake with WRONG_VERSION_NUMBER (and "Invalid certificate
+    # verification context: OK"): the caller's probe names that case.
+    details = (exc.details() or "").lower()
+    if "certificate_verify_failed" in details or "peer certificate" in details:
+        raise ConfigError(
+            f"{where} has a TLS certificate this worker does not trust ({status}); nothing was written. Set "
+            "\"ca_cert\" in the connection's extra to the CA (PEM, or a PEM file's path) that signed the server's "
+            "certificate, and check that the connection's host is a name in it"
+        ) from None
 
 
 def _speaks_plain_text(endpoint: str) -> bool:

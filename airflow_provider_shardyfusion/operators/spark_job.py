@@ -211,15 +211,16 @@ class SparkJobOperator(WithShardyfusionHook, BaseOperator):
         from airflow_provider_shardyfusion.hooks.spark_connect import (
             ShardyfusionConnectJobHook,
             check_connect_server,
+            connect_ca_cert,
             connect_url,
         )
         from airflow_provider_shardyfusion.submission.connect import build_connect_plan
 
-        remote_url = connect_url(self.spark_conn_id)
+        remote_url, ca_cert = connect_url(self.spark_conn_id), connect_ca_cert(self.spark_conn_id)
         plan = build_connect_plan(
             conn_id=self.spark_conn_id, remote_url=remote_url, spark=spark,
             python=sys.executable, application=self._application(bundle), bundle_zip=bundle.zip_path,
-            config_json=self._job_config_json(config), credential_env=credential_env,
+            config_json=self._job_config_json(config), credential_env=credential_env, ca_cert=ca_cert,
             deferrable=bool(self.deferrable),
             deferrable_by_default=conf.getboolean("operators", "default_deferrable", fallback=False),
         )
@@ -228,7 +229,7 @@ class SparkJobOperator(WithShardyfusionHook, BaseOperator):
         for note in plan.notes:
             self.log.warning("Run %s: %s", config.run_id, note)
         # Before anything is written: an unreachable server is one error now, not minutes of silence.
-        version = check_connect_server(self.spark_conn_id, remote_url)
+        version = check_connect_server(self.spark_conn_id, remote_url, ca_cert=ca_cert)
         self.log.info("Run %s: the Spark Connect server of connection %r answers (Spark %s)", config.run_id,
                       self.spark_conn_id, version)
         self.log.info("Run %s: running the sharded write of %s as a Spark Connect client (connection %r, bundle %s)",

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.assets import emit_snapshot_event
 from airflow_provider_shardyfusion.core.arguments import as_mapping, as_number
-from airflow_provider_shardyfusion.core.errors import ConfigError, SparkSubmitError, StorageError
+from airflow_provider_shardyfusion.core.errors import ConfigError, SparkConnectError, SparkSubmitError, StorageError
+from airflow_provider_shardyfusion.core.lifecycle.write_attempts import SPARK_SUBMIT
 from airflow_provider_shardyfusion.core.model import write_args
 from airflow_provider_shardyfusion.core.model.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.core.write.input_check import check_write_input
@@ -291,7 +292,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
                              stream_reset=stream.stream_reset, accept_live_run=stream.accept_live_run)
         self.log.info("Stream %s: %s query over %s into %s (checkpoint %s)", stream.stream_id, stream.trigger,
                       stream.source_path or stream.source_format, config.output_uri, stream.checkpoint_location)
-        _, submit_error = self._launch(context, config, spark)
+        plan, submit_error = self._launch(context, config, spark)
         try:
             report = self._read_report(config.output_uri, stream)
         except StorageError as exc:
@@ -300,7 +301,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
                 f"report cannot be read ({exc}); the batches it published are the runs whose manifest names this "
                 "stream (`shardyfusion history`), and the next run resumes from the checkpoint"
             ) from (submit_error or exc)
-        return self._finish(context, config.output_uri, stream, report, submit_error)
+        return self._finish(context, config.output_uri, stream, report, submit_error, launcher=plan.launcher)
 
     def _read_report(self, output_uri: str, stream: StreamSettings) -> dict[str, Any] | None:
         from airflow_provider_shardyfusion.core.stream.job import read_report
@@ -308,7 +309,7 @@ class StreamingSnapshotOperator(SparkJobOperator):
         return read_report(self.hook.get_store(output_uri), stream.stream_id, stream.report_id)
 
     def _finish(self, context: Context, output_uri: str, stream: StreamSettings, report: dict[str, Any] | None,
-                submit_error: Exception | None) -> dict[str, Any]:
+                submit_error: Exception | None, *, launcher: str = SPARK_SUBMIT) -> dict[str, Any]:
         batches = [{k: b.get(k) for k in ("batch_id", "run_id", "action", "rows")}
                    for b in (report or {}).get("batches") or [] if isinstance(b, dict)]
         live = [b for b in batches if b["action"] in LIVE_ACTIONS]
@@ -322,8 +323,10 @@ class StreamingSnapshotOperator(SparkJobOperator):
         if error is not None or report is None:
             tail = self._launcher_tail()
             if tail:
-                self.log.error("Stream %s: spark-submit output tail:\n%s", stream.stream_id, tail)
-            raise SparkSubmitError(
+                self.log.error("Stream %s: %s output tail:\n%s", stream.stream_id, launcher, tail)
+            # Over Connect no spark-submit ran: the error names the Connect job (SPEC §15).
+            error_type = SparkSubmitError if launcher == SPARK_SUBMIT else SparkConnectError
+            raise error_type(
                 f"stream {stream.stream_id!r}: the streaming job failed ({error or 'it left no report'}); "
                 f"batches published before: {[b['batch_id'] for b in live]} (the next run resumes from the checkpoint)"
             ) from submit_error

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, RunKilled
 from ..core.write import job_environment as job_env
+from .connect_channel import channel_builder
 from .errors import describe_rpc_error
 
 __all__ = [
@@ -88,12 +89,12 @@ def retry_policy() -> Any:
 
 def open_session() -> Any:
     """A Connect session with the bundle (and the Python environment) added and spark_conf set."""
-    from pyspark.sql.connect.client.core import DefaultChannelBuilder
     from pyspark.sql.connect.session import SparkSession
 
     # What pyspark's own builder sets on its way to a remote session (its function dispatch reads it).
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    builder = DefaultChannelBuilder(os.environ[job_env.REMOTE_URL], channelOptions=KEEPALIVE_OPTIONS)
+    builder = channel_builder(os.environ[job_env.REMOTE_URL], ca_cert=os.environ.get(job_env.CA_CERT),
+                              options=KEEPALIVE_OPTIONS)
     spark = SparkSession.builder.channelBuilder(builder).getOrCreate()
     spark._client.set_retry_policies([retry_policy()])
     bundle = os.environ.get(job_env.BUNDLE)

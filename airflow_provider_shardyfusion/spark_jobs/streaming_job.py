@@ -283,7 +283,7 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
                 query.stop()
         query.awaitTermination()
     except Exception as exc:
-        failure = (type(exc).__name__, str(exc))
+        failure = _failure(exc)
     finally:
         if not remote:  # over Connect the writer lives on the server; its lease runs out
             _release(writer)
@@ -295,6 +295,18 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
         print(failed_line(*failure, job=STREAMING_JOB), file=sys.stderr)
         return 1
     return 0
+
+
+def _failure(exc: BaseException) -> tuple[str, str]:
+    """The verdict of a failed query: a lost Connect server as one line with its gRPC cause (its raw
+    error is a multi-line repr of a gRPC call object)."""
+    from .errors import connect_server_gone
+
+    gone = connect_server_gone(exc)
+    if gone is not None:
+        return ("SparkConnectError", f"the Spark Connect server stopped answering and did not come back within the "
+                f"client's retries ({gone})")
+    return type(exc).__name__, str(exc)
 
 
 def run_script() -> None:

@@ -61,10 +61,14 @@ def build_connect_plan(
     bundle_zip: str,
     config_json: str,
     credential_env: Mapping[str, str] | None = None,
+    ca_cert: str | None = None,
     deferrable: bool = False,
     deferrable_by_default: bool = False,
 ) -> ConnectPlan:
     """The child's argv and environment for one run; ``ConfigError`` for what Connect cannot do.
+
+    ``ca_cert``: PEM of the CA the client trusts for the server's TLS certificate (the connection's
+    ``ca_cert``), handed to the child in its environment.
 
     ``deferrable_by_default``: the deployment sets ``[operators] default_deferrable``, so
     ``deferrable=True`` may be its default rather than the DAG's choice: the run then waits in the
@@ -100,6 +104,8 @@ def build_connect_plan(
     env = {job_env.REMOTE_URL: remote_url, job_env.BUNDLE: bundle_zip, "PYTHONPATH": bundle_zip, **credentials}
     if spark.conf:
         env[job_env.SPARK_CONF] = json.dumps({k: str(v) for k, v in spark.conf.items()})
+    if ca_cert:
+        env[job_env.CA_CERT] = ca_cert
     if spark.python_env_archive:
         env[job_env.PYTHON_ENV_ARCHIVE] = spark.python_env_archive
     secrets = [v for v in credentials.values() if v] + _url_secrets(remote_url)
@@ -139,10 +145,22 @@ def check_connect_settings(conn_id: str, *, host: str | None, port: Any, has_tok
                           "keep one")
     if port and not (isinstance(port, int) and 0 < port < 65536):
         raise ConfigError(f"{where} has the port {port!r}: a number from 1 to 65535")
+    _check_tls_settings(where, has_token=has_token, hostname=parts.hostname, extra=extra)
+
+
+def _check_tls_settings(where: str, *, has_token: bool, hostname: str | None, extra: Mapping[str, Any]) -> None:
+    """``use_ssl``, ``ca_cert`` and the token: the combinations pyspark would read otherwise than meant."""
     use_ssl = extra.get("use_ssl")
     if use_ssl is not None and not isinstance(use_ssl, bool) and str(use_ssl).strip().lower() not in ("true", "false"):
         raise ConfigError(f"{where} has \"use_ssl\": {use_ssl!r} in its extra: it must be true or false")
-    if has_token and use_ssl is not None and str(use_ssl).strip().lower() == "false" and parts.hostname != "localhost":
+    ca_cert = extra.get("ca_cert")
+    if ca_cert is not None and (not isinstance(ca_cert, str) or not ca_cert.strip()):
+        raise ConfigError(f"{where} has \"ca_cert\": {ca_cert!r} in its extra: it must be PEM text or the path of a "
+                          "PEM file on the worker")
+    if ca_cert and str(use_ssl).strip().lower() != "true":
+        raise ConfigError(f"{where} has a \"ca_cert\" but not \"use_ssl\": true in its extra: the certificate is "
+                          "trusted for TLS only; set use_ssl true")
+    if has_token and use_ssl is not None and str(use_ssl).strip().lower() == "false" and hostname != "localhost":
         raise ConfigError(
             f"{where} has a token and \"use_ssl\": false: the Connect client sends a token only over TLS, so it "
             "would use TLS anyway; serve Connect over TLS and set use_ssl true, or remove the token"

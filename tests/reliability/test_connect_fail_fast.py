@@ -57,8 +57,9 @@ def test_a_server_that_is_down_fails_the_task_within_seconds(monkeypatch, tmp_pa
                                                            "port": port}, root)
     assert isinstance(error, SparkConnectError), repr(error)
     text = str(error)
-    for part in ("'sf_spark'", f"127.0.0.1:{port}", "gRPC UNAVAILABLE", "Connection refused"):
+    for part in ("'sf_spark'", f"127.0.0.1:{port}", "refused the connection", "gRPC UNAVAILABLE", "Connection refused"):
         assert part in text, text
+    assert "did not answer" not in text  # a refusal is an answer
     assert "spark-submit" not in text
     assert seconds < 15
     assert list(open_store(root).list("")) == []  # checked before anything was written

@@ -152,6 +152,20 @@ def stream_runs(root: str) -> dict[str, str]:
             if record is not None and parse_batch_run_id(STREAM, run_id) is not None}
 
 
+def check_final_state(root: str, follower: Follower) -> list[int]:
+    """Once the follower saw the last batch: the batch ids it saw only increased, from 0 to the last,
+    and the root holds exactly the last batch's model. Returns the batch ids seen."""
+    last = max(BATCHES)
+    wait_for(lambda: follower.seen[-1] == last, 30, f"the follower to reach batch {last}")
+    seen = follower.stop()
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == last
+    with ShardedReader(root) as reader:
+        final = models()[last]
+        assert reader.multi_get(ALL_KEYS) == [final.get(k) for k in ALL_KEYS]
+        assert reader.manifest.writer["batch_id"] == last
+    return seen
+
+
 def test_kill_between_manifest_and_pointer_and_between_pointer_and_checkpoint(tmp_path, figure):
     (tmp_path / "source").mkdir()
     root = f"file://{tmp_path}/root"
@@ -182,11 +196,6 @@ def test_kill_between_manifest_and_pointer_and_between_pointer_and_checkpoint(tm
 
     # Every batch id live exactly once, by one run each; nothing failed; the final state exact.
     assert stream_runs(root) == {f"{STREAM}-b{i:012d}": "succeeded" for i in BATCHES}
-    wait_for(lambda: follower.seen[-1] == 2, 30, "the follower to reach batch 2")
-    seen = follower.stop()
-    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 2
-    with ShardedReader(root) as reader:
-        final = models()[2]
-        assert reader.multi_get(ALL_KEYS) == [final.get(k) for k in ALL_KEYS]
+    seen = check_final_state(root, follower)
     figure(kills=2, batches=len(BATCHES), runs=len(stream_runs(root)), snapshots_seen_by_follower=len(seen),
            keys_checked=len(ALL_KEYS) * (len(seen) + 1))

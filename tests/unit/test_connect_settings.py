@@ -16,6 +16,7 @@ def check(host="spark.example", port=15002, token=False, **extra):
     {}, {"host": "sc://spark.example"}, {"host": "spark.example:15002", "port": None}, {"use_ssl": True},
     {"use_ssl": "False"}, {"token": True, "use_ssl": "true"}, {"token": True},
     {"host": "localhost", "token": True, "use_ssl": False},  # pyspark: local credentials, no TLS needed
+    {"use_ssl": True, "ca_cert": "/etc/ssl/connect-ca.pem"}, {"use_ssl": "true", "ca_cert": "-----BEGIN CERT"},
 ])
 def test_settings_the_client_reads_as_meant_pass(kwargs):
     check(**kwargs)
@@ -32,6 +33,9 @@ def test_settings_the_client_reads_as_meant_pass(kwargs):
     ({"host": " "}, "has no host"),
     ({"port": 70000}, "the port 70000: a number from 1 to 65535"),
     ({"token": True, "use_ssl": "false"}, "has a token and \"use_ssl\": false"),
+    ({"ca_cert": "/etc/ssl/connect-ca.pem"}, "has a \"ca_cert\" but not \"use_ssl\": true"),
+    ({"token": True, "ca_cert": "/etc/ssl/connect-ca.pem"}, "has a \"ca_cert\" but not \"use_ssl\": true"),
+    ({"use_ssl": True, "ca_cert": ["pem"]}, "\"ca_cert\": ['pem'] in its extra: it must be PEM text or the path"),
 ])
 def test_settings_the_client_would_misread_are_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match="the Spark Connect connection 'sf_spark'") as info:

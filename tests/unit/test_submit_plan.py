@@ -165,6 +165,10 @@ def test_connect_plan_keeps_the_url_and_credentials_off_argv():
     assert {"TOKEN-42", "S3CRET"} <= set(plan.redact) and plan.env["AWS_SECRET_ACCESS_KEY"] == "S3CRET"
     assert "TOKEN-42" not in repr(plan) and "S3CRET" not in repr(plan)
     assert not plan.defer and not plan.cluster_mode
+    assert job_env.CA_CERT not in plan.env
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    trusting = connect_plan(ca_cert=pem)
+    assert trusting.env[job_env.CA_CERT] == pem and trusting.argv == plan.argv
 
 
 def test_connect_plan_refuses_what_a_connect_client_cannot_do():
