@@ -36,8 +36,16 @@ def scan(where: str, text: str) -> list[str]:
 
 
 def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
-        monkeypatch, tmp_path, s3_server, s3_root, s3_options, caplog, figure):
+        monkeypatch, tmp_path, s3_server, s3_root, s3_options, caplog, capfd, figure):
     caplog.set_level(logging.DEBUG)
+    logs: list[str] = []
+
+    def task_logs() -> str:
+        # The Airflow task logger writes to stdout, not through caplog's handler: read both.
+        out, err = capfd.readouterr()
+        logs.append(caplog.text + out + err)
+        return logs[-1]
+
     connections(monkeypatch, aws={"conn_type": "aws", "login": "AKIACANARY", "password": CANARY,
                                   "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}})
     seen = stub_submit(monkeypatch, lambda config: build_snapshot(
@@ -54,7 +62,8 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
 
     found = scan("spark-submit argv", " ".join(call["cmd"])) + scan("job config", call["config"].to_json())
     found += scan("spark conf", json.dumps(call["conf"])) + scan("XCom", json.dumps(context["ti"].xcoms, default=str))
-    found += scan("logs", caplog.text)
+    found += scan("logs", task_logs())
+    assert "run-canary" in logs[-1], "control: the write's log lines were captured"
     store = open_store(s3_root, s3_options)
     keys = [o.key for o in store.list("")]
     assert {"_CURRENT", "runs/run_id=run-canary/run.json"} <= set(keys) and any(k.endswith(".sst") for k in keys)
@@ -84,7 +93,7 @@ def test_a_canary_in_the_connection_input_path_and_spark_conf_is_found_nowhere(
             bad.execute(make_context())
         assert argument in str(caught.value), caught.value
         found += scan(f"error for {argument}", str(caught.value))
-    found += scan("logs", caplog.text)
+    found += scan("logs", task_logs())
     assert len(seen.calls) == calls, "a refused argument reached spark-submit"
     assert [k.key for k in store.list("runs/") if "refused" in k.key] == []
     assert not found, f"the canary leaked into: {found}"
