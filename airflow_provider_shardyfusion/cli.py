@@ -1,17 +1,18 @@
-"""``shardyfusion``: inspect and query published snapshots from a shell; every command prints JSON.
+"""``shardyfusion``: inspect and query published snapshots from a shell.
 
     shardyfusion current  URI                     the _CURRENT pointer
     shardyfusion manifest URI [--run-id RUN]      the live manifest, or the one of a given run
     shardyfusion runs     URI                     every run record under runs/
-    shardyfusion get      URI KEY [KEY ...]       look keys up through ShardedReader
+    shardyfusion get      URI KEY [KEY ...] [--run-id RUN | --manifest-ref REF]   look keys up (live or a kept run)
     shardyfusion publish  URI --run-id RUN [--allow-older]   move _CURRENT to a staged run / roll back
     shardyfusion history  URI                     every run: live / staged / superseded / rolled back / ...
-    shardyfusion diff     URI RUN_A RUN_B         per-shard rows and bytes of two runs
+    shardyfusion diff     URI RUN_A RUN_B [--keys [--kind K] [--limit N]]   shards, or the changed keys
     shardyfusion serve    URI [--port 8080]       the live snapshot over HTTP (see docs/serve.md)
 
-S3-compatible servers: ``--endpoint-url``, ``--region``, ``--path-style``. Credentials are never
-flags: boto3 takes them from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...).
-Errors print one line on stderr and exit with status 1.
+Output, as ``gh`` and ``kubectl`` do it: a table on a terminal; JSON with ``--json`` or whenever
+stdout is not a terminal (pipes, files, scripts). S3-compatible servers: ``--endpoint-url``,
+``--region``, ``--path-style``. Credentials are never flags: boto3 takes them from the environment
+(AWS_ACCESS_KEY_ID, AWS_PROFILE, roles, ...). Errors print one line on stderr and exit with status 1.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, NoReturn
 
 from .core import layout
 from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionError
+from .core.lifecycle.history import CHANGE_KINDS, STATE_MEANINGS, change_label
 from .core.model.encoding import KEY_TEXTS, key_from_text, key_to_show
 from .core.model.snapshot import SnapshotRoot
 from .core.storage import StorageOptions
@@ -32,6 +34,8 @@ from .core.storage import StorageOptions
 __all__ = ["PROG", "main"]
 
 PROG = "shardyfusion"
+# Changed keys `diff --keys` lists unless --limit says otherwise: a screenful.
+DIFF_KEYS_LIMIT = 50
 
 
 class _UsageError(Exception):
@@ -49,19 +53,24 @@ def _build_parser() -> argparse.ArgumentParser:
     common.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     common.add_argument("--region", help="S3 region name")
     common.add_argument("--path-style", action="store_true", help="path-style S3 addressing (most non-AWS servers)")
+    # Every command but serve prints a result: a table on a terminal, JSON for scripts.
+    printed = _Parser(add_help=False, parents=[common])
+    printed.add_argument("--json", action="store_true",
+                         help="print JSON even on a terminal (it is always JSON when stdout is not a terminal)")
 
     parser = _Parser(
         prog=PROG,
-        description="Inspect and query published shardyfusion snapshots; every command prints JSON. "
-                    "S3 credentials come from the environment (boto3's default chain), never from flags.",
+        description="Inspect and query published shardyfusion snapshots: a table on a terminal, JSON with --json "
+                    "or when stdout is not a terminal. S3 credentials come from the environment (boto3's default "
+                    "chain), never from flags.",
     )
     subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    subs.add_parser("current", parents=[common], help="print the _CURRENT pointer")
-    manifest = subs.add_parser("manifest", parents=[common], help="print a manifest (default: the live one)")
+    subs.add_parser("current", parents=[printed], help="print the _CURRENT pointer")
+    manifest = subs.add_parser("manifest", parents=[printed], help="print a manifest (default: the live one)")
     manifest.add_argument("--run-id", help="print the manifest of this run instead of the one _CURRENT names")
-    subs.add_parser("runs", parents=[common], help="list run records")
+    subs.add_parser("runs", parents=[printed], help="list run records")
     pub = subs.add_parser(
-        "publish", parents=[common], help="move _CURRENT to a staged run, or back to an older one",
+        "publish", parents=[printed], help="move _CURRENT to a staged run, or back to an older one",
         description="Checks the run's manifest, files and run record, then moves _CURRENT with a conditional put. "
                     "A run older than the live one needs --allow-older (a rollback).",
     )
@@ -70,7 +79,7 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--manifest-ref", help="the manifest URI to publish")
     pub.add_argument("--allow-older", action="store_true", help="allow a run older than the live one (rollback)")
     val = subs.add_parser(
-        "validate", parents=[common], help="check a snapshot (default: the live one) and print the report",
+        "validate", parents=[printed], help="check a snapshot (default: the live one) and print the report",
         description="Checks structure, files on storage, the run record, the given thresholds and look-ups; prints "
                     "the report, or every failure on stderr with exit status 1.",
     )
@@ -97,11 +106,14 @@ def _build_parser() -> argparse.ArgumentParser:
                           "columns), none, any (every change passes and is still reported)")
     val.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
     get = subs.add_parser(
-        "get", parents=[common], help="look keys up in the live snapshot",
+        "get", parents=[printed], help="look keys up in the live snapshot, or in any kept run",
         description="Values print as JSON objects (value_format json), UTF-8 text when the bytes decode, "
                     "else base64; 'value_encoding' says which ('json', 'utf8', 'base64'; null if absent).",
     )
     get.add_argument("keys", metavar="KEY", nargs="+")
+    get_target = get.add_mutually_exclusive_group()
+    get_target.add_argument("--run-id", help="read the snapshot as run RUN_ID wrote it (default: the live one)")
+    get_target.add_argument("--manifest-ref", help="read the snapshot this manifest URI describes")
     get.add_argument(
         "--key-type", choices=KEY_TEXTS, default="auto",
         help="auto (default): int if KEY parses as one and the snapshot's key_encoding is u64be/u32be, "
@@ -111,15 +123,28 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="JSON object of the other CEL routing columns, for multi-column CEL snapshots")
     get.add_argument("--cache-dir", help="keep downloaded shards here (default: a temporary folder)")
     subs.add_parser(
-        "history", parents=[common], help="every run with what became of it, newest first",
-        description="States: running, failed, staged (never published), live, superseded (replaced by a newer run), "
-                    "rolled_back (_CURRENT moved from it to an older run), deleted (cleaned up), unreadable.",
+        "history", parents=[printed], help="every run with what became of it, newest first",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Every run, newest first, with its state as the history UI shows it:\n"
+                    + "\n".join(f"  {state:<13} {meaning}" for state, meaning in STATE_MEANINGS.items()),
     )
-    diff = subs.add_parser("diff", parents=[common], help="compare two runs' manifests shard by shard")
+    diff = subs.add_parser(
+        "diff", parents=[printed], help="compare two runs shard by shard, or list the keys that changed",
+        description="Without --keys: per-shard rows, bytes and whether the files are the same, and the value "
+                    "schemas. With --keys: the keys RUN_B inserted, updated or deleted against RUN_A, with the "
+                    "value before and after (only shards whose files differ are read; both runs must be sharded "
+                    "the same way).",
+    )
     diff.add_argument("run_a", metavar="RUN_A")
     diff.add_argument("run_b", metavar="RUN_B")
+    diff.add_argument("--keys", action="store_true", help="list the changed keys with their values before and after")
+    diff.add_argument("--kind", dest="kinds", action="append", choices=CHANGE_KINDS,
+                      help="with --keys: only this kind of change (repeat for more; default: all three)")
+    diff.add_argument("--limit", type=int, default=DIFF_KEYS_LIMIT,
+                      help=f"with --keys: at most this many keys (default {DIFF_KEYS_LIMIT})")
+    diff.add_argument("--cache-dir", help="with --keys: keep downloaded shards here (default: a temporary folder)")
     clean = subs.add_parser(
-        "cleanup", parents=[common], help="delete failed, abandoned, orphaned and expired snapshot data",
+        "cleanup", parents=[printed], help="delete failed, abandoned, orphaned and expired snapshot data",
         description="Plans, then deletes: never the live run, pinned runs, anything younger than the grace period "
                     "or a running run with a valid lease. Run records stay (deleted_at set). Prints the report.",
     )
@@ -275,9 +300,15 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
             raise _UsageError(f"get: --routing-context is not valid JSON: {exc}") from None
         if not isinstance(context, dict):
             raise _UsageError("get: --routing-context must be a JSON object")
+    ref = args.manifest_ref
+    if args.run_id is not None:
+        from .core.lifecycle.history import manifest_ref_of_run
+
+        layout.validate_run_id(args.run_id, what="--run-id")
+        ref = manifest_ref_of_run(snapshots, args.run_id).uri
     # The command prints JSON: values as stored (json.loads), not typed Python values.
     with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=_storage_options(args),
-                       value_decoding="json") as reader:
+                       value_decoding="json", manifest_ref=ref) as reader:
         manifest = reader.manifest
         keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
         values = reader.multi_get(keys, routing_context=context)
@@ -289,7 +320,7 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
                 "db_id": reader.shard_for_key(key, routing_context=context),
                 "value": shown, "value_encoding": how,
             })
-        return {"run_id": reader.run_id, "results": out}
+        return {"run_id": reader.run_id, "live": ref is None, "results": out}
 
 
 def _cmd_history(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
@@ -299,11 +330,26 @@ def _cmd_history(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
 
 def _cmd_diff(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
-    from .core.lifecycle.history import diff_runs
+    from .core.lifecycle.history import changed_keys, diff_runs
 
     for name in ("run_a", "run_b"):
         layout.validate_run_id(getattr(args, name), what=name.upper())
-    return diff_runs(snapshots, args.run_a, args.run_b).to_dict()
+    if not args.keys:
+        if args.kinds or args.limit != DIFF_KEYS_LIMIT:
+            raise _UsageError("diff: --kind and --limit go with --keys")
+        return diff_runs(snapshots, args.run_a, args.run_b).to_dict()
+    if args.limit < 1:
+        raise _UsageError(f"diff: --limit must be at least 1, got {args.limit}")
+    from .core.read.reader import ShardedReader
+
+    diff = diff_runs(snapshots, args.run_a, args.run_b)
+    opts = _storage_options(args)
+    # One cache for both readers: the layers the two runs share are downloaded once.
+    with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=opts,
+                       manifest_ref=diff.manifest_a) as before, \
+         ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=opts,
+                       manifest_ref=diff.manifest_b) as after:
+        return changed_keys(diff, before, after, kinds=args.kinds or CHANGE_KINDS, limit=args.limit).to_dict()
 
 
 _COMMANDS = {
@@ -324,15 +370,16 @@ class _FailedWithReport(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
+    command, as_json = None, True
     try:
         args = parser.parse_args(argv)
-        if args.command == "serve":  # runs until stopped; prints no JSON
+        if args.command == "serve":  # runs until stopped; prints no result
             return _run_serve(args)
+        command, as_json = args.command, args.json or not sys.stdout.isatty()
         snapshots = SnapshotRoot.open(args.uri, _storage_options(args))
         result = _COMMANDS[args.command](snapshots, args)
     except _FailedWithReport as failed:
-        json.dump(failed.report, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-        sys.stdout.write("\n")
+        _print(failed.report, command, as_json)
         print(f"{PROG}: error: {type(failed.error).__name__}: {_one_line(failed.error)}", file=sys.stderr)
         return 1
     except _UsageError as exc:
@@ -344,15 +391,103 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # anything unexpected still ends as one line, not a traceback
         print(f"{PROG}: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
+    return 0 if _print(result, command, as_json) else 1
+
+
+def _print(result: Any, command: str | None, as_json: bool) -> bool:
+    """Write the result; False when the reader of stdout went away (``| head``)."""
     try:
-        json.dump(result, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-        sys.stdout.write("\n")
+        if as_json:
+            json.dump(result, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(human_text(result, command) + "\n")
         sys.stdout.flush()
-    except BrokenPipeError:  # e.g. `| head`: stop quietly, and keep the interpreter's final flush quiet too
+    except BrokenPipeError:  # stop quietly, and keep the interpreter's final flush quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return 0
+        return False
+    return True
 
 
 def _one_line(exc: BaseException) -> str:
     return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or repr(exc)
+
+
+# -- tables for people ---------------------------------------------------------------------------
+
+# The columns a person reads first, per command and list (None: the result is the list); lists
+# not named here show every field that is not itself a list or an object.
+_COLUMNS: dict[tuple[str, str | None], tuple[str, ...]] = {
+    ("runs", None): ("run_id", "status", "num_dbs", "started_at", "finished_at", "published_at", "deleted_at",
+                     "invalid"),
+    ("history", "runs"): ("run_id", "state", "write_mode", "change_label", "rows", "bytes", "started_at",
+                          "duration_s", "replaced_by", "error"),
+    ("get", "results"): ("key", "found", "db_id", "value", "value_encoding"),
+    ("diff", "shards"): ("db_id", "rows_a", "rows_b", "bytes_a", "bytes_b", "same_files", "changes"),
+    ("diff", "changes"): ("db_id", "kind", "key", "before", "after", "fields"),
+    ("validate", "checks"): ("name", "ok", "skipped", "figure", "limit", "detail"),
+}
+# Widest cell of a table and of a "field: value" line; longer text is cut with "…" (--json has it whole).
+_CELL_CHARS = 48
+# Columns whose numbers are names, not amounts: no thousands separators (a key reads as typed).
+_VERBATIM = frozenset({"key", "db_id"})
+_LINE_CHARS = 100
+
+
+def human_text(result: Any, command: str | None) -> str:
+    """A command's result as a person reads it on a terminal: ``field: value`` lines for the scalar
+    fields, then each list of records as a table (as ``kubectl get``: upper-case headings, no borders)."""
+    if isinstance(result, list):
+        return "\n".join(_table(result, _COLUMNS.get((command or "", None)))) if result else "(none)"
+    fields = {k: v for k, v in result.items() if not _is_records(v)}
+    width = max((len(k) for k in fields), default=0)
+    lines = [f"{k.ljust(width)}  {_cell(v, _LINE_CHARS)}" for k, v in fields.items()]
+    for name, records in result.items():
+        if _is_records(records):
+            lines += ["", f"{name}:", *_table(records, _COLUMNS.get((command or "", name)))]
+    return "\n".join(lines)
+
+
+def _is_records(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _table(records: list[dict[str, Any]], columns: tuple[str, ...] | None) -> list[str]:
+    if columns is None:  # every scalar field, in the order the records have them
+        columns = tuple(k for k in dict.fromkeys(k for r in records for k in r)
+                        if not any(isinstance(r.get(k), (dict, list)) for r in records))
+    # A column empty in every row says nothing (e.g. no run has an error).
+    columns = tuple(c for c in columns if any(r.get(c) not in (None, "", [], {}) for r in records))
+    cells = [[_cell(r.get(c), _CELL_CHARS, verbatim=c in _VERBATIM) for c in columns] for r in records]
+    numeric = [all(_is_number(r.get(c)) or r.get(c) is None for r in records) for c in columns]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)).rstrip()
+
+    return [line([c.upper() for c in columns]), *(line(row) for row in cells)]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _cell(value: Any, limit: int, *, verbatim: bool = False) -> str:
+    if value is None or value == []:
+        text = "-"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, int):
+        text = str(value) if verbatim else f"{value:,}"
+    elif isinstance(value, str):
+        first, *more = value.strip().splitlines() or [""]
+        text = first + (" …" if more else "")
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        text = ", ".join(value)  # e.g. the fields an update changed
+    elif isinstance(value, dict) and isinstance(value.get("summary"), str):
+        text = value["summary"]  # e.g. diff's value_schema: its one-line summary
+    elif isinstance(value, dict) and set(CHANGE_KINDS) <= value.keys():
+        text = change_label(value)  # +inserted ~updated −deleted
+    else:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else text[:limit - 1] + "…"

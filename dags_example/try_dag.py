@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,9 @@ from run_demo import DEMO, REPO, demo_env, run  # next to this script (its folde
 RUNNER = REPO / "tests" / "e2e" / "run_dag.py"
 RESULT_MARKER = "@@DAG_TEST_RESULT@@ "
 _FINE = ("success", "skipped")
+# A traceback's last line, e.g. "airflow...ConfigError: value_column 'x' is not a column": the one-line
+# error the summary repeats, so it is not lost above hundreds of streamed log lines.
+_ERROR_LINE = re.compile(r"(?:^|\s)((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): .+)$")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"==> dag.test() of {dag_file}", flush=True)
     cmd = [sys.executable, str(RUNNER), "--file", str(dag_file), args.dag_id, *([args.conf] if args.conf else [])]
     result: dict = {}
+    last_error = None
     with subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as child:
         assert child.stdout is not None
@@ -53,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sys.stdout.write(line)
                 sys.stdout.flush()
-    return report(result, child.returncode)
+                if (found := _ERROR_LINE.search(line.rstrip())) is not None:
+                    last_error = found.group(1)
+    return report(result, child.returncode, last_error)
 
 
-def report(result: dict, returncode: int) -> int:
+def report(result: dict, returncode: int, last_error: str | None = None) -> int:
     """Print the outcome; the exit code says whether every task succeeded."""
     if "error" in result or not result:
         print(f"\ntry: {result.get('error', f'the DAG did not run (exit code {returncode})')}", file=sys.stderr)
@@ -70,6 +77,8 @@ def report(result: dict, returncode: int) -> int:
     failed = sorted(t for t, s in tasks.items() if s not in _FINE)
     if failed or result["state"] != "success":
         print(f"try: {len(failed)} of {len(tasks)} tasks did not succeed: {', '.join(failed) or '-'}", file=sys.stderr)
+        if last_error is not None:
+            print(f"try: the last error logged: {last_error}", file=sys.stderr)
         return 1
     return 0
 

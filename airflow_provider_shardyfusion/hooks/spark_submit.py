@@ -69,6 +69,9 @@ class ShardyfusionSparkSubmitHook(SparkSubmitHook):
     def __init__(self, *args: Any, process_env: Mapping[str, str] | None = None,
                  redact: Sequence[str] = (), wait_for_driver: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        # Each line of the job's output is logged under this name: "airflow.task.hooks.shardyfusion",
+        # not the ~90 characters of the module and class path on every line.
+        self._logger_name = "shardyfusion"
         self.process_env = dict(process_env or {})
         self.wait_for_driver = wait_for_driver
         self._redact = [s for s in redact if s]

@@ -213,7 +213,9 @@ def build_submit_plan(  # noqa: C901 - one branch per deploy mode and resource f
         elif target.is_standalone:
             conf["spark.standalone.submit.waitAppCompletion"] = "false"
 
-    process_env: dict[str, str] = {}
+    # spark_jobs.job_logging.LOG_TIME_ENV (the job's module is not imported here): a driver that runs
+    # inside spark-submit writes task log lines, which the task log stamps already.
+    process_env: dict[str, str] = {} if cluster else {"SHARDYFUSION_JOB_LOG_TIME": "0"}
     if credential_env:
         if cluster:
             notes.append(

@@ -35,6 +35,9 @@ def test_a_failed_task_makes_try_exit_non_zero(home):
     assert proc.returncode == 1, out[-5000:]
     assert "ok   make_input: success" in proc.stdout and "FAIL write: failed" in proc.stdout
     assert "1 of 2 tasks did not succeed: write" in proc.stderr
+    # The summary repeats the task's one-line error (it is far above, among the streamed log lines).
+    summary = proc.stderr[proc.stderr.index("1 of 2 tasks did not succeed"):]
+    assert "try: the last error logged: " in summary and "value_column 'paylod' is not a column" in summary, summary
     assert "value_column 'paylod' is not a column of input_path" in out  # the task's own error, streamed
     # The operator refused before anything was written, and its extra link read no absent XCom.
     assert not (home / "data" / "typo-snapshot").exists()

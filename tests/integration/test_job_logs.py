@@ -47,6 +47,9 @@ def test_the_job_logs_its_progress_and_spark_only_warnings(monkeypatch, tmp_path
     text = "\n".join(lines)
     for progress in ("read_input done", "shards written 2/2 (40 rows, ", "verify_routing checked", "published run"):
         assert progress in text, f"{progress!r} missing from the job's output:\n{text}"
+    # The task log stamps each line: the job's own lines (local mode) carry no second timestamp.
+    done = next(line for line in lines if "read_input done" in line)
+    assert done.startswith("INFO shardyfusion.job: run ") and done.endswith("s") and "read_input done in" in done, done
     # The level applies once the SparkContext starts: its three version lines come before.
     applied = next(i for i, line in enumerate(lines) if "Setting Spark log level to \"WARN\"" in line)
     assert [line for line in lines[applied:] if SPARK_INFO.match(line)] == []

@@ -17,7 +17,7 @@ from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.model.run_record import FAILED, RunError
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
-from tests.snapshot_factory import build_snapshot
+from tests.snapshot_factory import build_delta, build_snapshot
 from tests.snapshot_helpers import write_run_record
 from tests.value_schemas import leaf_schema, with_value_schema
 
@@ -353,3 +353,14 @@ def test_operator_takes_schema_change(file_root):
     assert op.execute({})["checks"][-1]["figure"][0]["column"] == "score"
     with pytest.raises(ManifestValidationError, match="column 'score' changed from int64 to double"):
         ValidateManifestOperator(task_id="v", output_uri=file_root, run_id=staged.run_id).execute({})
+
+
+def test_a_delta_counts_the_files_of_every_layer(file_root):
+    # A delta's shards are read from its base's layer and its own: storage checks (and counts) both.
+    base = build_snapshot(file_root, [(i, b"v0") for i in range(40)], num_dbs=4, shard_layout="sst", run_id="t0")
+    delta = build_delta(file_root, {i: b"v1" for i in range(40)}, run_id="t1")  # every shard changes
+    base_files = sum(len(s.files) for s in base.manifest.shards)
+    own_files = sum(len(layer.files) for s in delta.manifest.shards for layer in s.layers if layer.run_id == "t1")
+    assert base_files == 4 and own_files == 4
+    figure = validate_snapshot(SnapshotRoot(open_store(file_root)), run_id="t1").check("storage").figure
+    assert figure == {"shards": 4, "files": base_files + own_files, "bytes": delta.manifest.byte_size}

@@ -76,6 +76,8 @@ def test_without_process_env_the_provider_behaviour_is_unchanged(monkeypatch, fa
     hook.submit(application="/app/job.py")
     tail = hook.tail_text().splitlines()
     assert "flag: x" in tail and "secret-in-env: " in tail
+    # Every line of the job's output is logged under a short name (not the module and class path).
+    assert hook.log.name == "airflow.task.hooks.shardyfusion"
 
 
 @pytest.mark.parametrize(("final", "fails"), [("FINISHED", False), ("FAILED", True)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,22 +28,36 @@ from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema, d
 from airflow_provider_shardyfusion.core.write.job_contract import RunStats, WriterIdentity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Collection, Iterable, Iterator
 
     from airflow_provider_shardyfusion.core.model.manifest import ShardEntry
     from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
 
 __all__ = [
-    "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "VALUE_PREVIEW_CHARS", "KeyFate", "RootHistory", "RunDiff",
-    "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label", "diff_runs", "differing_fields", "json_value",
-    "key_fates", "manifest_ref_of_run", "rank_fields", "root_history", "run_claim_holds", "sample_changes", "schema_columns",
-    "schema_diff", "signed", "typed_comparison",
+    "CHANGE_KINDS", "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "STATE_MEANINGS", "VALUE_PREVIEW_CHARS",
+    "ChangedKeys", "KeyFate", "RootHistory", "RunDiff", "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label",
+    "changed_keys", "comparison_between", "diff_runs", "differing_fields", "json_value", "key_fates", "manifest_ref_of_run",
+    "rank_fields", "root_history", "run_claim_holds", "sample_changes", "schema_columns", "schema_diff", "signed",
+    "typed_comparison",
 ]
 
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
                    "unreadable"]
 # Who reads the layers of a run that is no longer live: a "base of live" run's files are still read
 # by the live delta, so it is not the same as "superseded" (whose data a cleanup may reclaim).
+
+# What each state means, for help texts: one list, so a new state cannot be left out of one of them.
+STATE_MEANINGS: dict[RunState, str] = {
+    "running": "the writer has not finished",
+    "failed": "the writer failed (with its error)",
+    "staged": "succeeded, never published",
+    "live": "the run _CURRENT names",
+    "base_of_live": "no longer live, but the live delta still reads its files",
+    "superseded": "replaced by a run that started later",
+    "rolled_back": "_CURRENT moved from it to a run that started before it",
+    "deleted": "its data was reclaimed by cleanup",
+    "unreadable": "its run record could not be read (with why)",
+}
 
 
 @dataclass(frozen=True)
@@ -404,16 +419,18 @@ def typed_comparison(value_format: str, schema: ValueSchema | None) -> Callable[
 
 def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Iterable[tuple[bytes, bytes]], *,
                    key_encoding: str, value_format: str, limit: int = SAMPLE_KEYS,
-                   scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None) -> ShardSample:
+                   scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None,
+                   kinds: Collection[str] | None = None) -> ShardSample:
     """Walk two key-ordered states of one shard side by side: a key only in ``after`` was inserted,
     only in ``before`` deleted, in both with other bytes updated — other typed values, where
-    ``typed`` (``typed_comparison``) is given. Stops at ``limit`` changes or ``scan_limit`` keys walked."""
+    ``typed`` (``typed_comparison``) is given. Only changes of ``kinds`` count (default: all).
+    Stops at ``limit`` changes or ``scan_limit`` keys walked."""
     found: list[dict[str, Any]] = []
     scanned = 0
     for key, old, new in _merged(iter(before), iter(after)):
         scanned += (old is not None) + (new is not None)
-        if old != new:
-            kind = "inserted" if old is None else "deleted" if new is None else "updated"
+        kind = "inserted" if old is None else "deleted" if new is None else "updated"
+        if old != new and (kinds is None or kind in kinds):
             fields: list[str] = []
             if kind == "updated" and typed is not None:
                 typed_old, typed_new = _typed_or_none(typed, old), _typed_or_none(typed, new)
@@ -427,6 +444,70 @@ def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Ite
         if len(found) >= limit or scanned >= scan_limit:
             return ShardSample(db_id, tuple(found), scanned, complete=False)
     return ShardSample(db_id, tuple(found), scanned, complete=True)
+
+
+def comparison_between(before: Manifest, after: Manifest) -> Callable[[bytes], Any] | None:
+    """``typed_comparison`` for two runs: bytes of two value encoders differ for equal values
+    (SPEC §18), so runs written by different encoder versions compare typed values; else bytes."""
+    if before.value_encoding_version == after.value_encoding_version:
+        return None
+    return typed_comparison(after.value_format, after.value_schema)
+
+
+CHANGE_KINDS = ("inserted", "updated", "deleted")
+
+
+@dataclass(frozen=True)
+class ChangedKeys:
+    """Keys run ``b`` changed against run ``a``, in shard then key order, each with its before and after."""
+
+    run_a: str
+    run_b: str
+    kinds: tuple[str, ...]
+    changes: tuple[dict[str, Any], ...]  # {db_id, key, kind, before, after, fields}
+    shards_changed: int  # shards whose files differ: the only ones that can hold a changed key
+    shards_walked: int
+    complete: bool  # every changed shard was walked to its end: there are no more keys of these kinds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_a": self.run_a, "run_b": self.run_b, "kinds": list(self.kinds), "changes": list(self.changes),
+                "shards_changed": self.shards_changed, "shards_walked": self.shards_walked, "complete": self.complete}
+
+
+def changed_keys(diff: RunDiff, before: Any, after: Any, *, kinds: Collection[str] = CHANGE_KINDS,
+                 limit: int = 50) -> ChangedKeys:
+    """Up to ``limit`` keys of ``kinds`` that changed from ``diff``'s run ``a`` to run ``b``.
+
+    ``before`` and ``after`` are readers of the two runs (``ShardedReader(..., manifest_ref=...)``);
+    only shards whose files differ are opened, each walked whole (``sample_changes``), until
+    ``limit`` keys are found. Two runs sharded differently hold other keys in shard ``i``:
+    ``ConfigError``."""
+    if limit < 1:
+        raise ConfigError(f"limit must be at least 1, got {limit}")
+    unknown = sorted(set(kinds) - set(CHANGE_KINDS))
+    if unknown:
+        raise ConfigError(f"kinds {unknown} are not kinds of change ({', '.join(CHANGE_KINDS)})")
+    if not diff.same_routing:
+        raise ConfigError(f"runs {diff.run_a!r} and {diff.run_b!r} are sharded differently: "
+                          "their keys cannot be compared shard by shard")
+    typed = comparison_between(before.manifest, after.manifest)
+    changed = [s.db_id for s in diff.shards if not s.same_files]
+    found: list[dict[str, Any]] = []
+    walked = 0
+    complete = True
+    for db_id in changed:
+        if len(found) >= limit:
+            complete = False
+            break
+        old, new = before.open_shard(db_id), after.open_shard(db_id)
+        sample = sample_changes(db_id, old.items() if old is not None else (), new.items() if new is not None else (),
+                                key_encoding=after.manifest.key_encoding, value_format=after.manifest.value_format,
+                                limit=limit - len(found), scan_limit=sys.maxsize, typed=typed, kinds=set(kinds))
+        walked += 1
+        found.extend({"db_id": db_id, **c} for c in sample.changes)
+        complete = complete and sample.complete
+    return ChangedKeys(run_a=diff.run_a, run_b=diff.run_b, kinds=tuple(k for k in CHANGE_KINDS if k in kinds),
+                       changes=tuple(found), shards_changed=len(changed), shards_walked=walked, complete=complete)
 
 
 def _typed_or_none(typed: Callable[[bytes], Any], data: bytes | None) -> Any:

@@ -455,7 +455,8 @@ def _storage_check(snapshots: SnapshotRoot, manifest: Manifest, verify_checksums
         problems = integrity.check_storage(snapshots, manifest, verify_checksums=verify_checksums)
     except ShardyfusionError as exc:
         problems = [f"storage of run {manifest.run_id!r}: {exc}"]
-    files = sum(len(s.files) for s in manifest.shards)
+    # Every layer's files: a delta's shard is read from its base's layers and its own.
+    files = sum(len(layer.files) for s in manifest.shards for layer in s.all_layers())
     return Check(
         "storage", not problems, figure={"shards": len(manifest.shards), "files": files, "bytes": manifest.byte_size},
         detail=("files present with their recorded sizes" + (" and checksums" if verify_checksums else ""))
