@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import os
 import shutil
 import time
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["build_lock", "lock_path"]
+__all__ = ["build_lock", "lock_path", "staging_path"]
 
 # Polling rather than a blocking flock: a waiter must notice when its snapshot is retired (the
 # reader refreshed or closed) instead of waiting for a build nobody needs any more.
@@ -42,12 +41,23 @@ def lock_path(folder: str) -> str:
     return os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.lock")
 
 
+def staging_path(folder: str) -> str:
+    """The one staging folder of a build of ``folder`` (beside it, hidden from cache listings).
+
+    One name, not a fresh temporary one per build: only the holder of ``folder``'s build lock
+    builds there, and a dead holder's leftover is found by that name, with no listing of the
+    parent (a run's folder holds a folder per shard: listing it per shard made opening a run of
+    1000 shards quadratic).
+    """
+    return os.path.join(os.path.dirname(folder), f".tmp-{os.path.basename(folder)}")
+
+
 @contextlib.contextmanager
 def build_lock(folder: str, *, give_up: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold the cross-process lock of the build of ``folder`` (its parent is created if need be).
 
     ``give_up``: called between polls while another holder has the lock; it raises to stop waiting.
-    On entry, staging folders a dead builder of ``folder`` left behind are removed.
+    On entry, the staging folder (``staging_path``) a dead builder of ``folder`` left is removed.
     """
     path = lock_path(folder)
     fd = _acquire(path, give_up)
@@ -95,8 +105,6 @@ def _try_lock(fd: int) -> bool:
 
 
 def _remove_leftovers(folder: str) -> None:
-    """Staging folders of ``folder`` (``.tmp-<name>-*``, see ``local_copy``) of builders that died
-    holding the lock: every live builder of it holds the lock, so none of these is in use."""
-    pattern = os.path.join(glob.escape(os.path.dirname(folder)), f".tmp-{glob.escape(os.path.basename(folder))}-*")
-    for leftover in glob.glob(pattern):
-        shutil.rmtree(leftover, ignore_errors=True)
+    """The staging folder of ``folder`` of a builder that died holding the lock: every live builder
+    of it holds the lock, so it is not in use."""
+    shutil.rmtree(staging_path(folder), ignore_errors=True)

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 from rocksdict import IngestExternalFileOptions, Rdict
@@ -27,7 +26,7 @@ from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError, Rea
 from airflow_provider_shardyfusion.core.model.checksum import file_checksum, verify_file
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST
 from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
-from airflow_provider_shardyfusion.core.read.cache_lock import build_lock
+from airflow_provider_shardyfusion.core.read.cache_lock import build_lock, staging_path
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import StaleSnapshot
 
 if TYPE_CHECKING:
@@ -121,7 +120,7 @@ class LocalCopies:
         os.makedirs(parent, exist_ok=True)
         # Download into a private folder and rename it into place: a half-downloaded or unverified
         # shard is never visible under its final name (to this or another process sharing cache_dir).
-        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        staging = _new_staging(final)
         # A small shard to ingest is downloaded and built in memory, then its database copied out.
         memory = scratch.memory_workdir(shard.byte_size, MEMORY_BUILD_MAX_BYTES, prefix="shardyfusion-cache-") \
             if ingest else None
@@ -161,7 +160,7 @@ class LocalCopies:
         if _reusable(folder, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}"):
             return paths
         os.makedirs(os.path.dirname(folder), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(folder)}-", dir=os.path.dirname(folder))
+        staging = _new_staging(folder)
         try:
             self._download_verified(snapshot, shard, staging, layer.db_url, layer.files)
             _install(staging, folder, marker, marker, layer.files, f"layer {layer.run_id!r} of shard {shard.db_id}")
@@ -191,14 +190,16 @@ class LocalCopies:
             return self._trust(final)
         parent = os.path.dirname(final)
         os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(final)}-", dir=parent)
+        staging = _new_staging(final)
         memory = None
         try:
             source, done = self._clone_source(shard.db_id, layers, exclude=run_id)
             linked: dict[str, tuple[int, int, str]] = {}
             # A new database is built in memory only when small (see MEMORY_BUILD_FROM_DISK_MAX_BYTES);
             # a clone copies in nothing but the layers it lacks, and out only what it writes.
-            memory = scratch.memory_workdir(
+            # A clone that lacks no layer is only linked and copied: no database is opened, so no
+            # fsync to spare by building it in memory.
+            memory = None if source is not None and done == len(shard.layers) else scratch.memory_workdir(
                 shard.byte_size, MEMORY_BUILD_MAX_BYTES if source is not None else MEMORY_BUILD_FROM_DISK_MAX_BYTES,
                 prefix="shardyfusion-cache-")
             if source is not None:
@@ -344,6 +345,13 @@ def sorted_runs(db: Rdict) -> int:
         files = db.property_int_value(f"rocksdb.num-files-at-level{level}") or 0
         runs += files if level == 0 else min(files, 1)
     return runs
+
+
+def _new_staging(final: str) -> str:
+    """The empty staging folder of a build of ``final``; the caller holds its build lock."""
+    staging = staging_path(final)
+    os.mkdir(staging, 0o700)  # private, as a temporary folder would be
+    return staging
 
 
 def _discard(*folders: str | None) -> None:
