@@ -55,3 +55,29 @@ def client_for(roots, opts, tmp_path) -> Any:
         open_reader=lambda uri, ref: ShardedReader(uri, storage_options=opts, manifest_ref=ref,
                                                    cache_dir=str(tmp_path / "cache")))
     return TestClient(create_app(source))
+
+
+# A JVM trace as a failed Spark job leaves it: a long first line, then hundreds of frames.
+JVM_TRACE = ("Py4JJavaError: An error occurred while calling o271.save.\n"
+             "org.apache.spark.SparkException: Job aborted due to stage failure: Task 3 in stage 7.0 failed 1 times, "
+             "most recent failure: Lost task 3.0 in stage 7.0 (TID 41) (127.0.0.1 executor driver): "
+             "java.lang.IllegalStateException: shard writer lost its output stream after 3 retries\n"
+             + "\n".join(f"\tat org.apache.spark.sql.execution.datasources.FileFormatWriter$.executeTask{i}"
+                         f"(FileFormatWriter.scala:{400 + i})" for i in range(250)))
+
+
+def build_change_root(root: str, opts: dict[str, Any] | None = None) -> dict[str, str]:
+    """Issue 41's root: a full run of keys 0..1999, then a delta that updates every 10th key, deletes
+    20 and inserts 500 keys after the end of the key space (2000..2499), then a failed run whose
+    error is ``JVM_TRACE``. Returns the run id of each name (base, delta, failed)."""
+    from tests.snapshot_factory import build_delta
+
+    t0 = layout.utc_now() - timedelta(hours=2)
+    base = build_snapshot(root, [(k, f"b0-{k}".encode()) for k in range(2000)], num_dbs=4, storage_options=opts,
+                          run_id="20260101T000000Z-uibase00", shard_layout="sst", published_at=t0)
+    upserts = {k: f"b1-{k}".encode() for k in [*range(0, 2000, 10), *range(2000, 2500)]}
+    delta = build_delta(root, upserts, range(5, 2000, 100), storage_options=opts, run_id="20260102T000000Z-uidelta0",
+                        published_at=t0 + timedelta(hours=1))
+    failed = "20260103T000000Z-uifailed"
+    write_run_record(open_store(root, opts), failed, FAILED, error=RunError("SparkJobError", JVM_TRACE))
+    return {"base": base.run_id, "delta": delta.run_id, "failed": failed}

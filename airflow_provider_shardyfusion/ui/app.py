@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,6 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ShardyfusionError
 from airflow_provider_shardyfusion.core.lifecycle.history import (
+    CHANGE_KINDS,
+    ChangeKind,
     RootHistory,
     ShardSample,
     diff_runs,
@@ -32,6 +35,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     root_history,
     sample_changes,
     schema_columns,
+    spread,
     typed_comparison,
 )
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text
@@ -46,8 +50,8 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
 __all__ = [
-    "KEY_LOOKUP_BYTE_BUDGET", "KEY_LOOKUP_RUNS", "MAX_KEY_LOOKUP_RUNS", "ROOT_DEADLINE_S", "SAMPLE_SHARDS", "HistorySource",
-    "Unanswered", "create_app", "within",
+    "CHANGES_PAGE_KEYS", "CHANGES_PAGE_SCAN_KEYS", "KEY_LOOKUP_BYTE_BUDGET", "KEY_LOOKUP_RUNS", "MAX_KEY_LOOKUP_RUNS",
+    "ROOT_DEADLINE_S", "SAMPLE_KIND_KEYS", "SAMPLE_SHARDS", "HistorySource", "Unanswered", "create_app", "within",
 ]
 
 T = TypeVar("T")
@@ -58,8 +62,14 @@ MAX_KEY_LOOKUP_RUNS = 500
 # Shard bytes one key look-up may download; shards already in the cache cost nothing, so asking
 # again goes further. The last shard read may pass the budget by its own size.
 KEY_LOOKUP_BYTE_BUDGET = 256 * 1024 * 1024
-# Shards one page samples changed keys from (the first that changed, by shard id).
+# A run or diff page samples changed keys of each kind from up to SAMPLE_SHARDS shards spread over
+# the changed ones, and shows up to SAMPLE_KIND_KEYS keys of each kind.
 SAMPLE_SHARDS = 8
+SAMPLE_KIND_KEYS = 20
+# A "more" page lists CHANGES_PAGE_KEYS keys of one kind, walking at most CHANGES_PAGE_SCAN_KEYS
+# stored keys; where it stopped is the next page's start.
+CHANGES_PAGE_KEYS = 50
+CHANGES_PAGE_SCAN_KEYS = 100_000
 # How long a page waits for the storage of a root: an unreachable store (no answer, refused
 # connections) costs the page this much, not the storage client's own minutes of retries.
 ROOT_DEADLINE_S = 5.0
@@ -180,7 +190,7 @@ class HistorySource:
             data["samples"] = self.samples(uri, *sample)
         return data
 
-    def _run_data(self, uri: str, run_id: str) -> tuple[dict[str, Any], tuple[str, str, list[int]] | None]:
+    def _run_data(self, uri: str, run_id: str) -> tuple[dict[str, Any], tuple[str, str, Changed] | None]:
         """The run page, and what to sample its changed keys from (base manifest, own manifest, shards)."""
         snapshots = self.open_root(uri)
         runs = {r.run_id: r for r in root_history(snapshots).runs}
@@ -219,54 +229,140 @@ class HistorySource:
             data["links"]["Airflow task"] = "/dags/{}/runs/{}/tasks/{}".format(*parts)
         base = runs.get(manifest.base_run_id) if manifest.base_run_id is not None else None
         if base is not None and base.manifest_ref and base.state != "deleted":
-            # The run's own changes: the shards where it wrote a layer, against its base's.
-            own = sorted(s.db_id for s in manifest.shards if any(x.run_id == run_id for x in s.all_layers()))
+            # The run's own changes: the shards where it wrote a layer, against its base's, with the
+            # counts its layers stored (a full layer stored none).
+            own = {s.db_id: _layer_counts([x for x in s.all_layers() if x.run_id == run_id]) for s in manifest.shards
+                   if any(x.run_id == run_id for x in s.all_layers())}
             return data, (base.manifest_ref, entry.manifest_ref, own)
         return data, None
 
-    def samples(self, uri: str, ref_a: str, ref_b: str, db_ids: list[int]) -> dict[str, Any]:
-        """Changed keys of up to ``SAMPLE_SHARDS`` shards of ``db_ids``, run ``b`` against run ``a``:
-        bounded by keys per shard, keys walked, the byte budget of a request and the deadline."""
-        outcome = within(self.deadline_s, {"samples": functools.partial(self._samples, uri, ref_a, ref_b, db_ids)})
-        result = outcome["samples"]
+    def samples(self, uri: str, ref_a: str, ref_b: str, changed: Changed) -> dict[str, Any]:
+        """Changed keys of each kind, run ``b`` against run ``a``, from up to ``SAMPLE_SHARDS`` of the
+        ``changed`` shards spread over them: bounded by keys per kind, keys walked, the byte budget of
+        a request and the deadline."""
+        return self._walk_within(uri, {"changes": {k: [] for k in CHANGE_KINDS}, "counts": _total_counts(changed),
+                                       "more": dict.fromkeys(CHANGE_KINDS, False), "shards": [], "fields": [],
+                                       "kind_keys": SAMPLE_KIND_KEYS, "changed_shards": len(changed)},
+                                 functools.partial(self._samples, uri, ref_a, ref_b, changed))
+
+    def _walk_within(self, uri: str, empty: dict[str, Any], walk: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``walk()`` within the deadline; on no answer or a storage error, ``empty`` saying why it stopped."""
+        result = within(self.deadline_s, {"walk": walk})["walk"]
         if isinstance(result, Unanswered):
-            return {"shards": [], "fields": [], "stopped": f"the storage of {uri} did not answer ({result})"}
+            return {**empty, "stopped": f"the storage of {uri} did not answer ({result})"}
         if isinstance(result, ShardyfusionError):
-            return {"shards": [], "fields": [], "stopped": f"{type(result).__name__}: {result}"}
+            return {**empty, "stopped": f"{type(result).__name__}: {result}"}
         if isinstance(result, Exception):
             raise result
         return result
 
-    def _samples(self, uri: str, ref_a: str, ref_b: str, db_ids: list[int]) -> dict[str, Any]:
+    def _samples(self, uri: str, ref_a: str, ref_b: str, changed: Changed) -> dict[str, Any]:
+        ids = sorted(changed)
+        # Shards that may hold each kind (all, where the writer stored no counts), spread over the
+        # key space; taken in turns, so that every kind has shards before any has its eighth.
+        holding = {k: [d for d in ids if (changed[d] or {}).get(k, 1) > 0] for k in CHANGE_KINDS}
+        spread_of = {k: spread(holding[k], SAMPLE_SHARDS) for k in CHANGE_KINDS}
+        picks: list[int] = []
+        for i in range(SAMPLE_SHARDS):
+            for k in CHANGE_KINDS:
+                if i < len(spread_of[k]) and spread_of[k][i] not in picks and len(picks) < SAMPLE_SHARDS:
+                    picks.append(spread_of[k][i])
+        # Keys of a kind each picked shard keeps: the kind's share of the page.
+        share = {k: math.ceil(SAMPLE_KIND_KEYS / max(1, sum(d in holding[k] for d in picks))) for k in CHANGE_KINDS}
         found: list[ShardSample] = []
         stopped = None
         with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
-            # Bytes of two encoders differ for equal values (SPEC §18): those runs compare typed values.
-            typed = (typed_comparison(after.manifest.value_format, after.manifest.value_schema)
-                     if before.manifest.value_encoding_version != after.manifest.value_encoding_version else None)
-            for db_id in db_ids[:SAMPLE_SHARDS]:
+            typed = _typed(before, after)
+            for db_id in sorted(picks):
                 if before.cache_stats["bytes_downloaded"] + after.cache_stats["bytes_downloaded"] >= self.key_byte_budget:
                     stopped = f"stopped after {len(found)} shards: the byte budget of one request is spent"
                     break
+                counts = changed[db_id] or {}
+                caps: dict[str, int] = {k: min(share[k], counts.get(k, share[k])) for k in CHANGE_KINDS}
                 old, new = before.open_shard(db_id), after.open_shard(db_id)
-                found.append(sample_changes(db_id, old.items() if old is not None else (),
-                                            new.items() if new is not None else (),
-                                            key_encoding=after.manifest.key_encoding,
-                                            value_format=after.manifest.value_format, typed=typed))
-        if stopped is None and len(db_ids) > SAMPLE_SHARDS:
-            stopped = f"the first {SAMPLE_SHARDS} of {len(db_ids)} changed shards"
-        return {"shards": [s.to_dict() for s in found], "fields": rank_fields(found), "stopped": stopped}
+                found.append(sample_changes(db_id, _items(old), _items(new), key_encoding=after.manifest.key_encoding,
+                                            value_format=after.manifest.value_format, typed=typed,
+                                            limit=max(caps.values()), expected=caps))
+        totals = _total_counts(changed)
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        more: dict[str, bool] = {}
+        for k in CHANGE_KINDS:
+            every = [{**c, "db_id": s.db_id} for s in found for c in s.of_kind(k)]
+            by_kind[k] = every[:SAMPLE_KIND_KEYS]
+            total = totals[k]
+            more[k] = total > len(by_kind[k]) if total is not None else bool(every) or len(picks) < len(ids) or any(
+                not s.complete for s in found)
+        return {"changes": by_kind, "counts": totals, "more": more, "fields": rank_fields(by_kind["updated"]), "stopped": stopped,
+                "kind_keys": SAMPLE_KIND_KEYS,
+                "shards": [{"db_id": s.db_id, "scanned": s.scanned, "complete": s.complete} for s in found],
+                "changed_shards": len(ids)}
 
-    def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:
+    def changes_data(self, uri: str, a: str, b: str, kind: ChangeKind, start: str | None) -> dict[str, Any]:
+        """A page of the keys of one kind run ``b`` changed against run ``a``, walked shard by shard in
+        key order from ``start`` (``SHARD``, or ``SHARD:HEXKEY:LISTED``: go on after that key, LISTED
+        keys of the kind already listed from that shard)."""
+        db_from, after_key, listed = _cursor(start)
+        diff = self.diff_runs(uri, a, b)
+        if not diff["same_routing"]:
+            raise HTTPException(status_code=404, detail=f"runs {a!r} and {b!r} of {uri} route keys differently: their "
+                                                        "shards hold other keys, so no key is compared")
+        changed: Changed = {s["db_id"]: s.get("changes") for s in diff["shards"] if not s["same_files"]}
+        empty: dict[str, Any] = {"keys": [], "next": None, "scanned": 0}
+        page = self._walk_within(uri, empty, functools.partial(
+            self._changes_page, uri, diff["manifest_a"], diff["manifest_b"], changed, kind, (db_from, after_key, listed)))
+        return {"root": uri, "run_a": a, "run_b": b, "kind": kind, "start": start, "count": _total_counts(changed)[kind],
+                "page_keys": CHANGES_PAGE_KEYS, **page}
+
+    def _changes_page(self, uri: str, ref_a: str, ref_b: str, changed: Changed, kind: ChangeKind,
+                      start: tuple[int, bytes | None, int]) -> dict[str, Any]:
+        db_from, after_key, listed = start
+        keys: list[dict[str, Any]] = []
+        scanned, nxt, stopped = 0, None, None
+        with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
+            typed = _typed(before, after)
+            for db_id in (d for d in sorted(changed) if d >= db_from):
+                counts = changed[db_id]
+                if counts is not None and counts.get(kind, 1) == 0:
+                    continue  # the writer stored none of this kind here
+                resume = after_key if db_id == db_from else None
+                if len(keys) >= CHANGES_PAGE_KEYS or scanned >= CHANGES_PAGE_SCAN_KEYS:
+                    nxt = str(db_id)
+                    break
+                if before.cache_stats["bytes_downloaded"] + after.cache_stats["bytes_downloaded"] >= self.key_byte_budget:
+                    nxt, stopped = str(db_id), "the byte budget of one request is spent: the next page goes on"
+                    break
+                old, new = before.open_shard(db_id), after.open_shard(db_id)
+                # What the writer counted, less what pages before listed of this shard: the walk
+                # stops at the last one, so no page after it comes out empty.
+                done = listed if db_id == db_from else 0
+                expected: dict[str, int] | None = {kind: counts.get(kind, 0) - done} if counts is not None else None
+                s = sample_changes(db_id, _items(old, resume), _items(new, resume),
+                                   key_encoding=after.manifest.key_encoding, value_format=after.manifest.value_format,
+                                   typed=typed, limit=CHANGES_PAGE_KEYS - len(keys),
+                                   scan_limit=CHANGES_PAGE_SCAN_KEYS - scanned, kinds=(kind,), expected=expected,
+                                   after_key=resume)
+                keys += [{**c, "db_id": db_id} for c in s.changes]
+                scanned += s.scanned
+                every_one = expected is not None and len(s.changes) >= expected[kind]
+                if not s.complete and not every_one and s.last_key is not None:
+                    nxt = f"{db_id}:{s.last_key.hex()}:{done + len(s.changes)}"
+                    break
+        return {"keys": keys, "next": nxt, "scanned": scanned, "stopped": stopped}
+
+    def diff_runs(self, uri: str, a: str, b: str) -> dict[str, Any]:
+        """``diff_runs`` of ``a`` and ``b`` as a dict, within the deadline; 404 naming a run without a manifest."""
         def diff() -> dict[str, Any]:
             try:
                 return diff_runs(self.open_root(uri), a, b).to_dict()
             except ShardyfusionError as exc:
                 raise HTTPException(status_code=404, detail=str(exc)) from None
 
-        data = {"root": uri, **self.bounded(uri, diff)}
+        return self.bounded(uri, diff)
+
+    def diff_data(self, uri: str, a: str, b: str) -> dict[str, Any]:
+        data = {"root": uri, **self.diff_runs(uri, a, b)}
         if data["same_routing"]:
-            changed = [s["db_id"] for s in data["shards"] if not s["same_files"]]
+            changed: Changed = {s["db_id"]: s.get("changes") for s in data["shards"] if not s["same_files"]}
             data["samples"] = self.samples(uri, data["manifest_a"], data["manifest_b"], changed)
         return data
 
@@ -309,21 +405,7 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
     def respond(data: dict[str, Any], fmt: str, html: Callable[[dict[str, Any]], str]) -> Any:
         return JSONResponse(data) if fmt == "json" else HTMLResponse(html(data))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
-        # A person in a browser gets the page layout with the reason; ?format=json keeps the JSON twin.
-        if request.query_params.get("format") == "json":
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-        return HTMLResponse(render.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=exc.headers)
-
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        # Every answer, errors included: a value that slipped past escaping still cannot run.
-        response = await call_next(request)
-        response.headers["Content-Security-Policy"] = render.CONTENT_SECURITY_POLICY
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return response
+    _answer_as_pages(app)
 
     @app.get("/")
     def roots_view(format: str = Query("html")) -> Any:
@@ -341,6 +423,11 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
     def diff_view(uri: str, a: str, b: str, format: str = Query("html")) -> Any:
         return respond(source.diff_data(source.known(uri), a, b), format, render.diff_page)
 
+    @app.get("/changes")
+    def changes_view(uri: str, a: str, b: str, kind: ChangeKind, start: str | None = Query(None, alias="from"),
+                     format: str = Query("html")) -> Any:
+        return respond(source.changes_data(source.known(uri), a, b, kind, start), format, render.changes_page)
+
     @app.get("/key")
     def key_view(uri: str, key: str, format: str = Query("html"),
                  limit: int = Query(KEY_LOOKUP_RUNS, ge=1, le=MAX_KEY_LOOKUP_RUNS),
@@ -348,6 +435,26 @@ def create_app(source: HistorySource, *, auth: Callable[..., Any] | None = None)
         return respond(source.key_data(source.known(uri), key, limit, key_type), format, render.key_page)
 
     return app
+
+
+def _answer_as_pages(app: FastAPI) -> None:
+    """Errors as pages in the layout, and the security headers on every answer."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def error_page(request: Request, exc: StarletteHTTPException) -> Response:
+        # A person in a browser gets the page layout with the reason; ?format=json keeps the JSON twin.
+        if request.query_params.get("format") == "json":
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return HTMLResponse(render.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # Every answer, errors included: a value that slipped past escaping still cannot run.
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = render.CONTENT_SECURITY_POLICY
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
 
 def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: str,
@@ -372,6 +479,58 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
         with contextlib.suppress(ShardyfusionError):  # then compared as shown
             hit["typed"] = typed(json.dumps(value).encode("utf-8"))
     return hit, downloaded
+
+
+# Per changed shard, what its writer stored it did: inserted / updated / deleted (None: not stored,
+# as for a full run or a diff of runs not on one chain).
+Changed = dict[int, dict[str, int] | None]
+
+
+def _layer_counts(layers: list[Any]) -> dict[str, int] | None:
+    """What ``layers`` of a shard did together; None when one is a full layer (it stored no counts)."""
+    if not layers or any(x.kind != "delta" for x in layers):
+        return None
+    return {k: sum(getattr(x, k) for x in layers) for k in CHANGE_KINDS}
+
+
+def _total_counts(changed: Changed) -> dict[str, int | None]:
+    """Keys of each kind over every changed shard; None for a kind some shard did not count."""
+    known = [c for c in changed.values() if c is not None]
+    return {k: sum(c.get(k, 0) for c in known) if len(known) == len(changed) else None for k in CHANGE_KINDS}
+
+
+def _typed(before: Any, after: Any) -> Callable[[bytes], Any] | None:
+    # Bytes of two encoders differ for equal values (SPEC §18): those runs compare typed values.
+    if before.manifest.value_encoding_version == after.manifest.value_encoding_version:
+        return None
+    return typed_comparison(after.manifest.value_format, after.manifest.value_schema)
+
+
+def _items(db: Any, from_key: bytes | None = None) -> Any:
+    """A shard's stored items in key order (from ``from_key`` on), none for an empty shard."""
+    if db is None:
+        return ()
+    return db.items(from_key=from_key) if from_key is not None else db.items()
+
+
+def _cursor(start: str | None) -> tuple[int, bytes | None, int]:
+    """A changes page's ``from`` (``SHARD`` or ``SHARD:HEXKEY:LISTED``): the shard to start in, the
+    key after which, and how many keys of the kind pages before listed from that shard."""
+    if not start:
+        return 0, None, 0
+    parts = start.split(":")
+    try:
+        if len(parts) not in (1, 3):
+            raise ValueError(start)
+        db_id = int(parts[0])
+        key = bytes.fromhex(parts[1]) if len(parts) == 3 else None
+        listed = int(parts[2]) if len(parts) == 3 else 0
+    except ValueError:
+        raise HTTPException(status_code=422, detail=f"from={start!r}: expected SHARD or SHARD:HEXKEY:LISTED, as a "
+                                                    "page's next link gives it") from None
+    if db_id < 0 or listed < 0:
+        raise HTTPException(status_code=422, detail=f"from={start!r}: a shard id and a count are 0 or more")
+    return db_id, key, listed
 
 
 def _ts_text(value: Any) -> str | None:

@@ -309,6 +309,8 @@ def deploy(s3_server: str, *, connect_port: int | None = None) -> Iterator[Deplo
            "SHARDYFUSION_DEMO_DIR": str(demo),
            "SHARDYFUSION_DEMO_S3_URI": "s3://deploy-test/quickstart",
            "AIRFLOW__SHARDYFUSION__HISTORY_AWS_CONN_ID": "aws_default",
+           # Issue 41's root ([shardyfusion] history_roots): written by the browser test itself, no Spark.
+           "AIRFLOW__SHARDYFUSION__HISTORY_ROOTS": change_root(scratch),
            "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": str(python),
            "PYSPARK_DRIVER_PYTHON": str(python)}
@@ -355,6 +357,10 @@ def deploy(s3_server: str, *, connect_port: int | None = None) -> Iterator[Deplo
         leftovers = [s.name for s in d.services]
         assert not leftovers
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def change_root(scratch: Path) -> str:
+    return f"file://{scratch / 'history-changes'}"
 
 
 def _healthy(d: Deployment) -> bool:
@@ -600,6 +606,7 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         wait.until(lambda b: b.get_cookie("_token"))
 
         click_through_a_delta(browser, wait, d, delta_base, delta)
+        check_samples_errors_and_look(browser, wait, d)
 
         browser.get(f"{d.api}/shardyfusion/")
         wait.until(lambda b: "Snapshot roots" in b.page_source)
@@ -631,7 +638,7 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         rows = {q["run_id"]: q["rows"] for q in quickstart}
         browser.get(f"{d.api}/shardyfusion/diff?uri={root}&a={a}&b={b}")
         wait.until(lambda b_: "Diff" in b_.page_source)
-        assert f"rows {rows[a]} → {rows[b]}" in browser.find_element(By.TAG_NAME, "body").text
+        assert f"rows {rows[a]:,} → {rows[b]:,}" in browser.find_element(By.TAG_NAME, "body").text
 
         # An unknown run answers a page in the layout, not bare JSON.
         browser.get(f"{d.api}/shardyfusion/run?uri={root}&run_id=20990101T000000Z-nosuchrun")
@@ -642,6 +649,111 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
         browser.quit()
 
 
+_SHOTS = itertools.count(1)
+
+
+def frame_page(browser: Any, wait: Any, title_starts: str, name: str) -> str:
+    """Wait for the frame's page titled ``title_starts``; check it fits; screenshot; its text."""
+    from selenium.webdriver.common.by import By
+
+    wait.until(lambda b: b.find_element(By.TAG_NAME, "h1").text.startswith(title_starts))
+    # The frame's width is the window's less Airflow's navigation bar: no sideways scrolling in it.
+    widths = browser.execute_script("return [document.documentElement.scrollWidth, "
+                                    "document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1] < WINDOW[0], (name, widths)
+    assert browser.execute_script(BROKEN_WORDS_JS) == [], name
+    browser.save_screenshot(str(ARTIFACTS / f"{next(_SHOTS):02d}-{name}.png"))
+    return browser.find_element(By.TAG_NAME, "body").text
+
+
+def cells(row: Any) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return row.find_elements(By.TAG_NAME, "td")
+
+
+def row_starting(browser: Any, first: str) -> Any:
+    """The row whose first cell starts with ``first``."""
+    from selenium.webdriver.common.by import By
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "tbody tr")
+    found = [r for r in rows if cells(r) and cells(r)[0].text.startswith(first)]
+    assert found, (first, [r.text for r in rows])
+    return found[0]
+
+
+def kind_rows(browser: Any, kind: str) -> list[list[Any]]:
+    """The cells of each row of the sample table of ``kind`` ("Inserted", "Updated", "Deleted")."""
+    from selenium.webdriver.common.by import By
+
+    table = browser.find_element(By.XPATH, f"//h3[starts-with(., '{kind} keys')]/following-sibling::table[1]")
+    return [cells(r) for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+
+
+# How a page looks: Airflow's font, link colour and table heading, light (and dark, below).
+LOOK_JS = """const s = e => getComputedStyle(document.querySelector(e));
+return {font: s('body').fontFamily, link: s('a').color, head: s('th').backgroundColor, bg: s('body').backgroundColor,
+        fg: s('body').color}"""
+
+
+def check_samples_errors_and_look(browser: Any, wait: Any, d: Deployment) -> None:
+    """Issue 41 in the frame: a delta's inserts at the end of the key space are in its sample and
+    "more" pages through them; a failed run's JVM trace is one line in the timeline (the table keeps
+    its width, run ids on one line) and whole on its page; Airflow's look, light and dark."""
+    from selenium.webdriver.common.by import By
+
+    from tests.history_root import build_change_root
+
+    root = change_root(d.scratch)
+    runs = build_change_root(root)
+    frame = browser.find_element(By.CSS_SELECTOR, "iframe[title='Snapshots']")
+    browser.switch_to.frame(frame)
+    browser.execute_script("location.href = arguments[0]", f"/shardyfusion/root?uri={root}")
+    frame_page(browser, wait, root, "failed-timeline")
+    failed = row_starting(browser, runs["failed"])
+    run_link = cells(failed)[0].find_element(By.TAG_NAME, "a")
+    error = cells(failed)[-2].text
+    # The run id on one line, the error's first line only (cut), the row a few lines tall at most.
+    assert browser.execute_script("return arguments[0].getClientRects().length", run_link) == 1, run_link.text
+    assert error.startswith("SparkJobError: Py4JJavaError") and "executeTask" not in error, error
+    line = browser.execute_script("return parseFloat(getComputedStyle(document.body).lineHeight)")
+    assert failed.size["height"] <= 5 * line, (failed.size, line)
+    look = browser.execute_script(LOOK_JS)
+    assert look["font"].startswith("Inter") and look["link"] == "rgb(37, 99, 235)" and look["bg"] == "rgb(255, 255, 255)", look
+    run_link.click()
+    text = frame_page(browser, wait, f"Run {runs['failed']}", "failed-run")
+    assert "executeTask249(FileFormatWriter.scala:649)" in text  # the whole trace, on the run page only
+
+    browser.execute_script("location.href = arguments[0]", f"/shardyfusion/run?uri={root}&run_id={runs['delta']}")
+    text = frame_page(browser, wait, f"Run {runs['delta']}", "samples-run")
+    assert "Inserted keys (20 of 500)" in text, text[:3000]
+    inserted = kind_rows(browser, "Inserted")
+    assert len(inserted) == 20 and all(int(c[1].text) >= 2000 for c in inserted), [c[1].text for c in inserted]
+    assert len({c[0].text for c in inserted}) == 4  # from every shard
+    browser.find_element(By.LINK_TEXT, "every inserted key, page by page").click()
+    frame_page(browser, wait, "Inserted keys:", "samples-more")
+    first = [int(r.find_elements(By.TAG_NAME, "td")[1].text) for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    browser.find_element(By.PARTIAL_LINK_TEXT, "next 50 inserted keys").click()
+    wait.until(lambda b: "from=" in b.execute_script("return location.search"))
+    frame_page(browser, wait, "Inserted keys:", "samples-more-2")
+    second = [int(r.find_elements(By.TAG_NAME, "td")[1].text) for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    assert len(first) == len(second) == 50 and not set(first) & set(second) and min(first + second) >= 2000
+
+    # Dark, as the browser prefers: the same page in Airflow's dark colours.
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    try:
+        browser.execute_script("location.href = arguments[0]", f"/shardyfusion/root?uri={root}")
+        frame_page(browser, wait, root, "dark-timeline")
+        dark = browser.execute_script(LOOK_JS)
+        assert dark["bg"] != look["bg"] and dark["link"] == "rgb(163, 207, 255)", dark
+        browser.execute_script("location.href = arguments[0]", f"/shardyfusion/run?uri={root}&run_id={runs['delta']}")
+        frame_page(browser, wait, f"Run {runs['delta']}", "dark-run")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme",
+                                                                           "value": "light"}]})
+    browser.switch_to.default_content()
+
+
 def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str, Any], delta: dict[str, Any]) -> None:
     """Issue 28's walk, clicks only after the first page: Snapshots (Airflow's page, ours in its
     frame) → the delta root's timeline → the live delta → diff against base → an updated key's
@@ -650,28 +762,12 @@ def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str
     from selenium.webdriver.common.by import By
 
     root, base_id, delta_id = base["output_uri"], base["run_id"], delta["run_id"]
-    shots = itertools.count(1)
 
     def page(title_starts: str, name: str) -> str:
-        """Wait for the frame's page titled ``title_starts``; check it fits; screenshot; its text."""
-        wait.until(lambda b: b.find_element(By.TAG_NAME, "h1").text.startswith(title_starts))
-        # The frame's width is the window's less Airflow's navigation bar: no sideways scrolling in it.
-        widths = browser.execute_script("return [document.documentElement.scrollWidth, "
-                                        "document.documentElement.clientWidth]")
-        assert widths[0] <= widths[1] < WINDOW[0], (name, widths)
-        assert browser.execute_script(BROKEN_WORDS_JS) == [], name
-        browser.save_screenshot(str(ARTIFACTS / f"{next(shots):02d}-{name}.png"))
-        return browser.find_element(By.TAG_NAME, "body").text
+        return frame_page(browser, wait, title_starts, name)
 
     def row_of(first: str) -> Any:
-        """The row whose first cell starts with ``first``."""
-        rows = browser.find_elements(By.CSS_SELECTOR, "tbody tr")
-        found = [r for r in rows if cells(r) and cells(r)[0].text.startswith(first)]
-        assert found, (first, [r.text for r in rows])
-        return found[0]
-
-    def cells(row: Any) -> list[Any]:
-        return row.find_elements(By.TAG_NAME, "td")
+        return row_starting(browser, first)
 
     counts = "+{inserted} ~{updated} \u2212{deleted}".format(**DELTA_CHANGES)
     browser.get(f"{d.api}/plugin/shardyfusion-snapshots")  # the "Snapshots" entry of Airflow's navigation
@@ -724,21 +820,18 @@ def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str
             "keys)".format(**DELTA_CHANGES)) in text, text[:3000]
     chart = browser.find_element(By.CSS_SELECTOR, "svg[aria-label='row change per shard (signed)']")
     shard_table = browser.find_elements(By.CSS_SELECTOR, "table")[0]
-    changes = [int(cells(r)[3].text.replace("\u2212", "-").lstrip("+") or 0)
+    changes = [int(cells(r)[3].text.replace("\u2212", "-").replace(",", "").lstrip("+") or 0)
                for r in shard_table.find_elements(By.CSS_SELECTOR, "tbody tr")]
     assert sum(changes) == DELTA_CHANGES["inserted"] - DELTA_CHANGES["deleted"] and any(changes), changes
     # Signed: a shard that lost rows is a bar below the zero line (its own colour), not a positive one.
     below = [r for r in chart.find_elements(By.TAG_NAME, "rect") if r.get_attribute("fill") == "#d9822b"]
     assert len(below) == sum(c < 0 for c in changes) > 0, (changes, chart.get_attribute("outerHTML")[:2000])
-    samples = browser.find_elements(By.CSS_SELECTOR, "table")[-1]
-    sampled = [cells(r) for r in samples.find_elements(By.CSS_SELECTOR, "tbody tr")]
-    kinds = {c[2].text for c in sampled}
-    assert {"updated", "deleted"} <= kinds, kinds
-    updated = next(c for c in sampled if c[2].text == "updated")
-    deleted = next(c for c in sampled if c[2].text == "deleted")
+    sampled = {kind: kind_rows(browser, kind) for kind in ("Inserted", "Updated", "Deleted")}
+    assert all(sampled.values()), {k: len(v) for k, v in sampled.items()}
+    updated, deleted = sampled["Updated"][0], sampled["Deleted"][0]  # shard, key, before[, after]
     updated_key, deleted_key = updated[1].text, deleted[1].text
-    assert updated[3].text == f'"value-{updated_key}-b0"' and updated[4].text == f'"value-{updated_key}-b1"'
-    assert updated[4].find_elements(By.TAG_NAME, "mark"), updated[4].get_attribute("innerHTML")
+    assert updated[2].text == f'"value-{updated_key}-b0"' and updated[3].text == f'"value-{updated_key}-b1"'
+    assert updated[3].find_elements(By.TAG_NAME, "mark"), updated[3].get_attribute("innerHTML")
     updated[1].find_element(By.LINK_TEXT, updated_key).click()
 
     text = page(f"Key {updated_key} in {root}", "key-updated")

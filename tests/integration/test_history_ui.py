@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from airflow_provider_shardyfusion.core.storage import open_store
-from tests.history_root import build_history_root, client_for
+from tests.history_root import build_change_root, build_history_root, client_for
 from tests.snapshot_helpers import write_run_record
 from tests.value_schemas import build_schema_root
 
@@ -115,18 +115,26 @@ def test_diff_and_key_look_up_across_runs(ui):
     assert (diff["rows_a"], diff["rows_b"]) == (30, 40) and len(diff["shards"]) == 3
     html = client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["v3"]}).text
     assert "30 → 40 (+10)" in html and "<svg" in html and ">row change</text>" in html
-    # v3 rewrote every key of v2 ("v2-k" -> "v3-k") and added keys 30..39: a sample of each shard says so.
+    # v3 rewrote every key of v2 ("v2-k" -> "v3-k") and added keys 30..39: each kind is sampled apart,
+    # from every changed shard; full runs stored no counts, so each kind may have more.
     samples = diff["samples"]
-    assert len(samples["shards"]) == 3 and samples["stopped"] is None
-    for shard in samples["shards"]:
-        assert len(shard["changes"]) == 10 and not shard["complete"]
-        for c in shard["changes"]:
-            k = c["key"]
-            assert (c["kind"], c["before"], c["after"]) == (("updated", f"v2-{k}", f"v3-{k}") if k < 30
-                                                            else ("inserted", None, f"v3-{k}")), c
-            assert f'href="/shardyfusion/key?uri={quote(root, safe="")}&amp;key={k}"' in html
-    updated = sum(c["kind"] == "updated" for s in samples["shards"] for c in s["changes"])
-    assert samples["fields"] == [{"field": "(value)", "keys": updated}]
+    assert [s["db_id"] for s in samples["shards"]] == [0, 1, 2] and samples["stopped"] is None
+    updated, inserted = samples["changes"]["updated"], samples["changes"]["inserted"]
+    assert len(updated) == 20 and {c["db_id"] for c in updated} == {0, 1, 2}
+    assert {c["key"] for c in inserted} == set(range(30, 40)) and samples["changes"]["deleted"] == []
+    assert samples["counts"] == {"inserted": None, "updated": None, "deleted": None} and samples["more"]["updated"]
+    for c in updated + inserted:
+        k = c["key"]
+        assert (c["kind"], c["before"], c["after"]) == (("updated", f"v2-{k}", f"v3-{k}") if k < 30
+                                                        else ("inserted", None, f"v3-{k}")), c
+        assert f'href="/shardyfusion/key?uri={quote(root, safe="")}&amp;key={k}"' in html
+    assert samples["fields"] == [{"field": "(value)", "keys": len(updated)}]
+    assert "Updated keys" in html and "Inserted keys" in html and ">every updated key, page by page</a>" in html
+    # "more": every updated key, shard by shard, in one page of 50.
+    more = client.get("/changes", params={"uri": root, "a": runs["v2"], "b": runs["v3"], "kind": "updated",
+                                          "format": "json"}).json()
+    assert sorted(c["key"] for c in more["keys"]) == list(range(30)) and more["next"] is None
+    assert all(c["kind"] == "updated" for c in more["keys"])
     assert "<mark><code>&quot;v3-" in html  # the value that differs, marked, as JSON
     assert client.get("/diff", params={"uri": root, "a": runs["v2"], "b": runs["gone"]}).status_code == 404
 
@@ -149,11 +157,74 @@ def test_diff_and_key_look_up_across_runs(ui):
     assert client.get("/key", params={"uri": root, "key": "25", "limit": 0}).status_code == 422
 
 
+@pytest.fixture
+def changes(tmp_path):
+    root = f"file://{tmp_path}/changes"
+    return client_for([root], None, tmp_path), root, build_change_root(root)
+
+
+def test_a_delta_samples_each_kind_and_pages_through_500_inserts_at_the_end(changes):
+    """Issue 41: a delta that updates keys all over the key space and inserts 500 keys after its end
+    shows inserts in its sample (the walk does not stop at the updates of the first shards), with
+    the counts its writer stored; "more" pages through every insert, each once, in pages of 50."""
+    client, root, runs = changes
+    base, delta = runs["base"], runs["delta"]
+    data = client.get("/run", params={"uri": root, "run_id": delta, "format": "json"}).json()
+    samples = data["samples"]
+    assert samples["counts"] == {"inserted": 500, "updated": 200, "deleted": 20}, samples["counts"]
+    shown = samples["changes"]
+    assert len(shown["inserted"]) == 20 and all(c["key"] >= 2000 and c["after"] == f"b1-{c['key']}"
+                                                 for c in shown["inserted"])
+    # 20 deletions over 4 shards: each shard shows up to its share (5) of them, the rest is "more".
+    deleted = {s["db_id"]: s["layers"][-1]["deleted"] for s in data["shards"]}
+    assert len(shown["updated"]) == 20 and len(shown["deleted"]) == sum(min(5, n) for n in deleted.values())
+    assert all(len({c["db_id"] for c in shown[k]}) == 4 for k in shown)  # across every shard
+    assert samples["more"] == {"inserted": True, "updated": True, "deleted": len(shown["deleted"]) < 20}
+    html = client.get("/run", params={"uri": root, "run_id": delta}).text
+    assert "Inserted keys <span class='muted'>(20 of 500)</span>" in html
+    assert f"a={base}&amp;b={delta}&amp;kind=inserted\">every inserted key" in html
+
+    keys, start, pages = [], None, 0
+    while True:
+        page = client.get("/changes", params={"uri": root, "a": base, "b": delta, "kind": "inserted",
+                                              "format": "json", **({"from": start} if start else {})}).json()
+        assert len(page["keys"]) <= 50 and page["count"] == 500
+        keys += [c["key"] for c in page["keys"]]
+        pages += 1
+        start = page["next"]
+        if start is None:
+            break
+    assert sorted(keys) == list(range(2000, 2500)) and len(keys) == 500 and pages == 10
+    html = client.get("/changes", params={"uri": root, "a": base, "b": delta, "kind": "deleted"}).text
+    assert html.count("<tr>") == 1 + 20 and "No more deleted keys" in html and "href=\"/shardyfusion/key?" in html
+    bad = client.get("/changes", params={"uri": root, "a": base, "b": delta, "kind": "inserted", "from": "1:zz:0"})
+    assert bad.status_code == 422 and "SHARD:HEXKEY:LISTED" in bad.text
+
+
+def test_a_failed_runs_error_is_one_line_in_tables_and_whole_on_its_page(changes):
+    """Issue 41: a JVM trace in a failed run's error: its first line (cut) in the timeline, all of it
+    on the run page; numbers with thousands separators; no "null" anywhere; the runs table before
+    the charts; a full run with nothing before it is no red (error) mark on the net change chart."""
+    client, root, runs = changes
+    html = client.get("/root", params={"uri": root}).text
+    assert "executeTask249" not in html and "FileFormatWriter.scala" not in html
+    assert ">SparkJobError: Py4JJavaError: An error occurred while calling o271.save.</span>" in html
+    assert ">2,000</td>" in html and ">2,480</td>" in html and "null" not in html
+    assert html.index("<table>") < html.index("<svg")
+    net = re.search(r'aria-label="net row change per run[^"]*".*?</svg>', html).group(0)
+    assert net.count('class="bad"') == 1 and net.count('class="none"') == 1  # the failed run red; the first grey
+    assert f"{runs['base']}: first run: nothing before it to compare" in net and f"{runs['failed']}: wrote nothing" in net
+    run = client.get("/run", params={"uri": root, "run_id": runs["failed"]}).text
+    assert "executeTask249(FileFormatWriter.scala:649)" in run and "<pre class='error'>" in run
+    assert "null" not in client.get("/run", params={"uri": root, "run_id": runs["delta"]}).text
+
+
 def test_only_listed_roots_are_served(ui, tmp_path):
     client, _root, _ = ui
     other = f"file://{tmp_path}/elsewhere"
-    for path in ("/root", "/run", "/diff", "/key"):
-        response = client.get(path, params={"uri": other, "run_id": "x", "a": "x", "b": "y", "key": "1"})
+    for path in ("/root", "/run", "/diff", "/key", "/changes"):
+        response = client.get(path, params={"uri": other, "run_id": "x", "a": "x", "b": "y", "key": "1",
+                                            "kind": "inserted"})
         assert response.status_code == 404 and "not a known snapshot root" in response.text, path
 
 

@@ -31,11 +31,41 @@ def test_a_sample_walks_two_states_and_classifies_each_changed_key():
         (2, "updated", ["a"]), (3, "updated", ["a", "b"]), (4, "inserted", []), (5, "deleted", [])]
     assert sample.changes[0]["before"] == {"a": 2, "b": 2} and sample.changes[0]["after"] == {"a": 20, "b": 2}
     assert sample.complete and sample.scanned == 8
-    assert rank_fields([sample]) == [{"field": "a", "keys": 2}, {"field": "b", "keys": 1}]
-    first_two = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", limit=2)
-    assert [c["key"] for c in first_two.changes] == [2, 3] and not first_two.complete
+    assert rank_fields(sample.changes) == [{"field": "a", "keys": 2}, {"field": "b", "keys": 1}]
+    one_each = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", limit=1)
+    assert [c["key"] for c in one_each.changes] == [2, 4, 5]  # one of each kind, then it stops
+    updates = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", limit=2,
+                             kinds=("updated",))
+    assert [c["key"] for c in updates.changes] == [2, 3] and not updates.complete and updates.last_key == rows(after)[2][0]
     walked = sample_changes(0, rows(before), rows(after), key_encoding="u64be", value_format="json", scan_limit=2)
     assert walked.changes == () and walked.scanned == 2 and not walked.complete  # key 1, same in both
+
+
+def test_inserts_after_many_updates_are_sampled_and_known_counts_end_the_walk():
+    """Issue 41: 500 keys inserted at the end of the key space, after updates all over it, are in the
+    sample; a kind the writer counted none of is not walked for; a walk goes on after where one stopped."""
+    from airflow_provider_shardyfusion.core.lifecycle.history import spread
+
+    def rows(keys, tag):
+        return [(k.to_bytes(8, "big"), json.dumps(f"{tag}-{k}").encode()) for k in keys]
+
+    before = rows(range(2000), "b0")
+    after = [(k, v if int.from_bytes(k, "big") % 10 else json.dumps("new").encode()) for k, v in before]
+    after += rows(range(2000, 2500), "b1")
+    sample = sample_changes(0, before, after, key_encoding="u64be", value_format="json", limit=5)
+    kinds = [c["kind"] for c in sample.changes]
+    assert kinds.count("updated") == 5 and kinds.count("inserted") == 5, kinds
+    assert [c["key"] for c in sample.changes if c["kind"] == "inserted"] == [2000, 2001, 2002, 2003, 2004]
+    assert sample.complete  # no deletion: the walk went to the end looking for one
+    counted = sample_changes(0, before, after, key_encoding="u64be", value_format="json", limit=5,
+                             expected={"inserted": 500, "updated": 200, "deleted": 0})
+    assert not counted.complete and counted.scanned < sample.scanned  # stopped at the fifth insert
+    assert counted.changes == sample.changes
+    # A page after the last key of the one before.
+    page2 = sample_changes(0, before, after, key_encoding="u64be", value_format="json", limit=5, kinds=("inserted",),
+                           after_key=counted.last_key)
+    assert [c["key"] for c in page2.changes] == [2005, 2006, 2007, 2008, 2009]
+    assert spread(list(range(64)), 8) == [0, 9, 18, 27, 36, 45, 54, 63] and spread([1, 2], 8) == [1, 2]
 
 
 def test_differing_fields_of_objects_and_of_plain_values():
@@ -79,12 +109,13 @@ def test_chart_labels_of_run_ids_do_not_overlap():
 
     from airflow_provider_shardyfusion.ui.render import bar_chart
 
-    # A label glyph at font-size 9 is at most ~5.6 px wide in the sans-serif fonts browsers use.
-    glyph_px = 5.6
+    # A label glyph (digits, a space, an ellipsis) at font-size 11 is at most ~6.8 px wide in the
+    # sans-serif fonts browsers use (0.62 em).
+    glyph_px = 6.8
     for n in (3, 8, 12, 30, 200):
         labels = [f"202601{1 + i % 28:02d}T{i % 24:02d}0000Z-{i:08x}" for i in range(n)]
         svg = bar_chart("rows", labels, list(range(n)), x_axis="run", y_axis="rows")
-        shown = re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="9" text-anchor="middle">(.*?)</text>', svg)
+        shown = re.findall(r'<text x="([\d.]+)" y="[\d.]+" font-size="11" text-anchor="middle">(.*?)</text>', svg)
         assert shown and len(shown) >= min(n, 6), (n, len(shown))  # a label every few bars at most
         xs = [float(x) for x, _ in shown]
         lines = [re.findall(r"<tspan[^>]*>(.*?)</tspan>", text) for _, text in shown]
@@ -105,7 +136,7 @@ def test_a_chart_of_zeros_labels_its_zero_once():
 
     for values in ([0, None], [0, -3], [4, 0]):
         svg = bar_chart("net", ["a", "b"], values, x_axis="run", y_axis="change")
-        assert len(re.findall(r'text-anchor="end" font-size="10">0</text>', svg)) == 1, (values, svg)
+        assert len(re.findall(r'text-anchor="end" font-size="11">0</text>', svg)) == 1, (values, svg)
 
 
 def test_values_of_two_encoders_compare_by_their_typed_values():

@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -28,18 +28,47 @@ from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema, d
 from airflow_provider_shardyfusion.core.write.job_contract import RunStats, WriterIdentity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Iterator
+    from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
     from airflow_provider_shardyfusion.core.model.manifest import ShardEntry
     from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
 
 __all__ = [
-    "CHANGE_KINDS", "HISTORY_READ_PARALLEL", "SAMPLE_KEYS", "SAMPLE_SCAN_KEYS", "STATE_MEANINGS", "VALUE_PREVIEW_CHARS",
-    "ChangedKeys", "KeyFate", "RootHistory", "RunDiff", "RunEntry", "RunState", "ShardDiff", "ShardSample", "change_label",
-    "changed_keys", "comparison_between", "diff_runs", "differing_fields", "json_value", "key_fates", "manifest_ref_of_run",
-    "rank_fields", "root_history", "run_claim_holds", "sample_changes", "schema_columns", "schema_diff", "signed",
+    "CHANGE_KINDS",
+    "HISTORY_READ_PARALLEL",
+    "SAMPLE_KEYS",
+    "SAMPLE_SCAN_KEYS",
+    "STATE_MEANINGS",
+    "VALUE_PREVIEW_CHARS",
+    "ChangeKind",
+    "ChangedKeys",
+    "KeyFate",
+    "RootHistory",
+    "RunDiff",
+    "RunEntry",
+    "RunState",
+    "ShardDiff",
+    "ShardSample",
+    "change_label",
+    "changed_keys",
+    "comparison_between",
+    "diff_runs",
+    "differing_fields",
+    "json_value",
+    "key_fates",
+    "manifest_ref_of_run",
+    "rank_fields",
+    "root_history",
+    "run_claim_holds",
+    "sample_changes",
+    "schema_columns",
+    "schema_diff",
+    "signed",
+    "spread",
     "typed_comparison",
 ]
+
+T = TypeVar("T")
 
 RunState = Literal["running", "failed", "staged", "live", "base_of_live", "superseded", "rolled_back", "deleted",
                    "unreadable"]
@@ -385,23 +414,30 @@ def run_claim_holds(snapshots: SnapshotRoot, run_id: str, manifest_ref: str) -> 
 
 # -- changed keys: bounded samples, fields that differ ------------------------------------------------
 
-# Changed keys one sample shows per shard, and the stored keys it walks to find them: a sample is
-# a look at what changed, never a scan of the data.
+# Changed keys of each kind one shard's walk keeps, and the stored keys it walks to find them: a
+# sample is a look at what changed, never a scan of the data.
 SAMPLE_KEYS = 10
 SAMPLE_SCAN_KEYS = 20_000
+
+ChangeKind = Literal["inserted", "updated", "deleted"]
+CHANGE_KINDS: tuple[ChangeKind, ...] = ("inserted", "updated", "deleted")
 
 
 @dataclass(frozen=True)
 class ShardSample:
-    """Up to ``limit`` keys a shard's newer state changed against its older one, in key order."""
+    """Up to ``limit`` keys of each kind a shard's newer state changed against its older one, in key order."""
 
     db_id: int
     changes: tuple[dict[str, Any], ...]  # {key, kind: inserted/updated/deleted, before, after, fields}
     scanned: int  # stored keys walked (both states together)
     complete: bool  # every key of both states was walked: the sample is all there is (up to the limit)
+    last_key: bytes | None = None  # the last stored key walked: a walk that stopped goes on after it
 
     def to_dict(self) -> dict[str, Any]:
         return {"db_id": self.db_id, "changes": list(self.changes), "scanned": self.scanned, "complete": self.complete}
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [c for c in self.changes if c["kind"] == kind]
 
 
 def typed_comparison(value_format: str, schema: ValueSchema | None) -> Callable[[bytes], Any] | None:
@@ -420,30 +456,63 @@ def typed_comparison(value_format: str, schema: ValueSchema | None) -> Callable[
 def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Iterable[tuple[bytes, bytes]], *,
                    key_encoding: str, value_format: str, limit: int = SAMPLE_KEYS,
                    scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None,
-                   kinds: Collection[str] | None = None) -> ShardSample:
+                   kinds: Iterable[str] = CHANGE_KINDS, expected: dict[str, int] | None = None,
+                   after_key: bytes | None = None) -> ShardSample:
     """Walk two key-ordered states of one shard side by side: a key only in ``after`` was inserted,
     only in ``before`` deleted, in both with other bytes updated — other typed values, where
-    ``typed`` (``typed_comparison``) is given. Only changes of ``kinds`` count (default: all).
-    Stops at ``limit`` changes or ``scan_limit`` keys walked."""
+    ``typed`` (``typed_comparison``) is given. Keeps up to ``limit`` changes of each of ``kinds``,
+    and stops once each has them, or has as many as ``expected`` says the shard holds (the counts
+    a chain's writer stored: a kind the shard has none of is never waited for), or after
+    ``scan_limit`` keys walked. ``after_key``: the walk goes on after that key (a page after the
+    ``last_key`` of the one before; the states given may start at it)."""
+    wanted = {k: min(limit, (expected or {}).get(k, limit)) for k in kinds}
+    wanted = {k: n for k, n in wanted.items() if n > 0}
     found: list[dict[str, Any]] = []
+    counts = dict.fromkeys(wanted, 0)
     scanned = 0
+    last: bytes | None = None
+    if not wanted:
+        return ShardSample(db_id, (), 0, complete=True)
     for key, old, new in _merged(iter(before), iter(after)):
+        if after_key is not None and key <= after_key:
+            continue
         scanned += (old is not None) + (new is not None)
-        kind = "inserted" if old is None else "deleted" if new is None else "updated"
-        if old != new and (kinds is None or kind in kinds):
-            fields: list[str] = []
-            if kind == "updated" and typed is not None:
-                typed_old, typed_new = _typed_or_none(typed, old), _typed_or_none(typed, new)
-                if typed_old is not None and typed_old == typed_new:
-                    continue
-                fields = differing_fields(typed_old, typed_new)
-            b = _shown_value(old, value_format)
-            a = _shown_value(new, value_format)
-            found.append({"key": _shown_key(key, key_encoding), "kind": kind, "before": b, "after": a,
-                          "fields": (fields or differing_fields(b, a)) if kind == "updated" else []})
-        if len(found) >= limit or scanned >= scan_limit:
-            return ShardSample(db_id, tuple(found), scanned, complete=False)
-    return ShardSample(db_id, tuple(found), scanned, complete=True)
+        last = key
+        if old != new:
+            kind = "inserted" if old is None else "deleted" if new is None else "updated"
+            if counts.get(kind, limit) < wanted.get(kind, 0):
+                change = _change(key, kind, old, new, key_encoding, value_format, typed)
+                if change is not None:
+                    found.append(change)
+                    counts[kind] += 1
+        if all(counts[k] >= n for k, n in wanted.items()) or scanned >= scan_limit:
+            return ShardSample(db_id, tuple(found), scanned, complete=False, last_key=last)
+    return ShardSample(db_id, tuple(found), scanned, complete=True, last_key=last)
+
+
+def _change(key: bytes, kind: str, old: bytes | None, new: bytes | None, key_encoding: str, value_format: str,
+            typed: Callable[[bytes], Any] | None) -> dict[str, Any] | None:
+    """One changed key as pages show it; None for an update of equal typed values (no change)."""
+    fields: list[str] = []
+    if kind == "updated" and typed is not None:
+        typed_old, typed_new = _typed_or_none(typed, old), _typed_or_none(typed, new)
+        if typed_old is not None and typed_old == typed_new:
+            return None
+        fields = differing_fields(typed_old, typed_new)
+    b = _shown_value(old, value_format)
+    a = _shown_value(new, value_format)
+    return {"key": _shown_key(key, key_encoding), "kind": kind, "before": b, "after": a,
+            "fields": (fields or differing_fields(b, a)) if kind == "updated" else []}
+
+
+def spread(items: Sequence[T], n: int) -> list[T]:
+    """Up to ``n`` of ``items`` evenly apart, first and last included: a sample across all shards,
+    not the first few."""
+    if len(items) <= n:
+        return list(items)
+    if n <= 1:
+        return list(items[:n])
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
 
 
 def comparison_between(before: Manifest, after: Manifest) -> Callable[[bytes], Any] | None:
@@ -504,8 +573,11 @@ def changed_keys(diff: RunDiff, before: Any, after: Any, *, kinds: Collection[st
                                 key_encoding=after.manifest.key_encoding, value_format=after.manifest.value_format,
                                 limit=limit - len(found), scan_limit=sys.maxsize, typed=typed, kinds=set(kinds))
         walked += 1
-        found.extend({"db_id": db_id, **c} for c in sample.changes)
-        complete = complete and sample.complete
+        # The sample keeps up to its limit of each kind, in key order: the first ones are the
+        # first changed keys of the shard, whatever their kind.
+        kept = sample.changes[:limit - len(found)]
+        found.extend({"db_id": db_id, **c} for c in kept)
+        complete = complete and sample.complete and len(kept) == len(sample.changes)
     return ChangedKeys(run_a=diff.run_a, run_b=diff.run_b, kinds=tuple(k for k in CHANGE_KINDS if k in kinds),
                        changes=tuple(found), shards_changed=len(changed), shards_walked=walked, complete=complete)
 
@@ -584,9 +656,9 @@ def _differing_typed(before: Any, after: Any) -> list[str]:
     return differing_fields(before, after)
 
 
-def rank_fields(samples: Iterable[ShardSample]) -> list[dict[str, Any]]:
-    """Fields by how many updated keys of the samples differ in them, most first (Hollow's diff ranking)."""
-    counts = Counter(f for s in samples for c in s.changes if c["kind"] == "updated" for f in c["fields"])
+def rank_fields(changes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fields by how many updated keys of ``changes`` differ in them, most first (Hollow's diff ranking)."""
+    counts = Counter(f for c in changes if c["kind"] == "updated" for f in c["fields"])
     return [{"field": f, "keys": n} for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
