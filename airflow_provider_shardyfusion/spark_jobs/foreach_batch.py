@@ -11,7 +11,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core import layout
 from ..core.errors import (
@@ -24,7 +24,6 @@ from ..core.errors import (
     StreamOwnershipError,
 )
 from ..core.model.config import DeltaSpec, WriteConfig
-from ..core.model.run_record import mark_failed
 from ..core.model.snapshot import SnapshotRoot
 from ..core.storage import open_store
 from ..core.stream.batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
@@ -177,11 +176,11 @@ class BatchWriter:
         for run_id in decision.abandon:
             error = RunAbandoned(f"stream {self.stream_id!r}: a new attempt of the batch replaces this running "
                                  "attempt, whose writer is gone")
-            mark_failed(snapshots.store, run_id, error)
+            snapshots.mark_failed(run_id, error)
             log.warning("stream %s: run %s was still 'running'; marked failed (its writer is gone)", self.stream_id,
                         run_id)
 
-    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: str) -> None:
+    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: Literal["full", "delta"]) -> None:
         from .driver import run_write
 
         config = batch_config(self.config, run_id, mode)
@@ -201,7 +200,7 @@ class BatchWriter:
         log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
 
 
-def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
+def batch_config(config: WriteConfig, run_id: str, mode: Literal["full", "delta"]) -> WriteConfig:
     """The write config of one micro-batch: its run id and write mode, always on the live snapshot."""
     delta = DeltaSpec(write_mode=mode, delete_column=config.delta.delete_column if mode == "delta" else None,
                       base_run_id=None, max_chain_depth=config.delta.max_chain_depth)
