@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from .core import layout
 from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionError
 from .core.lifecycle.history import CHANGE_KINDS, STATE_MEANINGS, change_label
-from .core.model.encoding import KEY_TEXTS, key_from_text, key_to_show
+from .core.model.encoding import KEY_TEXTS, KeyEncoding, KeyText, key_from_text, key_to_show
 from .core.model.snapshot import SnapshotRoot
 from .core.storage import StorageOptions
 
@@ -257,7 +257,7 @@ def _cmd_validate(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
     return report.to_dict()
 
 
-def _parse_key(text: str, key_type: str, key_encoding: str) -> Any:
+def _parse_key(text: str, key_type: KeyText, key_encoding: KeyEncoding) -> Any:
     try:
         return key_from_text(text, key_encoding, key_type)
     except KeyEncodingError as exc:

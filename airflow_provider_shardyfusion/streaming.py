@@ -11,14 +11,14 @@ Exactly once: the batch id is the idempotency key, with a ``stream_id`` that sta
 restarts (Delta Lake's ``txnAppId`` / ``txnVersion``). Before writing, the function reads the
 stream's run records under the root (``core.stream.batches.decide_batch``): a batch already
 published, or below the last published one, is skipped; an attempt that failed (or whose writer
-died) is written again as ``<stream_id>-b<batch_id:012d>-r<n>``; an attempt that succeeded but was
-never published (a crash between its manifest and ``_CURRENT``) is published if its base is still
-live, else written again. Spark commits a batch to its checkpoint only after the function returned,
-so a crash anywhere replays the batch id with the same data, and the decision makes the replay a
-no-op or a completion. One query writes a stream at a time (as one query uses a checkpoint): a
-``running`` attempt of the batch is taken as a dead writer's and marked failed, which also fences
-it out of ever going live. Each run's manifest and run record carry ``writer.stream_id`` and
-``writer.batch_id``.
+died) is written again as ``<stream_id>-b<batch_id:012d>-r<n>``, and so is one that succeeded but
+was never published (a crash between its manifest and ``_CURRENT``): the job commits only the run
+it writes, and publishing a staged run is the operators' and the CLI's. Spark commits a batch to
+its checkpoint only after the function returned, so a crash anywhere replays the batch id with the
+same data, and the decision makes the replay a no-op or a rewrite. One query writes a stream at
+a time (as one query uses a checkpoint): a ``running`` attempt of the batch is taken as a dead
+writer's and marked failed, which also fences it out of ever going live. Each run's manifest and
+run record carry ``writer.stream_id`` and ``writer.batch_id``.
 
 Ownership (``core.stream.owner``): the stream belongs to the checkpoint that numbers its batches
 and to one writer's lease; another checkpoint is refused unless ``stream_reset=True``. A batch is

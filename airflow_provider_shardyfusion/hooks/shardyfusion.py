@@ -147,24 +147,25 @@ class ShardyfusionHook(BaseHook):
         return await open_async_reader(root, options, session=session)
 
     async def amark_failed(self, output_uri: str, run_id: str, error: RunRecordError) -> RunRecord | None:
-        """Mark a still-running run failed (conditional write, see ``core.model.run_record.mark_failed``).
+        """Mark a still-running run failed (conditional write, see ``SnapshotRoot.mark_failed``).
 
         The connection is fetched asynchronously first; the write itself is a single conditional
         put through the sync store, run in a worker thread.
         """
         import asyncio
 
-        from airflow_provider_shardyfusion.core.model.run_record import mark_failed
+        from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
         root = layout.normalize_root(output_uri)
         if not root.startswith("s3://") or not self.aws_conn_id:
-            return await asyncio.to_thread(lambda: mark_failed(open_store(root), run_id, error))
+            return await asyncio.to_thread(lambda: SnapshotRoot(open_store(root)).mark_failed(run_id, error))
         options, session = await self._asessions(deferrable=False)
 
         def mark() -> RunRecord | None:
             from airflow_provider_shardyfusion.core.storage.s3 import S3Store, make_s3_client
 
-            return mark_failed(S3Store(root, options, client=make_s3_client(options, session=session)), run_id, error)
+            store = S3Store(root, options, client=make_s3_client(options, session=session))
+            return SnapshotRoot(store).mark_failed(run_id, error)
 
         return await asyncio.to_thread(mark)
 

@@ -372,10 +372,10 @@ class ShardedWriteOperator(SparkJobOperator):
 
     def _mark_abandoned(self, config: WriteConfig, reason: str) -> None:
         from airflow_provider_shardyfusion.core.errors import RunAbandoned
-        from airflow_provider_shardyfusion.core.model.run_record import mark_failed
+        from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
         try:
-            mark_failed(self.hook.get_store(config.output_uri), config.run_id, RunAbandoned(reason))
+            SnapshotRoot(self.hook.get_store(config.output_uri)).mark_failed(config.run_id, RunAbandoned(reason))
         except Exception as exc:  # the run's own error matters more than the bookkeeping
             self.log.warning("Run %s: could not mark the run record failed: %s", config.run_id, exc)
 
@@ -436,7 +436,8 @@ class ShardedWriteOperator(SparkJobOperator):
         if not (self._active_run_id and self._active_output_uri):
             return  # nothing submitted by this try (or only re-attached): not ours to mark
         from airflow_provider_shardyfusion.core.errors import RunKilled
-        from airflow_provider_shardyfusion.core.model.run_record import mark_failed, read_run_record
+        from airflow_provider_shardyfusion.core.model.run_record import read_run_record
+        from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
         try:
             store = self.hook.get_store(self._active_output_uri)
@@ -445,6 +446,6 @@ class ShardedWriteOperator(SparkJobOperator):
             if ident is not None and self._me is not None and not same_try(ident, self._me):
                 self.log.warning("Run %s belongs to another writer; not marking it", self._active_run_id)
                 return
-            mark_failed(store, self._active_run_id, RunKilled("killed: the Airflow task was stopped"))
+            SnapshotRoot(store).mark_failed(self._active_run_id, RunKilled("killed: the Airflow task was stopped"))
         except Exception as exc:  # the kill itself must go through
             self.log.warning("Run %s: could not mark the run record failed: %s", self._active_run_id, exc)

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, KeyEncodingError, ShardNotServedError, ShardyfusionError
-from airflow_provider_shardyfusion.core.model.encoding import key_from_text, key_to_show
+from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_from_text, key_to_show
 from airflow_provider_shardyfusion.serve.metrics import ServeMetrics
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
 class SnapshotService:
     """What the routes do, apart from HTTP parsing: read from one snapshot, shape answers and errors."""
 
-    def __init__(self, slot: ReaderSlot, *, key_type: str, max_staleness_s: float | None = None):
+    def __init__(self, slot: ReaderSlot, *, key_type: KeyText, max_staleness_s: float | None = None):
         self.slot = slot
         self.max_staleness_s = max_staleness_s
         self.key_type = key_type
@@ -211,7 +211,7 @@ class SnapshotService:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(factory: Callable[[], ShardedReader], *, key_type: str = "auto", retry_s: float = 5.0,
+def create_app(factory: Callable[[], ShardedReader], *, key_type: KeyText = "auto", retry_s: float = 5.0,
                max_staleness_s: float | None = None) -> FastAPI:
     """The FastAPI app serving the reader ``factory`` opens (once, at start-up; closed at shutdown).
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
-from airflow_provider_shardyfusion.core.model.encoding import KEY_TEXTS
+from airflow_provider_shardyfusion.core.model.encoding import KEY_TEXTS, KeyText
 from airflow_provider_shardyfusion.core.read.value_decoding import validate_value_decoding
 
 __all__ = ["SERVE_CONFIG_ENV", "ServeConfig", "parse_shard_ids"]
@@ -31,7 +31,7 @@ class ServeConfig:
     value_decoding: str = "json"
     max_staleness_s: float | None = None
     cache_dir: str | None = None
-    key_type: str = "auto"
+    key_type: KeyText = "auto"
 
     def __post_init__(self) -> None:
         validate_value_decoding(self.value_decoding)

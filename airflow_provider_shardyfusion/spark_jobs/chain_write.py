@@ -62,7 +62,7 @@ class ChainPlan:
     run_id: str
     base_manifest_ref: str
     key_column: str
-    key_encoding: str
+    key_encoding: encoding.KeyEncoding
     value_format: str
     value_columns: tuple[str, ...]
     delete_column: str | None

@@ -11,7 +11,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core import layout
 from ..core.errors import (
@@ -24,7 +24,6 @@ from ..core.errors import (
     StreamOwnershipError,
 )
 from ..core.model.config import DeltaSpec, WriteConfig
-from ..core.model.run_record import mark_failed
 from ..core.model.snapshot import SnapshotRoot
 from ..core.storage import open_store
 from ..core.stream.batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
@@ -81,7 +80,7 @@ class BatchOutcome:
     """What one call did with a micro-batch (also kept on the writer, e.g. for an XCom)."""
 
     batch_id: int
-    action: str  # "skipped" | "published" | "written"
+    action: str  # "skipped" | "written"
     run_id: str
     reason: str
     rows: int | None = None
@@ -164,14 +163,9 @@ class BatchWriter:
             self.outcomes.append(BatchOutcome(batch_id, "skipped", decision.run_id, decision.reason))
             return
         self._abandon(snapshots, decision)
-        if decision.action == "publish" and self._publish(snapshots, batch_id, decision):
-            self._hold_after_batch(decision.run_id)
-            return
-        run_id = decision.run_id if decision.action == "write" else decision.fallback_run_id
-        assert run_id is not None
         assert decision.write_mode is not None
-        self._write(spark, batch_df, batch_id, run_id, decision.write_mode)
-        self._hold_after_batch(run_id)
+        self._write(spark, batch_df, batch_id, decision.run_id, decision.write_mode)
+        self._hold_after_batch(decision.run_id)
 
     def _hold_after_batch(self, run_id: str | None) -> None:
         """Test-only: hold where the batch is live and Spark has not committed it to the checkpoint."""
@@ -182,23 +176,11 @@ class BatchWriter:
         for run_id in decision.abandon:
             error = RunAbandoned(f"stream {self.stream_id!r}: a new attempt of the batch replaces this running "
                                  "attempt, whose writer is gone")
-            mark_failed(snapshots.store, run_id, error)
+            snapshots.mark_failed(run_id, error)
             log.warning("stream %s: run %s was still 'running'; marked failed (its writer is gone)", self.stream_id,
                         run_id)
 
-    def _publish(self, snapshots: SnapshotRoot, batch_id: int, decision: Decision) -> bool:
-        from ..core.lifecycle.publish import publish_run
-
-        try:
-            publish_run(snapshots, run_id=decision.run_id)
-        except PublishManifestError as exc:
-            log.warning("stream %s batch %d: publishing %s was refused (%s); writing the batch again as %s",
-                        self.stream_id, batch_id, decision.run_id, exc, decision.fallback_run_id)
-            return False
-        self.outcomes.append(BatchOutcome(batch_id, "published", decision.run_id, decision.reason))
-        return True
-
-    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: str) -> None:
+    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: Literal["full", "delta"]) -> None:
         from .driver import run_write
 
         config = batch_config(self.config, run_id, mode)
@@ -218,7 +200,7 @@ class BatchWriter:
         log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
 
 
-def batch_config(config: WriteConfig, run_id: str, mode: str) -> WriteConfig:
+def batch_config(config: WriteConfig, run_id: str, mode: Literal["full", "delta"]) -> WriteConfig:
     """The write config of one micro-batch: its run id and write mode, always on the live snapshot."""
     delta = DeltaSpec(write_mode=mode, delete_column=config.delta.delete_column if mode == "delta" else None,
                       base_run_id=None, max_chain_depth=config.delta.max_chain_depth)
@@ -308,26 +290,24 @@ def decide(snapshots: SnapshotRoot, stream_id: str, batch_id: int, *, accept_liv
 
 def stream_runs(snapshots: SnapshotRoot, stream_id: str, batch_id: int, live: str | None) -> list[StreamRun]:
     """The runs ``decide_batch`` needs: every attempt of ``batch_id`` and of later batches, and the
-    newest published run of an earlier batch (for the gap warning). One LIST and a few reads."""
+    newest published run of an earlier batch (for the gap warning). One LIST and a few run records."""
     named = []
     for run_id in snapshots.list_run_ids():
         parsed = parse_batch_run_id(stream_id, run_id)
         if parsed is not None:
             named.append((parsed[0], parsed[1], run_id))
     named.sort(reverse=True)
-    runs = [_stream_run(snapshots, run_id, b, r, live, with_base=b == batch_id)
-            for b, r, run_id in named if b >= batch_id]
+    runs = [_stream_run(snapshots, run_id, b, r, live) for b, r, run_id in named if b >= batch_id]
     for b, r, run_id in named:
         if b < batch_id:
-            run = _stream_run(snapshots, run_id, b, r, live, with_base=False)
+            run = _stream_run(snapshots, run_id, b, r, live)
             if run.published:
                 runs.append(run)
                 break
     return runs
 
 
-def _stream_run(snapshots: SnapshotRoot, run_id: str, batch_id: int, retry: int, live: str | None, *,
-                with_base: bool) -> StreamRun:
+def _stream_run(snapshots: SnapshotRoot, run_id: str, batch_id: int, retry: int, live: str | None) -> StreamRun:
     try:
         record = snapshots.read_run(run_id)
     except (RunRecordError, StorageError) as exc:
@@ -336,12 +316,4 @@ def _stream_run(snapshots: SnapshotRoot, run_id: str, batch_id: int, retry: int,
     if record is None:
         return StreamRun(run_id, batch_id, retry, "failed", published=run_id == live)
     published = record.published_at is not None or run_id == live
-    base = None
-    if with_base and record.status == "succeeded" and not published and record.manifest_ref:
-        try:
-            base = snapshots.read_manifest(record.manifest_ref).base_run_id
-        except Exception as exc:  # an unreadable manifest cannot be published: write again
-            log.warning("manifest of %s is unreadable (%s); the batch is written again", run_id, exc)
-            return StreamRun(run_id, batch_id, retry, "failed", published=False)
-    return StreamRun(run_id, batch_id, retry, record.status, published=published,
-                     deleted=record.deleted_at is not None, base_run_id=base)
+    return StreamRun(run_id, batch_id, retry, record.status, published=published, deleted=record.deleted_at is not None)

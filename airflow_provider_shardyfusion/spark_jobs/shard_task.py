@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from ..core.model.encoding import KeyEncoding
 from ..core.write.winner import ShardResult
 from .faults import NO_FAULTS, Faults
 
@@ -48,7 +49,7 @@ class WritePlan:
     storage_options: dict[str, Any]
     run_id: str
     key_column: str
-    key_encoding: str
+    key_encoding: KeyEncoding
     value_format: str
     value_columns: tuple[str, ...]
     batch_size: int

@@ -80,9 +80,8 @@ def test_publish_refuses_a_run_whose_record_is_not_succeeded(runs):
     record = snapshots.read_run("run-b")
     snapshots.store.put(layout.run_record_key("run-b"), RunRecord(**{
         **{f: getattr(record, f) for f in record.__dataclass_fields__}, "status": RUNNING}).to_bytes())
-    from airflow_provider_shardyfusion.core.model.run_record import mark_failed
 
-    mark_failed(snapshots.store, "run-b", RunAbandoned("abandoned: lease expired"))
+    snapshots.mark_failed("run-b", RunAbandoned("abandoned: lease expired"))
     failed = r"run-b.*status is 'failed', not 'succeeded' \(RunAbandoned: abandoned: lease expired\).*_CURRENT unchanged"
     with pytest.raises(PublishManifestError, match=failed):
         publish_run(snapshots, run_id="run-b", sleep=lambda s: None)

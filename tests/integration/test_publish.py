@@ -12,7 +12,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import PublishManifestError, RunAbandoned, RunSupersededError, StorageError
 from airflow_provider_shardyfusion.core.lifecycle.run_outcome import POINTER_SETTLE, RunOutcome, read_live_state
 from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardingInfo
-from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle, mark_failed, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import RunRecordLifecycle, read_run_record
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.write.commit import delete_losing_attempts, publish
@@ -89,7 +89,7 @@ def test_staged_publish_writes_manifest_and_record_but_leaves_current(store):
 
 def test_publish_stops_before_current_when_the_run_was_reaped(store):
     lc = running(store, "run-r")
-    mark_failed(store, "run-r", RunAbandoned("reaped by cleanup"))
+    SnapshotRoot(store).mark_failed("run-r", RunAbandoned("reaped by cleanup"))
     with pytest.raises(PublishManifestError, match="no longer 'running'"):
         publish(store, manifest_for(store, "run-r", 1), lc, sleep=lambda s: None)
     assert read_current(store)[0] is None

@@ -26,6 +26,7 @@ from airflow_provider_shardyfusion.core.errors import (
     ShardAssignmentError,
     ShardyfusionError,
 )
+from airflow_provider_shardyfusion.core.model import checksum as checksum_module
 from airflow_provider_shardyfusion.core.model.encoding import encode_key
 from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
@@ -121,8 +122,15 @@ def _stall_first_fetch(monkeypatch, where: str) -> tuple[threading.Event, thread
             hold()  # the file is downloaded into staging, not yet checked or renamed
             original_verify(path, size, checksum, source=source)
 
-        monkeypatch.setattr(local_copy, "verify_file", verify)
+        _patch_verify(monkeypatch, verify)
     return entered, release
+
+
+def _patch_verify(monkeypatch, fn) -> None:
+    """Replace the reader's file check: on a cached copy's reuse (local_copy) and as files arrive
+    (checksum.download_verified, which local_copy fetches through)."""
+    monkeypatch.setattr(local_copy, "verify_file", fn)
+    monkeypatch.setattr(checksum_module, "verify_file", fn)
 
 
 def _in_thread(fn) -> tuple[threading.Thread, list, list]:
@@ -661,7 +669,7 @@ def test_a_cached_copy_is_checksummed_on_every_reuse(file_root, tmp_path, monkey
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(local_copy, "verify_file", counting)
+    _patch_verify(monkeypatch, counting)
     num_files = sum(len(s.files) for s in built.manifest.shards)
     keys = [k for k, _ in rows]
     with ShardedReader(file_root, cache_dir=cache) as first:  # downloads: each file checked as it arrives
@@ -722,7 +730,7 @@ def test_sst_layout_cached_database_is_checksummed_on_every_reuse(file_root, tmp
         checked.append(path)
         original(path, size, checksum, source=source)
 
-    monkeypatch.setattr(local_copy, "verify_file", counting)
+    _patch_verify(monkeypatch, counting)
     with ShardedReader(file_root, cache_dir=cache) as second:  # every file the database reads, checked again
         downloads = _count_downloads(monkeypatch)
         assert second.multi_get(keys) == [v for _, v in rows]
@@ -790,7 +798,7 @@ def test_max_open_shards_bounds_open_files_and_reopens_without_downloading(file_
         assert len(_open_files_under(reader.cache_dir)) == 3  # one SST per shard here
         assert max(downloads.values()) == 1 and len(downloads) == 8  # a reopen reads the cache
         checked: list[str] = []
-        monkeypatch.setattr(local_copy, "verify_file", lambda path, *a, **kw: checked.append(path))
+        _patch_verify(monkeypatch, lambda path, *a, **kw: checked.append(path))
         assert [reader.get(k) for k in range(10)] == [rows[k] for k in range(10)]
         assert checked == []  # nor hashes the copy it verified itself again
     for bad in (0, -1, True, 2.5):

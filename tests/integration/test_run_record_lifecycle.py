@@ -25,9 +25,9 @@ from airflow_provider_shardyfusion.core.model.run_record import (
     SUCCEEDED,
     RunRecord,
     RunRecordLifecycle,
-    mark_failed,
     read_run_record,
 )
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.storage import StorageOptions, open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
@@ -229,7 +229,7 @@ def test_context_manager_success(store):
 def test_mark_failed_from_outside_wins_over_lifecycle(store):
     lc = lifecycle(store).start()
     abandoned = RunAbandoned("lease expired: abandoned")
-    reaped = wait_for(lambda: (r := mark_failed(store, "run-1", abandoned)).status == FAILED and r)
+    reaped = wait_for(lambda: (r := SnapshotRoot(store).mark_failed("run-1", abandoned)).status == FAILED and r)
     assert reaped.error.type == "RunAbandoned" and reaped.error.message == "lease expired: abandoned"
     stored = read_run_record(store, "run-1")
     assert stored == reaped
@@ -246,7 +246,7 @@ def test_mark_failed_from_outside_wins_over_lifecycle(store):
 
 def test_heartbeat_notices_reaping(store):
     lc = lifecycle(store).start()
-    wait_for(lambda: mark_failed(store, "run-1", RunKilled("killed")).status == FAILED)
+    wait_for(lambda: SnapshotRoot(store).mark_failed("run-1", RunKilled("killed")).status == FAILED)
     wait_for(lambda: lc.lost)  # the next heartbeat finds a foreign version and stops
     rec = read_run_record(store, "run-1")
     assert rec.status == FAILED and rec.error.type == "RunKilled"
@@ -255,7 +255,7 @@ def test_heartbeat_notices_reaping(store):
 def test_context_manager_after_reaping_keeps_outside_error(store):
     def fail_after_reaping() -> None:
         with lifecycle(store):
-            wait_for(lambda: mark_failed(store, "run-1", RunAbandoned("abandoned")).status == FAILED)
+            wait_for(lambda: SnapshotRoot(store).mark_failed("run-1", RunAbandoned("abandoned")).status == FAILED)
             raise ValueError("late failure")
 
     with pytest.raises(ValueError, match="late failure"):
@@ -265,10 +265,10 @@ def test_context_manager_after_reaping_keeps_outside_error(store):
 
 
 def test_mark_failed_missing_and_terminal(store):
-    assert mark_failed(store, "never-ran", RunAbandoned("x")) is None
+    assert SnapshotRoot(store).mark_failed("never-ran", RunAbandoned("x")) is None
     lc = lifecycle(store).start()
     done = lc.succeed(manifest_ref(store))
-    assert mark_failed(store, "run-1", RunAbandoned("too late")) == done
+    assert SnapshotRoot(store).mark_failed("run-1", RunAbandoned("too late")) == done
     assert read_run_record(store, "run-1").status == SUCCEEDED
 
 

@@ -130,10 +130,12 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     assert staged["status"] == "succeeded" and staged["published_at"] is None
     assert stream.snapshots().current().run_id == batch_run_id(STREAM, 1, 1)
 
-    # The query's batch 2 publishes that run instead of writing it again.
+    # The query writes batch 2 again: the job never publishes a run it did not write; the staged one stays.
     assert stream.run_query(writer) is None
-    assert [(o.batch_id, o.action, o.run_id) for o in writer.outcomes[1:]] == [(2, "published", staged_id)]
-    assert sorted(r for r in stream.stream_records() if parse_batch_run_id(STREAM, r)[0] == 2) == [staged_id]
+    rewrite = batch_run_id(STREAM, 2, 1)
+    assert [(o.batch_id, o.action, o.run_id) for o in writer.outcomes[1:]] == [(2, "written", rewrite)]
+    assert sorted(r for r in stream.stream_records() if parse_batch_run_id(STREAM, r)[0] == 2) == [staged_id, rewrite]
+    assert stream.snapshots().read_run(staged_id).published_at is None
     stream.check_reader().close()
     stream.check_each_batch_live_once(3)
 

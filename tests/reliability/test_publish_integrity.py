@@ -70,11 +70,10 @@ def test_publishing_a_deleted_or_failed_run_says_so(snapshots, figure):
         publish_run(snapshots, run_id="gone", allow_older=True, **NO_SLEEP)
 
     from airflow_provider_shardyfusion.core.errors import RunAbandoned
-    from airflow_provider_shardyfusion.core.model.run_record import mark_failed
     from tests.snapshot_helpers import write_run_record
 
     write_run_record(snapshots.store, "broken")
-    mark_failed(snapshots.store, "broken", RunAbandoned("abandoned: lease expired"))
+    snapshots.mark_failed("broken", RunAbandoned("abandoned: lease expired"))
     with pytest.raises(PublishManifestError, match=r"run 'broken' failed \(RunAbandoned: abandoned: lease expired\)"):
         publish_run(snapshots, run_id="broken", **NO_SLEEP)
     assert snapshots.current().run_id == "kept"

@@ -182,8 +182,9 @@ def test_kill_between_manifest_and_pointer_and_between_pointer_and_checkpoint(tm
     record = snapshots.read_run(run1)
     assert record.status == "succeeded" and record.published_at is None and record.manifest_ref
     outcomes = run_to_end(tmp_path)
-    assert [(o["batch_id"], o["action"], o["run_id"]) for o in outcomes] == [(1, "published", run1)]
-    assert snapshots.current().run_id == run1
+    assert [(o["batch_id"], o["action"], o["run_id"]) for o in outcomes] == [(1, "written", f"{run1}-r1")]
+    assert snapshots.current().run_id == f"{run1}-r1"
+    assert snapshots.read_run(run1).published_at is None  # the killed attempt stays staged
 
     # (b) batch 2 live, the driver killed before Spark commits it to the checkpoint.
     add_batch(tmp_path, 2)
@@ -195,7 +196,8 @@ def test_kill_between_manifest_and_pointer_and_between_pointer_and_checkpoint(tm
     assert run_to_end(tmp_path) == []  # nothing new: nothing written
 
     # Every batch id live exactly once, by one run each; nothing failed; the final state exact.
-    assert stream_runs(root) == {f"{STREAM}-b{i:012d}": "succeeded" for i in BATCHES}
+    assert stream_runs(root) == {f"{STREAM}-b{i:012d}": "succeeded" for i in BATCHES} | {f"{run1}-r1": "succeeded"}
+    assert [r for r in stream_runs(root) if snapshots.read_run(r).published_at is None] == [run1]
     seen = check_final_state(root, follower)
     figure(kills=2, batches=len(BATCHES), runs=len(stream_runs(root)), snapshots_seen_by_follower=len(seen),
            keys_checked=len(ALL_KEYS) * (len(seen) + 1))

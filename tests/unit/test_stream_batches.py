@@ -17,9 +17,8 @@ from airflow_provider_shardyfusion.streaming import check_stream_options, foreac
 S = "orders.ingest"
 
 
-def run(batch_id, retry=0, status="succeeded", published=True, base="live", deleted=False, stream=S):
-    return StreamRun(batch_run_id(stream, batch_id, retry), batch_id, retry, status, published, deleted,
-                     base_run_id=base)
+def run(batch_id, retry=0, status="succeeded", published=True, deleted=False, stream=S):
+    return StreamRun(batch_run_id(stream, batch_id, retry), batch_id, retry, status, published, deleted)
 
 
 def test_run_ids_name_stream_batch_and_retry():
@@ -93,26 +92,19 @@ def test_failed_and_dead_attempts_are_rewritten_with_the_next_retry():
     assert "failed" in d.reason and "dead running record" in d.reason
 
 
-def test_a_succeeded_unpublished_attempt_is_published_while_its_base_is_live():
+def test_a_succeeded_unpublished_attempt_is_written_again_not_published():
+    # The job commits only the run it writes: an attempt left staged is never published by it.
     live = batch_run_id(S, 1)
-    runs = [run(1), run(2, published=False, base=live)]
-    d = decide_batch(S, 2, runs, live_run_id=live)
-    assert (d.action, d.run_id, d.fallback_run_id) == ("publish", batch_run_id(S, 2), batch_run_id(S, 2, 1))
-    # The first batch: a full run staged on an empty root.
-    d = decide_batch(S, 0, [run(0, published=False, base=None)], live_run_id=None)
-    assert (d.action, d.run_id, d.write_mode) == ("publish", batch_run_id(S, 0), "full")
-
-
-def test_an_unpublished_attempt_on_a_stale_base_is_rewritten():
-    live = "someone-else"
-    runs = [run(1), run(2, published=False, base=batch_run_id(S, 1))]
-    d = decide_batch(S, 2, runs, live_run_id=live, accept_live_run=live)
+    d = decide_batch(S, 2, [run(1), run(2, published=False)], live_run_id=live)
     assert (d.action, d.run_id, d.write_mode) == ("write", batch_run_id(S, 2, 1), "delta")
-    assert "never published" in d.reason
-    # Deleted by cleanup: nothing left to publish.
-    d = decide_batch(S, 2, [run(1), run(2, published=False, base=batch_run_id(S, 1), deleted=True)],
-                     live_run_id=batch_run_id(S, 1))
+    assert "never published (its writer stopped before _CURRENT moved)" in d.reason
+    # The first batch: a full run staged on an empty root.
+    d = decide_batch(S, 0, [run(0, published=False)], live_run_id=None)
+    assert (d.action, d.run_id, d.write_mode) == ("write", batch_run_id(S, 0, 1), "full")
+    # Deleted by cleanup: the reason says so.
+    d = decide_batch(S, 2, [run(1), run(2, published=False, deleted=True)], live_run_id=live)
     assert (d.action, d.run_id) == ("write", batch_run_id(S, 2, 1))
+    assert "its data was deleted" in d.reason
 
 
 @pytest.mark.parametrize(("live", "why"), [
@@ -121,7 +113,7 @@ def test_an_unpublished_attempt_on_a_stale_base_is_rewritten():
     (None, "_CURRENT deleted"),
 ])
 def test_a_batch_is_refused_while_current_is_not_the_streams_last_batch(live, why):
-    runs = [run(3, base=None), run(5, base=batch_run_id(S, 4)), run(4, base=batch_run_id(S, 3))]
+    runs = [run(3), run(5), run(4)]
     with pytest.raises(StreamOwnershipError) as caught:
         decide_batch(S, 6, runs, live_run_id=live)
     message = str(caught.value)

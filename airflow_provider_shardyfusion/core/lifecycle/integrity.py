@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ShardyfusionError
-from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum, verify_file
+from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum, download_verified
 from airflow_provider_shardyfusion.core.model.run_record import SUCCEEDED
 
 if TYPE_CHECKING:
@@ -136,8 +136,7 @@ def _files_problems(store: ObjectStore, where: str, db_url: str, files: tuple[Sh
 
 def _checksum_problem(store: ObjectStore, key: str, size: int, checksum: str, local: str, where: str) -> str | None:
     try:
-        store.download_file(key, local)
-        verify_file(local, size, checksum, source=f"{where}: file {store.uri(key)}")
+        download_verified(store, key, local, size, checksum, source=f"{where}: file {store.uri(key)}")
     except ShardyfusionError as exc:
         return str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
     finally:

@@ -1,5 +1,5 @@
 """Publishing a staged run later, or rolling back to an older one (SPEC §8, ``PublishSnapshotOperator``,
-``shardyfusion publish``, the streaming job's republish of a batch written but not live).
+``shardyfusion publish``). The Spark jobs never call it: a streaming batch left staged is written again.
 
 The writer's own publish at the end of its run (manifest, run record, ``_CURRENT``) is
 ``core.write.commit``'s; both release their publish claim the same way.

@@ -12,7 +12,9 @@ from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["ALGORITHM", "bytes_checksum", "file_checksum", "verify_bytes", "verify_file"]
+    from airflow_provider_shardyfusion.core.storage.base import ObjectStore
+
+__all__ = ["ALGORITHM", "bytes_checksum", "download_verified", "file_checksum", "verify_bytes", "verify_file"]
 
 ALGORITHM = "xxh3_128"
 _CHUNK = 4 << 20
@@ -42,6 +44,28 @@ def verify_file(path: str, size: int, checksum: str | None, *, source: str) -> N
 def verify_bytes(data: bytes, size: int, checksum: str | None, *, source: str) -> None:
     """``verify_file`` for a file's bytes held in memory."""
     _verify(len(data), size, checksum, lambda: f"{ALGORITHM}:{xxhash.xxh3_128(data).hexdigest()}", source=source)
+
+
+def download_verified(store: ObjectStore, key: str, local: str, size: int, checksum: str | None, *, source: str,
+                      in_memory_max: int | None = None) -> None:
+    """Fetch ``key`` to ``local`` and check it against the manifest's size and checksum.
+
+    A file that fails the check is removed: nothing may open a bad copy by its name. A file of at
+    most ``in_memory_max`` bytes is fetched with one GET and checked before it is written, which on
+    S3 saves the HEAD and the second read a download costs (the writer's small key indexes).
+    """
+    if in_memory_max is not None and size <= in_memory_max:
+        data = store.get(key).data
+        verify_bytes(data, size, checksum, source=source)
+        with open(local, "wb") as fh:
+            fh.write(data)
+        return
+    store.download_file(key, local)
+    try:
+        verify_file(local, size, checksum, source=source)
+    except ChecksumMismatchError:
+        os.unlink(local)
+        raise
 
 
 def _verify(actual_size: int, size: int, checksum: str | None, actual_checksum: Callable[[], str], *,

@@ -18,7 +18,8 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, show_value, text_number_hint
 from airflow_provider_shardyfusion.core.model import encoding, routing
-from airflow_provider_shardyfusion.core.model.manifest import WRITE_MODES
+from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding
+from airflow_provider_shardyfusion.core.model.manifest import WRITE_MODES, WriteMode
 from airflow_provider_shardyfusion.core.model.write_args import DEFAULTS as _D
 from airflow_provider_shardyfusion.core.model.write_args import INPUT_FORMATS, InputFormat
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
@@ -26,8 +27,7 @@ from airflow_provider_shardyfusion.core.secrets import refuse_embedded_uris, ref
 from airflow_provider_shardyfusion.core.storage.base import StorageOptions
 
 if TYPE_CHECKING:
-    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding, ValueFormat
-    from airflow_provider_shardyfusion.core.model.manifest import WriteMode
+    from airflow_provider_shardyfusion.core.model.encoding import ValueFormat
 
 __all__ = [
     "CONFIG_FORMAT_VERSION", "MAX_LEASE_SECONDS", "DeltaSpec", "InputSpec", "ShardRetry", "ShardingSpec", "ValueSpec",
@@ -152,7 +152,7 @@ class ValueSpec:
         if len(set(cols)) != len(cols):
             raise ConfigError(f"value_columns {list(cols)} repeats a column")
 
-    def for_mode(self, write_mode: str) -> ValueSpec:
+    def for_mode(self, write_mode: WriteMode) -> ValueSpec:
         """Unset in a full write is ``binary``; a chain keeps it unset for its base's (``on_base``)."""
         return replace(self, format="binary") if self.format is None and write_mode == "full" else self
 
@@ -378,7 +378,7 @@ class WriteOptions:
 class DeltaSpec:
     """How a write relates to the live snapshot (SPEC §13): a full table, a change on a base, or a compaction."""
 
-    write_mode: str = _D.write_mode
+    write_mode: WriteMode = _D.write_mode
     delete_column: str | None = _D.delete_column
     base_run_id: str | None = _D.base_run_id
     max_chain_depth: int = _D.max_chain_depth
@@ -421,7 +421,7 @@ class WriteConfig:
     key_column: str
     value: ValueSpec
     sharding: ShardingSpec
-    key_encoding: str | None = None
+    key_encoding: KeyEncoding | None = None
     options: WriteOptions = field(default_factory=WriteOptions)
     spark_conf_overrides: dict[str, str] = field(default_factory=dict)
     storage_options: StorageOptions = field(default_factory=StorageOptions)

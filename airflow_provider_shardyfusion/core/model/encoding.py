@@ -121,7 +121,7 @@ def decode_key(data: bytes, encoding: str) -> Any:
     raise ConfigError(f"key_encoding {encoding!r} is not supported; choose one of {list(KEY_ENCODINGS)}")
 
 
-def key_from_text(text: str, key_encoding: str, how: str = "auto") -> Any:
+def key_from_text(text: str, key_encoding: KeyEncoding, how: KeyText = "auto") -> Any:
     """The key ``text`` stands for in a snapshot whose keys are ``key_encoding``.
 
     ``auto``: an integer when the keys are integers and ``text`` is one (other text is kept, and the

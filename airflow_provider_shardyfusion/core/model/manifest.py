@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHAIN_DOCUMENT_FORMAT_VERSION", "CHAIN_FORMAT_VERSION", "FULL_FORMAT_VERSION", "MANIFEST_FORMAT_VERSION", "SHARD_LAYOUTS",
-    "SHARD_LAYOUT_DB", "SHARD_LAYOUT_SST", "WRITE_MODES", "Manifest", "ShardEntry", "ShardFile", "ShardLayer", "ShardingInfo",
-    "WriteMode", "stored_files",
+    "SHARD_LAYOUT_DB", "SHARD_LAYOUT_SST", "WRITE_MODES", "LayerCounts", "Manifest", "ShardEntry", "ShardFile",
+    "ShardLayer", "ShardingInfo", "WriteMode", "stored_files",
 ]
 
 # 1: full snapshots. 2: snapshots with a chain (SPEC §13): base_run_id, chain_depth, per-shard layers,
@@ -78,6 +78,31 @@ def _check_file_name(name: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerCounts:
+    """What a layer did to the rows before it (deleted_absent: tombstones of keys not there)."""
+
+    puts: int = 0
+    deletes: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    deleted_absent: int = 0
+
+    @property
+    def row_delta(self) -> int:
+        return self.inserted - self.deleted
+
+    @property
+    def consistent(self) -> bool:
+        """None negative, puts = inserted + updated, deletes = deleted + deleted_absent."""
+        return (min(self.puts, self.deletes, self.inserted, self.updated, self.deleted, self.deleted_absent) >= 0
+                and self.inserted + self.updated == self.puts and self.deleted + self.deleted_absent == self.deletes)
+
+    def to_dict(self) -> dict[str, int]:
+        return ser.to_plain(self)
+
+
+@dataclass(frozen=True, slots=True)
 class ShardLayer:
     """One layer of a shard in a chain: the SST file(s) one run wrote for it, oldest first in a shard.
 
@@ -105,6 +130,20 @@ class ShardLayer:
     def byte_size(self) -> int:
         """Bytes of the layer's data (its key index is not data)."""
         return sum(f.size for f in self.files)
+
+    @property
+    def counts(self) -> LayerCounts:
+        # Stored flat (the manifest format); one object wherever the counts travel together.
+        return LayerCounts(puts=self.puts, deletes=self.deletes, inserted=self.inserted, updated=self.updated,
+                           deleted=self.deleted, deleted_absent=self.deleted_absent)
+
+    @classmethod
+    def of(cls, run_id: str, db_url: str, kind: Literal["full", "delta"], files: tuple[ShardFile, ...],
+           key_index: ShardFile | None, counts: LayerCounts) -> ShardLayer:
+        """A layer with ``counts`` spread over its stored fields."""
+        return cls(run_id=run_id, db_url=db_url, kind=kind, files=files, key_index=key_index, puts=counts.puts,
+                   deletes=counts.deletes, inserted=counts.inserted, updated=counts.updated, deleted=counts.deleted,
+                   deleted_absent=counts.deleted_absent)
 
     def stored_files(self) -> tuple[ShardFile, ...]:
         return stored_files(self.files, self.key_index)
@@ -144,8 +183,8 @@ class ShardEntry:
             run_id = layout.run_id_of_shard_url(self.db_url)
         except ConfigError as exc:  # validate() refuses such a manifest; say so in its terms
             raise _ERR(f"{_WHAT} shard {self.db_id}: {exc}") from None
-        return (ShardLayer(run_id=run_id, db_url=self.db_url, kind="full",
-                           files=self.files, key_index=self.key_index, puts=self.row_count, inserted=self.row_count),)
+        return (ShardLayer.of(run_id, self.db_url, "full", self.files, self.key_index,
+                              LayerCounts(puts=self.row_count, inserted=self.row_count)),)
 
     def to_dict(self) -> dict[str, Any]:
         return ser.to_plain(self)
@@ -350,9 +389,7 @@ class Manifest:
                 raise _ERR(f"{where}: a full layer can only be the oldest")
             if not layer.files:
                 raise _ERR(f"{where}: lists no files")
-            counts = (layer.puts, layer.deletes, layer.inserted, layer.updated, layer.deleted, layer.deleted_absent)
-            if min(counts) < 0 or layer.inserted + layer.updated != layer.puts \
-                    or layer.deleted + layer.deleted_absent != layer.deletes:
+            if not layer.counts.consistent:
                 raise _ERR(f"{where}: counts are negative or inconsistent (puts = inserted + updated, "
                            "deletes = deleted + deleted_absent)")
         newest = shard.layers[-1]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAILED", "MAX_CLOCK_SKEW", "PUBLISH_CLAIM_HONOURED", "PUBLISH_CLAIM_TTL", "RUNNING", "RUN_RECORD_FORMAT_VERSION",
-    "STATUSES", "SUCCEEDED", "RunError", "RunRecord", "RunRecordLifecycle", "RunStatus", "check_storage_clock", "mark_failed",
+    "STATUSES", "SUCCEEDED", "RunError", "RunRecord", "RunRecordLifecycle", "RunStatus", "check_storage_clock",
     "read_run_record",
 ]
 
@@ -312,27 +312,3 @@ class RunRecordLifecycle:
             except Exception as write_exc:  # the original error matters more than the bookkeeping
                 log.error("run %s: could not mark the run failed: %s", self.record.run_id, write_exc)
         self._stop.set()
-
-
-def mark_failed(store: ObjectStore, run_id: str, error: RunRecordError, *,
-                clock: Callable[[], datetime] = layout.utc_now) -> RunRecord | None:
-    """Mark a still-running record failed from outside the writer (``RunKilled``, ``RunAbandoned``).
-
-    Conditional on the version read, so a writer finishing at the same moment wins. Because the
-    writer turns its record ``succeeded`` (conditionally, over its own last version) before it
-    moves ``_CURRENT``, a run marked failed here can never become live afterwards.
-    """
-    key = layout.run_record_key(run_id)
-    try:
-        obj = store.get(key)
-    except ObjectNotFoundError:
-        return None
-    record = RunRecord.from_bytes(obj.data)
-    if record.is_terminal:
-        return record
-    now = clock()
-    failed = replace(record, status=FAILED, updated_at=now, finished_at=now,
-                     error=RunError(type=type(error).__name__, message=str(error)))
-    if store.put_if_match(key, failed.to_bytes(), obj.etag) is None:
-        return read_run_record(store, run_id)
-    return failed

@@ -30,7 +30,7 @@ from airflow_provider_shardyfusion.core.errors import (
 from airflow_provider_shardyfusion.core.model import chain
 from airflow_provider_shardyfusion.core.model.checksum import bytes_checksum
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer, parse_pointer
-from airflow_provider_shardyfusion.core.model.run_record import RunRecord, read_run_record
+from airflow_provider_shardyfusion.core.model.run_record import FAILED, RunError, RunRecord, read_run_record
 from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry, is_storage_error
 
 if TYPE_CHECKING:
@@ -465,6 +465,31 @@ class SnapshotRoot:
             if self.store.put_if_match(key, new.to_bytes(), obj.etag) is not None:
                 return new
         raise RunRecordError(f"run record {self.store.uri(key)} kept changing; gave up after {attempts} attempts")
+
+    def mark_failed(self, run_id: str, error: RunRecordError, *,
+                    clock: Callable[[], datetime] = layout.utc_now) -> RunRecord | None:
+        """Mark a still-running record failed from outside the writer (``RunKilled``, ``RunAbandoned``).
+
+        One conditional put on the version read, so a writer finishing (or renewing its lease) at
+        the same moment wins and what it stored is returned; the caller decides whether to try
+        again. Because the writer turns its record ``succeeded`` (conditionally, over its own last
+        version) before it moves ``_CURRENT``, a run marked failed here can never become live
+        afterwards. None: no such record.
+        """
+        key = layout.run_record_key(run_id)
+        try:
+            obj = self.store.get(key)
+        except ObjectNotFoundError:
+            return None
+        record = RunRecord.from_bytes(obj.data)
+        if record.is_terminal:
+            return record
+        now = clock()
+        failed = replace(record, status=FAILED, updated_at=now, finished_at=now,
+                         error=RunError(type=type(error).__name__, message=str(error)))
+        if self.store.put_if_match(key, failed.to_bytes(), obj.etag) is None:
+            return self.read_run(run_id)
+        return failed
 
     def mark_published(self, run_id: str, when: datetime | None = None) -> RunRecord | None:
         stamp = when or layout.utc_now()

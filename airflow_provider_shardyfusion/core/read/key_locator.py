@@ -20,6 +20,7 @@ from airflow_provider_shardyfusion.core.model.encoding import PACK_INT_KEY, enco
 from airflow_provider_shardyfusion.core.model.routing import CelRouter, hash64, pack_int_key, route_key
 
 if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding
     from airflow_provider_shardyfusion.core.model.manifest import Manifest
 
 __all__ = ["GroupKeys", "Groups", "KeyLocator", "Locate", "cel_locator", "group_keys", "hash_locator", "int_key_grouper"]
@@ -67,7 +68,7 @@ class KeyLocator:
         return cls(locate, None, router)
 
 
-def hash_locator(num_dbs: int, key_encoding: str, key_column: str) -> Locate:  # noqa: C901 - one inlined closure per key encoding: the read hot path (bench_read)
+def hash_locator(num_dbs: int, key_encoding: KeyEncoding, key_column: str) -> Locate:  # noqa: C901 - one inlined closure per key encoding: the read hot path (bench_read)
     """Routing + key encoding for the hash strategy, with a fast path for the key's usual type.
 
     The fast paths compute exactly ``routing.route_key`` and ``encoding.encode_key`` (struct raises
@@ -114,7 +115,7 @@ def hash_locator(num_dbs: int, key_encoding: str, key_column: str) -> Locate:  #
     return locate
 
 
-def int_key_grouper(num_dbs: int, key_encoding: str, key_column: str) -> GroupKeys:
+def int_key_grouper(num_dbs: int, key_encoding: KeyEncoding, key_column: str) -> GroupKeys:
     """``multi_get``'s routing loop for integer keys, inlined: no call per key (SPEC §4/§5 as above)."""
     n = num_dbs
     xxh3 = hash64
@@ -161,7 +162,7 @@ def group_keys(
     return groups
 
 
-def cel_locator(router: CelRouter, run_id: str, key_encoding: str, key_column: str, expr: str) -> Locate:
+def cel_locator(router: CelRouter, run_id: str, key_encoding: KeyEncoding, key_column: str, expr: str) -> Locate:
     columns = tuple(router.spec.columns)
     key_only = set(columns) == {key_column}
     key_in_columns = key_column in columns

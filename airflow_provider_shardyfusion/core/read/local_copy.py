@@ -23,7 +23,7 @@ from rocksdict import IngestExternalFileOptions, Rdict
 
 from airflow_provider_shardyfusion.core import layout, scratch
 from airflow_provider_shardyfusion.core.errors import ChecksumMismatchError, ReaderError
-from airflow_provider_shardyfusion.core.model.checksum import file_checksum, verify_file
+from airflow_provider_shardyfusion.core.model.checksum import download_verified, file_checksum, verify_file
 from airflow_provider_shardyfusion.core.model.manifest import SHARD_LAYOUT_SST
 from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
 from airflow_provider_shardyfusion.core.read.cache_lock import build_lock, staging_path
@@ -95,12 +95,7 @@ class LocalCopies:
             local = os.path.join(into, *f.name.split("/"))
             local_files.append(local)
             source = f"{db_url}/{f.name} (shard {shard.db_id} of run {snapshot.run_id!r})"
-            self._store.download_file(f"{base_key}/{f.name}", local)
-            try:
-                verify_file(local, f.size, f.checksum, source=source)
-            except ChecksumMismatchError:
-                os.unlink(local)  # never leave a bad file where anything could open it
-                raise
+            download_verified(self._store, f"{base_key}/{f.name}", local, f.size, f.checksum, source=source)
         return local_files
 
     def _shard_copy(self, snapshot: LoadedSnapshot, shard: ShardEntry) -> str:

@@ -3,8 +3,10 @@
 A stream's runs are named ``<stream_id>-b<batch_id:012d>[-r<n>]``: the batch id is the idempotency
 key (as Delta Lake's ``txnAppId`` / ``txnVersion``), ``-r<n>`` the n-th rewrite after an attempt
 that failed or was never published. ``decide_batch`` is pure: given what the root holds about the
-stream's runs and which run ``_CURRENT`` names, it says whether a micro-batch is skipped, an
-already written attempt is published, or the batch is written (again).
+stream's runs and which run ``_CURRENT`` names, it says whether a micro-batch is skipped or written
+(again). An attempt that succeeded but never went live is written again rather than published: the
+job commits only the run it writes itself (publishing a staged run, with its checks against cleanup,
+is the operators' and the CLI's), and what leaves one (a crash or a refusal at the pointer move) is rare.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ __all__ = [
 MAX_STREAM_ID_CHARS = 96
 _STREAM_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
-Action = Literal["skip", "publish", "write"]
+Action = Literal["skip", "write"]
 
 
 def validate_stream_id(stream_id: object) -> str:
@@ -73,7 +75,6 @@ class StreamRun:
     status: str  # running | succeeded | failed (the run record's)
     published: bool  # ``published_at`` is set, or ``_CURRENT`` names it
     deleted: bool = False  # cleanup removed its data
-    base_run_id: str | None = None  # of its manifest (succeeded runs); None: a full snapshot
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,6 @@ class Decision:
     """What to do with one micro-batch.
 
     ``skip``: ``run_id`` is the published run that makes the batch a replay (or supersedes it).
-    ``publish``: ``run_id`` is a succeeded, unpublished attempt of the batch written on the live
-    run; if its publish is refused, write ``fallback_run_id`` instead.
     ``write``: write the batch as ``run_id`` with ``write_mode`` on the live snapshot; the
     ``abandon`` attempts (``running`` records of writers that are gone) are marked failed first.
     """
@@ -91,7 +90,6 @@ class Decision:
     run_id: str
     reason: str
     write_mode: Literal["full", "delta"] | None = None
-    fallback_run_id: str | None = None
     abandon: tuple[str, ...] = ()
     warning: str | None = None
     last_published_batch: int | None = None
@@ -105,7 +103,7 @@ def decide_batch(stream_id: str, batch_id: int, runs: Iterable[StreamRun], *, li
     ``runs``: the stream's runs known to the caller (at least every attempt of this batch, the runs
     of later batches, and the newest published run of an earlier batch); ``live_run_id``: the run
     ``_CURRENT`` names (None: no snapshot yet). Runs of other streams are ignored. A batch to write
-    or publish while ``_CURRENT`` names another run than the stream's last published one raises
+    while ``_CURRENT`` names another run than the stream's last published one raises
     ``StreamOwnershipError``, unless that run is ``accept_live_run``.
     """
     ours = [r for r in runs if parse_batch_run_id(stream_id, r.run_id) is not None]
@@ -130,27 +128,20 @@ def decide_batch(stream_id: str, batch_id: int, runs: Iterable[StreamRun], *, li
         warning = (f"stream {stream_id!r}: batch {batch_id} follows the last published batch {last}; batches "
                    f"{last + 1}..{batch_id - 1} were never published here (a gap)")
     abandon = tuple(r.run_id for r in attempts if r.status == "running")
-    publishable = [r for r in attempts if r.status == "succeeded" and not r.deleted and r.base_run_id == live_run_id]
-    if publishable:
-        run = publishable[-1]
-        return Decision("publish", run.run_id, f"attempt {run.run_id!r} of batch {batch_id} succeeded but was never "
-                        "published; its base is live, so it is published now", fallback_run_id=next_run,
-                        write_mode=mode, abandon=abandon, warning=warning, last_published_batch=last)
-    notes = tuple(f"attempt {r.run_id!r} {_why_rewritten(r, live_run_id)}" for r in attempts)
+    notes = tuple(f"attempt {r.run_id!r} {_why_rewritten(r)}" for r in attempts)
     reason = f"writing batch {batch_id} as run {next_run!r} ({mode})" + (f": {'; '.join(notes)}" if notes else "")
     return Decision("write", next_run, reason, write_mode=mode, abandon=abandon, warning=warning,
                     last_published_batch=last, notes=notes)
 
 
-def _why_rewritten(run: StreamRun, live_run_id: str | None) -> str:
+def _why_rewritten(run: StreamRun) -> str:
     if run.status == "failed":
         return "failed"
     if run.status == "running":
         return "is a dead running record (its writer is gone): marked failed"
     if run.deleted:
         return "succeeded but was never published and its data was deleted"
-    return (f"succeeded on base {run.base_run_id!r} but was never published, and _CURRENT now names "
-            f"{live_run_id!r}")
+    return "succeeded but was never published (its writer stopped before _CURRENT moved); left staged"
 
 
 def check_live_run(stream_id: str, batch_id: int, newest: StreamRun, live_run_id: str | None,

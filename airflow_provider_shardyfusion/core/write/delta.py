@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core.errors import InputDataError, show_value
 from airflow_provider_shardyfusion.core.model import checksum, encoding
-from airflow_provider_shardyfusion.core.model.manifest import ShardFile
+from airflow_provider_shardyfusion.core.model.manifest import LayerCounts, ShardFile
 from airflow_provider_shardyfusion.core.write.key_index import finish_key_index, key_index_writer, shard_file, sst_writer
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding
     from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardEntry, ShardLayer
 
 __all__ = [
@@ -80,26 +81,6 @@ class Change:
 
 
 @dataclass(frozen=True)
-class LayerCounts:
-    """What a layer did to the rows before it (deleted_absent: tombstones of keys not there)."""
-
-    puts: int = 0
-    deletes: int = 0
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    deleted_absent: int = 0
-
-    @property
-    def row_delta(self) -> int:
-        return self.inserted - self.deleted
-
-    def to_dict(self) -> dict[str, int]:
-        return {"puts": self.puts, "deletes": self.deletes, "inserted": self.inserted, "updated": self.updated,
-                "deleted": self.deleted, "deleted_absent": self.deleted_absent}
-
-
-@dataclass(frozen=True)
 class BuiltLayer:
     """A layer written to local disk: its folder and files, the key range it touches, its counts, rows after it."""
 
@@ -116,7 +97,7 @@ class BuiltLayer:
         return sum(f.size for f in self.files)
 
 
-def sorted_changes(keys: Sequence[Any], values: Sequence[bytes | None], *, key_encoding: str, key_column: str,
+def sorted_changes(keys: Sequence[Any], values: Sequence[bytes | None], *, key_encoding: KeyEncoding, key_column: str,
                    allow_duplicate_keys: bool) -> list[Change]:
     """The changes of one shard in encoded-key order; a duplicate key follows SPEC §5."""
     pairs = [(encoding.encode_key(k, key_encoding, column=key_column), v) for k, v in zip(keys, values, strict=True)]
@@ -247,7 +228,7 @@ class LayerResult:
     db_url: str | None
     row_count: int = 0
     files: tuple[ShardFile, ...] = ()
-    counts: LayerCounts = LayerCounts()
+    counts: LayerCounts = field(default_factory=LayerCounts)
     min_key: str | None = None  # hex of the encoded key
     max_key: str | None = None
     key_index: ShardFile | None = None
@@ -309,11 +290,7 @@ def chain_shards(base: Manifest, run_id: str, winners: dict[int, LayerResult], *
             if before is not None:
                 out.append(replace(before, layers=layers))
             continue
-        c = new.counts
-        layer = ShardLayer(run_id=run_id, db_url=new.db_url, kind="delta", files=new.files, key_index=new.key_index,
-                           puts=c.puts,
-                           deletes=c.deletes, inserted=c.inserted, updated=c.updated, deleted=c.deleted,
-                           deleted_absent=c.deleted_absent)
+        layer = ShardLayer.of(run_id, new.db_url, "delta", new.files, new.key_index, new.counts)
         layers = (*layers, layer)
         # The key range bounds what any layer touched (deletions may leave it wider than the data).
         lows = [k for k in (before.min_key if before else None, new.min_key) if k]
@@ -367,16 +344,8 @@ class TaskFiles:
             self._files += 1
             key = f"{self.store.key_of(layer.db_url)}/{f.name}"
             source = f"{layer.db_url}/{f.name} (shard {db_id} of base run {self.base.run_id!r})"
-            if f.size <= FETCH_IN_MEMORY_MAX_BYTES:
-                # One GET, checked in memory, then written once: a download re-read to check it
-                # cost two requests on S3 (a HEAD first) and a second read, for each small key index.
-                data = self.store.get(key).data
-                checksum.verify_bytes(data, f.size, f.checksum, source=source)
-                with open(local, "wb") as fh:
-                    fh.write(data)
-            else:
-                self.store.download_file(key, local)
-                checksum.verify_file(local, f.size, f.checksum, source=source)
+            checksum.download_verified(self.store, key, local, f.size, f.checksum, source=source,
+                                       in_memory_max=FETCH_IN_MEMORY_MAX_BYTES)
             target.ingest_external_file([local], how)
             self.bytes_read += f.size
 

@@ -46,6 +46,7 @@ from airflow_provider_shardyfusion.core.write.key_index import (
 )
 
 if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding
     from airflow_provider_shardyfusion.core.storage.rate_limit import WriteLimiter
 
 __all__ = ["WRITER_SHARD_LAYOUT", "BuiltShard", "ShardBuilder", "shard_file_needed"]
@@ -97,7 +98,7 @@ class ShardBuilder:
     def __init__(
         self,
         workdir: str,
-        key_encoding: str,
+        key_encoding: KeyEncoding,
         *,
         key_column: str = "key",
         sort_run_rows: int = 1_000_000,
