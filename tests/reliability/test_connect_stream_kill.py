@@ -23,7 +23,7 @@ from airflow_provider_shardyfusion.core.stream.batches import batch_run_id
 from tests.fault_env import set_faults
 from tests.operator_helpers import connections, make_context
 from tests.polling import wait_for
-from tests.reliability.test_stream_kill import (
+from tests.reliability.stream_model import (
     ALL_KEYS,
     BATCHES,
     STREAM,
