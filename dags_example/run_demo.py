@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -53,6 +54,26 @@ def run(cmd: list[str], env: dict[str, str], what: str) -> subprocess.CompletedP
     return proc
 
 
+def show_read_back(output_uri: str, manifest_ref: str, rows: int) -> None:
+    """Read one key of the published snapshot here, outside Airflow: the snapshot is plain files
+    plus a pointer."""
+    sys.path.insert(0, str(REPO))
+    from airflow_provider_shardyfusion import ShardedReader
+
+    sys.path.insert(0, str(REPO / "dags_example"))
+    from _shardyfusion_examples import key_of
+
+    # Importing the examples imports Airflow, which sends every INFO record of this process to the
+    # console: the reader's per-shard download lines would land between the demo's blocks. They
+    # belong in a service's log; warnings still show.
+    logging.getLogger("airflow_provider_shardyfusion").setLevel(logging.WARNING)
+    key = key_of(rows // 3) if rows else 0
+    with ShardedReader(output_uri) as reader:
+        value = reader.get(key)
+        print(f"\nShardedReader({output_uri!r}).get({key}) -> {value!r}")
+        print(f"snapshot run {reader.run_id}: {reader.manifest.num_dbs} shards, manifest {manifest_ref}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -79,18 +100,7 @@ def main() -> int:
     print("\nLook-ups done by the DAG's read_back task:")
     print(json.dumps(result["xcoms"].get("read_back"), indent=2))
 
-    # Read it again here, outside Airflow: the snapshot is plain files plus a pointer.
-    sys.path.insert(0, str(REPO))
-    from airflow_provider_shardyfusion import ShardedReader
-
-    sys.path.insert(0, str(REPO / "dags_example"))
-    from _shardyfusion_examples import key_of
-
-    key = key_of(args.rows // 3) if args.rows else 0
-    with ShardedReader(summary["output_uri"]) as reader:
-        value = reader.get(key)
-        print(f"\nShardedReader({summary['output_uri']!r}).get({key}) -> {value!r}")
-        print(f"snapshot run {reader.run_id}: {reader.manifest.num_dbs} shards, manifest {summary['manifest_ref']}")
+    show_read_back(summary["output_uri"], summary["manifest_ref"], args.rows)
     print(f"\nAirflow home: {env['AIRFLOW_HOME']}   full log: {DEMO / 'last_run.log'}")
     return 0
 

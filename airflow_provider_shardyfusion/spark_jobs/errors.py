@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = [
-    "WORKER_CRASHED", "connect_server_gone", "describe_rpc_error", "error_line", "one_line", "raise_translated",
-    "translate",
+    "WORKER_CRASHED", "connect_server_gone", "connect_server_lost", "describe_rpc_error", "error_line", "one_line",
+    "raise_translated", "translate",
 ]
 
 _ERROR_LINE = re.compile(r"airflow_provider_shardyfusion\.core\.errors\.(\w+): ([^\n]*)")
@@ -67,6 +67,34 @@ def connect_server_gone(exc: BaseException) -> str | None:
     return None
 
 
+# What a Connect server answers for a query in flight while it is being stopped (SIGTERM: its shutdown
+# hook stops the SparkContext): "(java.lang.IllegalStateException) Cannot call methods on a stopped
+# SparkContext." followed by three JVM traces, or the scheduler's "Job 3 cancelled because
+# SparkContext was shut down" / "SparkContext has been shutdown".
+_CONTEXT_STOPPED = re.compile(r"stopped SparkContext|SparkContext was shut down|SparkContext has been shutdown")
+
+
+def connect_server_lost(exc: BaseException) -> str | None:
+    """How the Connect server was lost under ``exc`` (or an error it was raised from), to follow "the
+    Spark Connect server": it stopped answering (the gRPC status), or it was stopped (the first line
+    of its answer, without the JVM traces); ``None`` when ``exc`` says neither."""
+    gone = connect_server_gone(exc)
+    if gone is not None:
+        return f"stopped answering and did not come back within the client's retries ({gone})"
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        # Only a Connect client's error: a classic job's stopped context is its own JVM going away.
+        if type(current).__module__.startswith("pyspark.errors.exceptions.connect"):
+            text = str(current)
+            if _CONTEXT_STOPPED.search(text):
+                first = next((line.strip() for line in text.splitlines() if line.strip()), text)
+                return f"was stopped while the job ran (server lost mid-write: {first})"
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | None = None) -> BaseException:
     """The provider error behind a Spark failure, or ``exc`` unchanged.
 
@@ -81,11 +109,10 @@ def translate(exc: BaseException, *, shards_of_task: Callable[[int], range] | No
         return error_type_by_name(match.group(1))(_SQLSTATE_SUFFIX.sub("", match.group(2)))
     if WORKER_CRASHED in text:
         return _worker_died(text, shards_of_task)
-    gone = connect_server_gone(exc)
-    if gone is not None:
+    lost = connect_server_lost(exc)
+    if lost is not None:
         return SparkConnectError(
-            f"the Spark Connect server stopped answering and did not come back within the client's retries "
-            f"({gone}); nothing was published. Run the write again once the server is back"
+            f"the Spark Connect server {lost}; nothing was published. Run the write again once the server is back"
         )
     if _jvm_gone(exc):
         return SparkSubmitError(

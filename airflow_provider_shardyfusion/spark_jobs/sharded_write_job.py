@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     job_logging.configure()
 
-    from ..core.errors import ShardyfusionError
+    from ..core.errors import ShardyfusionError, SparkConnectError
     from ..core.model.config import WriteConfig
     from ..core.write.job_contract import done_line, failed_line
 
@@ -67,16 +67,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if remote:
         connect_session.stop_on_terminate(spark)
+    server_lost = False
     try:
         record = run_write(spark, config, faults=faults.from_environment())
         print(done_line("published" if record.get("published_at") else "staged", config.run_id,
                         record.get("manifest_ref")), file=sys.stderr)
         return 0
     except Exception as exc:
+        # Inside the job a SparkConnectError means the server was lost: its session went with it, and
+        # stopping it would only retry against a server that is gone (logged retries after the verdict).
+        server_lost = isinstance(exc, SparkConnectError)
         print(failed_line(type(exc).__name__, one_line(str(exc))), file=sys.stderr)
         return 1
     finally:
-        if remote:
+        if remote and not server_lost:
             connect_session.stop(spark)
         else:
             spark.stop()

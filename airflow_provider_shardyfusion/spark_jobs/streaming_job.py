@@ -298,14 +298,13 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
-    """The verdict of a failed query: a lost Connect server as one line with its gRPC cause (its raw
-    error is a multi-line repr of a gRPC call object)."""
-    from .errors import connect_server_gone
+    """The verdict of a failed query: a lost Connect server as one line with its cause (its raw error
+    is a multi-line repr of a gRPC call object, or a stopped server's three JVM traces)."""
+    from .errors import connect_server_lost
 
-    gone = connect_server_gone(exc)
-    if gone is not None:
-        return ("SparkConnectError", f"the Spark Connect server stopped answering and did not come back within the "
-                f"client's retries ({gone})")
+    lost = connect_server_lost(exc)
+    if lost is not None:
+        return "SparkConnectError", f"the Spark Connect server {lost}"
     return type(exc).__name__, str(exc)
 
 

@@ -138,3 +138,47 @@ def test_a_server_killed_mid_write_fails_the_run_within_a_minute(monkeypatch, tm
     assert "stopped answering" in record.error.message and "nothing was published" in record.error.message
     assert SnapshotRoot(open_store(root)).current() is None
     figure(servers_killed=1, seconds_to_failed_run=f"{seconds:.1f}", record=record.status, pointer_moves=0)
+
+
+def test_a_server_stopped_gracefully_mid_write_fails_the_run_as_server_lost(monkeypatch, tmp_path, capfd, figure):
+    """A Connect server stopped with SIGTERM (its shutdown hook stops the SparkContext under the query
+    in flight, which answers with three JVM traces): one SparkConnectError saying the server was lost
+    mid-write, with the server's first line only. A server of its own (about 15 s to start)."""
+    table, _ = int_table(2_000)
+    marker = tmp_path / "held.pid"
+    set_faults(monkeypatch, {"hold_shard_write": {
+        "db_id": 1, "attempt": 0, "marker": str(marker), "release": str(tmp_path / "never"), "seconds": 600}})
+    root = f"file://{tmp_path}/stopped"
+    with connect_server_process(tmp_path) as (port, server):
+        connections(monkeypatch, spark={"conn_type": "spark_connect", "host": "127.0.0.1", "port": port})
+        op = make_op(root, aws_conn_id=None, input_path="file://" + write_parquet(tmp_path, table), num_dbs=4,
+                     run_id="run-stopped")
+        task, outcome = execute_in_thread(op)
+        wait_for(marker.exists, 180, "a shard write to be held on the Connect server")
+        capfd.readouterr()  # the task's log from here on: what the stop made it say
+        server.send_signal(signal.SIGTERM)  # the JVM itself (spark-submit execs it): a graceful stop
+        stopped = time.monotonic()
+        task.join(timeout=120)
+        seconds = time.monotonic() - stopped
+        if task.is_alive():
+            op.on_kill()
+    assert not task.is_alive() and "error" in outcome, outcome
+    error = outcome["error"]
+    assert error.error_type == SparkConnectError.__name__, repr(error)
+    record = read_run_record(open_store(root), "run-stopped")
+    assert record.status == "failed" and record.error.type == SparkConnectError.__name__, record.to_dict()
+    message = record.error.message
+    assert message.startswith("the Spark Connect server was stopped while the job ran (server lost mid-write: "), message
+    assert "stopped SparkContext" in message and "nothing was published" in message, message
+    assert "\n" not in message and "JVM stacktrace" not in message and "org.apache.spark" not in message, message
+    assert str(error).count("server lost mid-write") == 1, str(error)
+    log = capfd.readouterr()
+    said = log.out + log.err
+    # Before: the run record's log line, the job's verdict and the traceback tail each carried the JVM traces.
+    assert "org.apache.spark" not in said and "JVM stacktrace" not in said, said[-5000:]
+    verdict = said.index("shardyfusion job failed: SparkConnectError: the Spark Connect server was stopped")
+    # The client may retry while the server goes down; once the verdict is out, nothing retries a stopped server.
+    assert "Spark Connect server did not answer" not in said[verdict:], said[verdict:]
+    assert SnapshotRoot(open_store(root)).current() is None
+    assert seconds < 60
+    figure(servers_stopped=1, seconds_to_failed_run=f"{seconds:.1f}", record=record.status, pointer_moves=0)
