@@ -401,7 +401,7 @@ def _print(result: Any, command: str | None, as_json: bool) -> bool:
             json.dump(result, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(human_text(result, command) + "\n")
+            sys.stdout.write(_human_text(result, command) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # stop quietly, and keep the interpreter's final flush quiet too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -434,7 +434,7 @@ _VERBATIM = frozenset({"key", "db_id"})
 _LINE_CHARS = 100
 
 
-def human_text(result: Any, command: str | None) -> str:
+def _human_text(result: Any, command: str | None) -> str:
     """A command's result as a person reads it on a terminal: ``field: value`` lines for the scalar
     fields, then each list of records as a table (as ``kubectl get``: upper-case headings, no borders)."""
     if isinstance(result, list):
