@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from ..core.errors import ShardWriteError
+from ..core.model import serialization as ser
 from ..core.model.encoding import KeyEncoding
 from ..core.write.winner import ShardResult
 from .faults import NO_FAULTS, Faults
@@ -84,11 +86,15 @@ class TaskResult:
     sample: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.shard.to_dict(), "sample": list(self.sample)}
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskResult:
-        return cls(ShardResult.from_dict(data["result"]), tuple(data.get("sample") or ()))
+        return _TASK_RESULT_CODEC.from_dict(data)
+
+
+# Executor to driver, same bundle on both sides; a malformed result names its field.
+_TASK_RESULT_CODEC = ser.Codec(TaskResult, "shard task result", ShardWriteError)
 
 
 def task_of_shard(db_id: int, num_dbs: int, num_tasks: int) -> int:
