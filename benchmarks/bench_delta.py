@@ -480,11 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         "value_format": args.value_format,
         "master": "local[2]", "warmup": args.warmup == "true",
         "full_write_s": round(full_s, 2),
-        "full_write_driver_phases_s": full_record["stats"]["durations_s"],
+        "full_write_driver_phases_s": full_record.stats["durations_s"],
         "base_bytes": base.byte_size, "base_manifest_bytes": base_manifest_bytes,
         "delta": {
             "keys": n_delta, "pct": args.delta_pct, **{k: delta.stats.get(k) for k in counts},
-            "write_s": round(delta_s, 2), "driver_phases_s": delta_record["stats"]["durations_s"],
+            "write_s": round(delta_s, 2), "driver_phases_s": delta_record.stats["durations_s"],
             "shards_written": delta.stats.get("shards_written"), "layer_bytes": delta_layer_bytes,
             "manifest_bytes": delta_manifest_bytes,
         },
@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             "layer_bytes": chain.byte_size - base.byte_size,
         },
         "compaction": {
-            "s": round(compact_s, 2), "driver_phases_s": compact_record["stats"]["durations_s"],
+            "s": round(compact_s, 2), "driver_phases_s": compact_record.stats["durations_s"],
             "fresh_open_every_shard_s": round(compact_open_s, 3), "bytes": compacted.byte_size,
         },
         "get": {

@@ -157,10 +157,10 @@ def main() -> None:
             t = time.perf_counter()
             record = run_write(spark, cfg)
             took = time.perf_counter() - t
-        stats = record["stats"]
+        stats = record.stats
         return {"num_dbs": num_dbs, "seconds": round(took, 2), "rows_per_s": round(rows / took),
                 "bytes": stats["bytes"], "shard_sort": stats.get("shard_sort"),
-                "objects_per_shard": _objects_per_shard(root, record["run_id"], stats["shards_written"]),
+                "objects_per_shard": _objects_per_shard(root, record.run_id, stats["shards_written"]),
                 "peak_python_worker_rss_mb": round(rss.peak_kb / 1024, 1),
                 "peak_jvm_rss_mb": round(rss.jvm_peak_kb / 1024, 1)}
 

@@ -104,7 +104,7 @@ def main() -> None:
                                  spark_conf_overrides=dict(c.split("=", 1) for c in args.conf), **values)
         t = time.perf_counter()
         record = run_write(spark, cfg)
-        return time.perf_counter() - t, record["stats"]
+        return time.perf_counter() - t, record.stats
 
     results = {}
     for case in cases:

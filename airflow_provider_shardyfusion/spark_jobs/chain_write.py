@@ -21,23 +21,23 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from ..core import layout, scratch
 from ..core.errors import ConfigError
 from ..core.model import encoding
 from .faults import NO_FAULTS, Faults
-from .shard_task import RESULT_DDL, RESULT_SCHEMA
+from .shard_task import RESULT_DDL
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    import pyarrow as pa
 
     from ..core.model.chain import ResolvedManifest
     from ..core.model.config import WriteConfig
     from ..core.model.manifest import Manifest
     from ..core.model.snapshot import SnapshotRoot
     from ..core.write.compaction import TaskCompaction
-    from ..core.write.delta import BuiltLayer, Change, TaskBase
+    from ..core.write.delta import BuiltLayer, Change, LayerResult, TaskBase
 
 __all__ = [
     "ChainPlan",
@@ -243,7 +243,7 @@ def task_base(plan: ChainPlan) -> Iterator[TaskBase | TaskCompaction]:
 
 
 def write_layer(plan: ChainPlan, changes: list[Change], *, db_id: int, attempt: int, task_attempt_id: int | None,
-                base: TaskBase | TaskCompaction, work: scratch.TaskScratch) -> dict[str, Any]:
+                base: TaskBase | TaskCompaction, work: scratch.TaskScratch) -> LayerResult:
     """One shard's layer: read the base shard, write the change (or the merged shard), upload it.
 
     ``changes``: the shard's, sorted (``_changes_of``); ``base``: the base shards of this task
@@ -253,7 +253,7 @@ def write_layer(plan: ChainPlan, changes: list[Change], *, db_id: int, attempt: 
     from ..core.write.delta import LayerResult, write_compacted_layer, write_delta_layer
 
     if not changes and not plan.compact:
-        return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
+        return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None)
     store = base.store  # the task's: one client for all its shards
     akey = layout.attempt_key(plan.run_id, db_id, attempt, task_attempt_id)
     db_url = store.uri(akey)
@@ -272,7 +272,7 @@ def write_layer(plan: ChainPlan, changes: list[Change], *, db_id: int, attempt: 
             else:
                 built = write_compacted_layer(folder, changes, base_db=base.shard_db(db_id))
             if built is None:  # compacted to nothing: an empty shard
-                return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None).to_dict()
+                return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=None)
             for f in stored_files(built.files, built.key_index):
                 store.upload_file(os.path.join(built.folder, f.name), f"{akey}/{f.name}")
         log.info("shard %d attempt %d: %s layer of %d file(s), %d bytes, %s -> %d rows, written to %s", db_id, attempt,
@@ -281,7 +281,7 @@ def write_layer(plan: ChainPlan, changes: list[Change], *, db_id: int, attempt: 
         return LayerResult(db_id=db_id, attempt=attempt, task_attempt_id=task_attempt_id, db_url=db_url,
                            row_count=built.row_count, files=built.files, key_index=built.key_index, counts=built.counts,
                            min_key=built.min_key.hex() if built.min_key is not None else None,
-                           max_key=built.max_key.hex() if built.max_key is not None else None).to_dict()
+                           max_key=built.max_key.hex() if built.max_key is not None else None)
     except ShardyfusionError as exc:
         raise type(exc)(f"{exc} [shard {db_id}, attempt {attempt}]") from exc
     except Exception as exc:
@@ -313,7 +313,7 @@ def _every_shard(runs: Iterator[tuple[int, list[Change]]], expected: range) -> I
 
 
 def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: int, attempt: int,
-                 task_attempt_id: int | None, faults: Faults) -> Iterator[dict[str, Any]]:
+                 task_attempt_id: int | None, faults: Faults) -> Iterator[LayerResult]:
     """The layers of one task's shards, in id order: a delta's from its rows (sorted by shard id),
     a compaction's for every shard of the task."""
     from .shard_task import in_task_order, shards_of_task
@@ -337,33 +337,28 @@ def _task_layers(plan: ChainPlan, batches: Iterator[pa.RecordBatch], *, task: in
 
 
 def make_layer_fn(plan: ChainPlan, faults: Faults = NO_FAULTS):
-    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
+    """The task function of a delta or compaction."""
+    from .shard_task import make_task_fn
 
-        tc = TaskContext.get()
-        assert tc is not None  # always set inside a Spark task
-        part, attempt = tc.partitionId(), tc.attemptNumber()
-        if plan.several_shards_per_task:
-            outs = [json.dumps(out) for out in _task_layers(plan, batches, task=part, attempt=attempt,
-                                                             task_attempt_id=tc.taskAttemptId(), faults=faults)]
-            yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
-            return
-        faults.before_shard_write(part, attempt)
+    def one_shard(batches: Iterator[pa.RecordBatch], db_id: int, attempt: int, tid: int | None) -> LayerResult:
         changes = _changes_of(plan, batches) if plan.has_input else []
         with task_base(plan) as base, _layer_scratch() as work:
-            out = write_layer(plan, changes, db_id=part, attempt=attempt, task_attempt_id=tc.taskAttemptId(), base=base,
-                              work=work)
+            out = write_layer(plan, changes, db_id=db_id, attempt=attempt, task_attempt_id=tid, base=base, work=work)
         # PySpark reuses a Python worker only once it has read its task's whole input; a compaction
         # never reads its one placeholder row, which made every task start a new worker.
         collections.deque(batches, maxlen=0)
-        faults.after_shard_write(part, attempt, plan.run_id)
-        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out)]}, schema=RESULT_SCHEMA)
+        return out
 
-    return write_partition
+    return make_task_fn(
+        several_shards_per_task=plan.several_shards_per_task, run_id=plan.run_id, faults=faults,
+        task_shards=lambda batches, task, attempt, tid: _task_layers(plan, batches, task=task, attempt=attempt,
+                                                                     task_attempt_id=tid, faults=faults),
+        one_shard=one_shard,
+    )
 
 
 def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int,
-                 faults: Faults = NO_FAULTS) -> list[dict[str, Any]]:
+                 faults: Faults = NO_FAULTS) -> list[LayerResult]:
     """Run the layer tasks (one per shard, or ``plan.num_tasks`` each writing a contiguous range of
     shards, as full writes do: a task per small shard cost more in scheduling than its layer) and
     collect their results."""
@@ -380,4 +375,6 @@ def write_layers(spark, df, routing_plan: Any, plan: ChainPlan, num_dbs: int,
         else:
             partitioned = routed.repartitionById(num_dbs, SHARD_ID_COL).select(*dict.fromkeys(keep))
     rows = partitioned.mapInArrow(make_layer_fn(plan, faults), RESULT_DDL).collect()
-    return [json.loads(r.result) for r in rows]
+    from ..core.write.delta import LayerResult
+
+    return [LayerResult.from_dict(json.loads(r.result)) for r in rows]

@@ -28,7 +28,7 @@ from ..core.model.manifest import (
     Manifest,
     ShardingInfo,
 )
-from ..core.model.run_record import RunRecordLifecycle
+from ..core.model.run_record import RunRecord, RunRecordLifecycle
 from ..core.retry import NO_RETRY, call_with_retry
 from ..core.storage import open_store
 from ..core.write.commit import delete_losing_attempts, publish
@@ -99,8 +99,8 @@ def writer_info(spark, config: WriteConfig) -> WriterIdentity:
 
 
 def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any = None,
-              stream_batch: tuple[str, int] | None = None) -> dict[str, Any]:
-    """Run the whole write; return the succeeded run record as a dict. Raises provider errors.
+              stream_batch: tuple[str, int] | None = None) -> RunRecord:
+    """Run the whole write; return the succeeded run record. Raises provider errors.
 
     ``faults``: test-only (``spark_jobs.faults``), resolved by the job's entry script.
     ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
@@ -146,7 +146,7 @@ def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any
         log.info("run %s: deleted %d objects of non-winning attempts (%d failures)", run_id, deleted, len(failures))
     # What was written (an automatic compaction says compact), as the manifest records it.
     report_write(record.stats, durations, write_mode=manifest.write_mode)
-    return record.to_dict()
+    return record
 
 
 def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durations: dict[str, float],
@@ -265,9 +265,7 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
     routing_plan = RoutingPlan(base.sharding, base.num_dbs, key_kind)
     with _Step(run_id, durations, "route_shuffle_write_layers"):
         results = write_layers(spark, df, routing_plan, plan, base.num_dbs, faults)
-    from ..core.write.delta import LayerResult
-
-    winners = select_layer_winners((LayerResult.from_dict(r) for r in results), base.num_dbs)
+    winners = select_layer_winners(results, base.num_dbs)
     shards = chain_shards(base, run_id, winners, compact=compact)
     stats = dict(chain_stats(base, shards, winners), durations_s=dict(durations), write_mode=mode,
                  attempts_seen=len(results))

@@ -190,12 +190,12 @@ class BatchWriter:
             df = batch_df.where(f"NOT coalesce(`{delete_column}`, false)").drop(delete_column)
         record = run_write(spark, config, faults=self.faults, df=df,
                            stream_batch=(self.stream_id, batch_id))
-        if record.get("published_at") is None:
+        if record.published_at is None:
             raise PublishManifestError(
                 f"stream {self.stream_id!r} batch {batch_id}: run {run_id!r} was written but is not live "
                 "(another writer moved _CURRENT?); the batch is not committed and will be retried"
             )
-        rows = RunStats.from_dict(record.get("stats")).rows
+        rows = RunStats.from_dict(record.stats).rows
         self.outcomes.append(BatchOutcome(batch_id, "written", run_id, f"written ({mode})", rows=rows))
         log.info("stream %s batch %d: run %s (%s) is live, %s rows", self.stream_id, batch_id, run_id, mode, rows)
 

@@ -18,21 +18,23 @@ import secrets
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from ..core.errors import ShardWriteError
+from ..core.model import serialization as ser
 from ..core.model.encoding import KeyEncoding
 from ..core.write.winner import ShardResult
 from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
 __all__ = [
-    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "id_runs", "in_task_order", "make_write_fn", "sample_value",
-    "shard_runs", "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
+    "RESULT_DDL", "RESULT_SCHEMA", "TaskResult", "WritePlan", "id_runs", "in_task_order", "make_task_fn", "make_write_fn",
+    "sample_value", "shard_runs", "shards_of_task", "task_of_shard", "unsample_value", "write_one_shard", "write_task_shards",
 ]
 
 RESULT_SCHEMA = pa.schema([("result", pa.string())])
@@ -84,11 +86,15 @@ class TaskResult:
     sample: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"result": self.shard.to_dict(), "sample": list(self.sample)}
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskResult:
-        return cls(ShardResult.from_dict(data["result"]), tuple(data.get("sample") or ()))
+        return _TASK_RESULT_CODEC.from_dict(data)
+
+
+# Executor to driver, same bundle on both sides; a malformed result names its field.
+_TASK_RESULT_CODEC = ser.Codec(TaskResult, "shard task result", ShardWriteError)
 
 
 def task_of_shard(db_id: int, num_dbs: int, num_tasks: int) -> int:
@@ -252,21 +258,43 @@ def write_task_shards(plan: WritePlan, batches: Iterator[pa.RecordBatch], *, tas
         yield out
 
 
-def make_write_fn(plan: WritePlan, faults: Faults = NO_FAULTS):
+class _Result(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def make_task_fn(*, several_shards_per_task: bool, run_id: str, faults: Faults,
+                 task_shards: Callable[[Iterator[pa.RecordBatch], int, int, int | None], Iterable[_Result]],
+                 one_shard: Callable[[Iterator[pa.RecordBatch], int, int, int | None], _Result]):
+    """The function the tasks of a full or chain write run (``mapInArrow``), one JSON row of
+    ``RESULT_SCHEMA`` per shard written.
+
+    A task writes the contiguous shards of its partition, ``task_shards(batches, task, attempt,
+    task_attempt_id)``, or the one shard its partition index names, ``one_shard(batches, db_id,
+    attempt, task_attempt_id)``, between the fault points a shard's write has.
+    """
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
         assert tc is not None  # always set inside a Spark task
         part, attempt, tid = tc.partitionId(), tc.attemptNumber(), tc.taskAttemptId()
-        if plan.several_shards_per_task:
-            outs = [json.dumps(out.to_dict()) for out in write_task_shards(plan, batches, task=part, attempt=attempt,
-                                                                  task_attempt_id=tid, faults=faults)]
-            yield pa.RecordBatch.from_pydict({"result": outs}, schema=RESULT_SCHEMA)
-            return
-        faults.before_shard_write(part, attempt)
-        out = write_one_shard(plan, batches, db_id=part, attempt=attempt, task_attempt_id=tid)
-        faults.after_shard_write(part, attempt, plan.run_id)
-        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out.to_dict())]}, schema=RESULT_SCHEMA)
+        if several_shards_per_task:
+            outs = list(task_shards(batches, part, attempt, tid))
+        else:
+            faults.before_shard_write(part, attempt)
+            outs = [one_shard(batches, part, attempt, tid)]
+            faults.after_shard_write(part, attempt, run_id)
+        yield pa.RecordBatch.from_pydict({"result": [json.dumps(out.to_dict()) for out in outs]}, schema=RESULT_SCHEMA)
 
     return write_partition
+
+
+def make_write_fn(plan: WritePlan, faults: Faults = NO_FAULTS):
+    """The task function of a full write."""
+    return make_task_fn(
+        several_shards_per_task=plan.several_shards_per_task, run_id=plan.run_id, faults=faults,
+        task_shards=lambda batches, task, attempt, tid: write_task_shards(plan, batches, task=task, attempt=attempt,
+                                                                          task_attempt_id=tid, faults=faults),
+        one_shard=lambda batches, db_id, attempt, tid: write_one_shard(plan, batches, db_id=db_id, attempt=attempt,
+                                                                       task_attempt_id=tid),
+    )

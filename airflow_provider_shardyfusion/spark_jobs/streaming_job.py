@@ -28,8 +28,6 @@ Exit codes: 0 the query ended (available_now: everything new was written; or it 
 
 from __future__ import annotations
 
-import argparse
-import base64
 import json
 import logging
 import os
@@ -39,7 +37,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..core.write.job_contract import STREAMING_JOB, failed_line, stream_result_line
+from ..core.write.job_contract import STREAMING_JOB, stream_result_line
 
 if TYPE_CHECKING:
     from .faults import Faults
@@ -227,53 +225,47 @@ def start_query(spark, stream, fn):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streaming_job")
-    parser.add_argument("--config-b64", required=True, help="urlsafe base64 of the streaming job JSON")
-    args = parser.parse_args(argv)
-    from . import job_logging
+    from .job_entry import run_entry
 
-    job_logging.configure()
+    return run_entry(argv, prog="streaming_job", job=STREAMING_JOB, config_help="urlsafe base64 of the streaming job JSON",
+                     body=_stream)
 
-    from ..core.errors import ShardyfusionError
+
+def _stream(job_json: str) -> None:
     from ..core.stream.job import decode_job_config
+    from .faults import from_environment
+    from .foreach_batch import check_stream_options
+    from .job_entry import rejecting
 
-    try:
-        job_json = base64.urlsafe_b64decode(args.config_b64.encode()).decode()
+    with rejecting():
         config, stream = decode_job_config(job_json)
-        from .faults import from_environment
-        from .foreach_batch import check_stream_options
-
         check_stream_options(stream.source_options)
         faults = from_environment()
         writer = stream_writer(config, stream, faults)
-    except (ShardyfusionError, ValueError) as exc:
-        print(failed_line(type(exc).__name__, str(exc), job=STREAMING_JOB), file=sys.stderr)
-        return 2
-    return run(config, stream, writer, job_json, faults)
+    run(config, stream, writer, job_json, faults)
 
 
-def run(config, stream, writer, job_json: str, faults: Faults) -> int:
+def run(config, stream, writer, job_json: str, faults: Faults) -> None:
+    """Run the query until it ends; ``job_entry.Failed`` if it failed, after its report is written."""
     from ..core.model.snapshot import SnapshotRoot
     from ..core.stream.job import report_key, stop_key
     from . import connect_session
+    from .job_entry import Failed, Rejected, open_session
     from .orphan_guard import exit_when_orphaned
-    from .sharded_write_job import _classic_session
 
     remote = connect_session.requested()
     store = SnapshotRoot.open(config.output_uri, config.storage_options).store
     reporter = Reporter(writer, store, report_key(stream.stream_id, stream.report_id), stream.stream_id)
     stopper = Stopper(reporter, store, stop_key(stream.stream_id, stream.report_id), remote=remote)
     exit_when_orphaned()
-    try:
-        batch_fn: Reporter | RemoteBatches = reporter
-        if remote:
-            spark, batch_fn = connect_session.open_session(), remote_batches(job_json, faults)
-        else:
-            spark = _classic_session(f"stream-{stream.stream_id}")
-    except Exception as exc:
-        print(failed_line(type(exc).__name__, f"could not open the Spark session: {exc}", job=STREAMING_JOB),
-              file=sys.stderr)
-        return 2
+    spark, remote = open_session(f"stream-{stream.stream_id}")
+    batch_fn: Reporter | RemoteBatches = reporter
+    if remote:
+        try:
+            batch_fn = remote_batches(job_json, faults)
+        except Exception as exc:  # the bundle the server needs is not readable: the query never starts
+            spark.stop()
+            raise Rejected(type(exc).__name__, f"could not read the job's bundle: {exc}") from exc
     failure: tuple[str, str] | None = None
     try:
         stopper.watch()
@@ -292,9 +284,7 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> int:
         print(stream_result_line(result), file=sys.stderr)
         spark.stop()
     if failure is not None:
-        print(failed_line(*failure, job=STREAMING_JOB), file=sys.stderr)
-        return 1
-    return 0
+        raise Failed(*failure)
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
@@ -309,5 +299,7 @@ def _failure(exc: BaseException) -> tuple[str, str]:
 
 
 def run_script() -> None:
-    """Run ``main`` as the application and exit with its code."""
-    sys.exit(main())
+    """Run ``main`` as the application and end the process with its exit code."""
+    from .job_entry import run_script as run_entry_script
+
+    run_entry_script(main)

@@ -140,7 +140,7 @@ def test_a_chain_of_deltas_reads_back_exactly_fresh_and_refreshing(spark, tmp_pa
         base_ref, base_run = SnapshotRoot(open_store(root, options)).current().manifest_ref, chain.manifest().run_id
         record = chain.write("delta", upserts, deletes)
         manifest = chain.manifest()
-        assert manifest.run_id == record["run_id"] and manifest.format_version == 3
+        assert manifest.run_id == record.run_id and manifest.format_version == 3
         # Stored: only the shards this run changed, each with only this run's layer, and the base by reference.
         stored = chain.stored()
         assert stored["base_manifest_ref"] == base_ref and stored["base_run_id"] == base_run

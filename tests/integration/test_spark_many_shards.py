@@ -100,6 +100,6 @@ def test_empty_shards_inside_a_task_range_are_left_out(spark, tmp_path):
     record = run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table),
                  value_column="payload", num_dbs=50)
     manifest, shards = read_snapshot(root)
-    assert record["stats"]["empty_shards"] == 50 - len(manifest.shards) > 0
+    assert record.stats["empty_shards"] == 50 - len(manifest.shards) > 0
     assert_exact(manifest, shards, expected, "u64be")
     assert_reader_agrees(root, expected, absent=[30, 31])

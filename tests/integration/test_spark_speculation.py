@@ -82,7 +82,7 @@ def test_speculative_copy_wins_and_the_slow_original_leaves_nothing(speculative_
     assert {s.db_id: s.attempt for s in manifest.shards} == {0: 0, 1: 1, 2: 0, 3: 0}
     winner = manifest.shard(SLOW_DB)
     assert "/db=00001/attempt=01-task=" in winner.db_url, winner.db_url
-    assert record["stats"]["shards_written"] == NUM_DBS and record["stats"]["rows"] == len(expected)
+    assert record.stats["shards_written"] == NUM_DBS and record.stats["rows"] == len(expected)
     assert_exact(manifest, shards, expected, "u64be")
 
     store = open_store(root)

@@ -68,7 +68,7 @@ def test_hash_int_keys_round_trip_both_stores(spark, tmp_path, any_root):
                  sort_run_rows=1_000, batch_size=300)
     manifest, shards = read_snapshot(root, opts)
     assert manifest.num_dbs == 8 and manifest.key_encoding == "u64be" and len(manifest.shards) == 8
-    assert record["stats"]["rows"] == 20_000 and record["stats"]["empty_shards"] == 0
+    assert record.stats["rows"] == 20_000 and record.stats["empty_shards"] == 0
     # ~2,500 rows per shard exceed one sort run (1,000): Spark sorts, the writer checks the order
     # and ingests three non-overlapping runs per shard.
     assert manifest.stats["shard_sort"] == "spark"
@@ -110,7 +110,7 @@ def test_max_keys_per_shard_and_more_shards_than_keys(spark, tmp_path):
     record = run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, table),
                  value_column="payload", max_keys_per_shard=300)
     manifest, shards = read_snapshot(root)
-    assert manifest.num_dbs == 4 and record["num_dbs"] == 4
+    assert manifest.num_dbs == 4 and record.num_dbs == 4
     assert_exact(manifest, shards, expected, "u64be")
 
     few = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "payload": ["a", "b", "c"]})
@@ -119,8 +119,8 @@ def test_max_keys_per_shard_and_more_shards_than_keys(spark, tmp_path):
                  value_column="payload", num_dbs=16)
     manifest, shards = read_snapshot(root2)
     # More shards than cores and than keys: one task per shard, the empty ones left out (sparse).
-    assert record["stats"]["attempts_seen"] == 16
-    assert len(manifest.shards) == 3 and record["stats"]["empty_shards"] == 13
+    assert record.stats["attempts_seen"] == 16
+    assert len(manifest.shards) == 3 and record.stats["empty_shards"] == 13
     assert_exact(manifest, shards, {1: b"a", 2: b"b", 3: b"c"}, "u64be")
 
 
@@ -130,8 +130,8 @@ def test_empty_input_publishes_an_empty_snapshot(spark, tmp_path):
     record = run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, empty),
                  value_column="payload", num_dbs=4)
     manifest, shards = read_snapshot(root)
-    assert manifest.shards == () and shards == {} and record["stats"]["rows"] == 0
-    assert record["stats"]["empty_shards"] == 4
+    assert manifest.shards == () and shards == {} and record.stats["rows"] == 0
+    assert record.stats["empty_shards"] == 4
     assert not list(open_store(root).list("shards/"))  # empty shards do no storage I/O
 
 
@@ -183,7 +183,7 @@ def test_single_db_sorted_and_retried_into_attempt_01(spark, tmp_path):
     assert manifest.shards[0].db_url.endswith("/db=00000/attempt=01")
     assert_exact(manifest, shards, expected, "u64be")
     assert_reader_agrees(root, expected, absent=[5_000])
-    assert record["stats"]["rows"] == 5_000
+    assert record.stats["rows"] == 5_000
 
 
 @pytest.mark.parametrize("shuffle_partitions", ["4", "13"])
@@ -348,7 +348,7 @@ def test_csv_with_options_writer_sort_runs_rate_limit_and_conf_overrides(spark, 
     assert_exact(manifest, shards, {k: f"row {k}".encode() for k in keys}, "u64be")
     assert manifest.stats["shard_sort"] == "writer"
     assert seen_overrides == ["7"] and spark.conf.get("spark.sql.shuffle.partitions") == before
-    assert "rate_limit_wait_s" in record["stats"]["task_time_totals_s"]
+    assert "rate_limit_wait_s" in record.stats["task_time_totals_s"]
 
 
 def test_cache_input_falls_back_silently_when_persist_fails(spark, tmp_path, monkeypatch, caplog):

@@ -127,7 +127,7 @@ def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     config = replace(config, options=replace(config.options, publish=False))
     staged = run_write(spark, config, df=batch_df(spark, path),
                        stream_batch=(STREAM, 2))
-    assert staged["status"] == "succeeded" and staged["published_at"] is None
+    assert staged.status == "succeeded" and staged.published_at is None
     assert stream.snapshots().current().run_id == batch_run_id(STREAM, 1, 1)
 
     # The query writes batch 2 again: the job never publishes a run it did not write; the staged one stays.

@@ -124,7 +124,7 @@ def test_a_stream_does_not_build_on_a_rollback_or_a_foreign_snapshot(spark, tmp_
 
     record = run_write(spark, build_write_config(output_uri=stream.root, input_path=str(path), key_column="id",
                                                  value_column="payload", num_dbs=NUM_DBS))
-    foreign_run = record["run_id"]
+    foreign_run = record.run_id
     assert snapshots.current().run_id == foreign_run
     stream.deleted |= set(stream.model) - set(foreign)
     stream.model.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 import pytest
 import rocksdict
@@ -17,6 +18,9 @@ from airflow_provider_shardyfusion.spark_jobs.chain_write import ChainPlan, _tas
 from airflow_provider_shardyfusion.spark_jobs.faults import NO_FAULTS
 from tests.reader_probes import record_databases
 from tests.snapshot_factory import build_delta, build_snapshot
+
+if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.write.delta import LayerResult
 
 NUM_DBS, NUM_TASKS = 24, 3
 
@@ -48,15 +52,15 @@ def chain(file_root):
     return ref, model
 
 
-def read_layer(store, result: dict, work: str) -> list[tuple[bytes, bytes]]:
+def read_layer(store, result: LayerResult, work: str) -> list[tuple[bytes, bytes]]:
     """A compacted layer as uploaded, read back through a database of its own."""
     from airflow_provider_shardyfusion.core.model.rocksdb_options import rocksdb_options
 
-    db = rocksdict.Rdict(os.path.join(work, f"check-{result['db_id']}"), rocksdb_options())
+    db = rocksdict.Rdict(os.path.join(work, f"check-{result.db_id}"), rocksdb_options())
     try:
-        for f in result["files"]:
-            local = os.path.join(work, f"check-{result['db_id']}-{f['name']}")
-            store.download_file(f"{store.key_of(result['db_url'])}/{f['name']}", local)
+        for f in result.files:
+            local = os.path.join(work, f"check-{result.db_id}-{f.name}")
+            store.download_file(f"{store.key_of(result.db_url)}/{f.name}", local)
             db.ingest_external_file([local])
         return list(db.items())
     finally:
@@ -92,15 +96,15 @@ def test_a_task_compacts_its_shards_in_one_database_exactly(file_root, tmp_path,
     # 8 shards a task; a database per shard made 1000s of small shards cost twice their full write.
     assert per_task == [1] * NUM_TASKS
 
-    assert sorted(r["db_id"] for r in results) == list(range(NUM_DBS))  # every shard of every task
+    assert sorted(r.db_id for r in results) == list(range(NUM_DBS))  # every shard of every task
     store = open_store(file_root)
-    written = {r["db_id"]: r for r in results if r["db_url"] is not None}
+    written = {r.db_id: r for r in results if r.db_url is not None}
     assert set(written) == set(expected)
     for db_id, result in written.items():
         assert read_layer(store, result, str(tmp_path)) == expected[db_id], f"shard {db_id}"
-        assert result["row_count"] == len(expected[db_id])
-        assert (result["min_key"], result["max_key"]) == (expected[db_id][0][0].hex(), expected[db_id][-1][0].hex())
-    assert sum(r["row_count"] for r in results) == len(model)
+        assert result.row_count == len(expected[db_id])
+        assert (result.min_key, result.max_key) == (expected[db_id][0][0].hex(), expected[db_id][-1][0].hex())
+    assert sum(r.row_count for r in results) == len(model)
 
 
 def test_an_altered_base_file_stops_the_compaction_naming_it(file_root, chain):

@@ -86,26 +86,26 @@ def test_a_task_writes_each_shards_change_exactly_with_fixed_costs_per_task(file
     assert per_task == [(2, 2, ["get"], 8, True)] * NUM_TASKS
 
     store = open_store(file_root)
-    assert sorted(r["db_id"] for r in results) == list(range(NUM_DBS))
+    assert sorted(r.db_id for r in results) == list(range(NUM_DBS))
     for result in results:
-        db_id = result["db_id"]
+        db_id = result.db_id
         mine = {k: v for d, k, v in rows if d == db_id}
         before = {k: v for k, v in base.items() if route_key(k, NUM_DBS) == db_id}
         after = {k: v for k, v in (before | mine).items() if v is not None}
-        counts = result["counts"]
-        assert counts["inserted"] == sum(1 for k, v in mine.items() if v is not None and k not in before)
-        assert counts["updated"] == sum(1 for k, v in mine.items() if v is not None and k in before)
-        assert counts["deleted"] == sum(1 for k, v in mine.items() if v is None and k in before)
-        assert counts["deleted_absent"] == sum(1 for k, v in mine.items() if v is None and k not in before)
-        assert result["row_count"] == len(after)
+        counts = result.counts
+        assert counts.inserted == sum(1 for k, v in mine.items() if v is not None and k not in before)
+        assert counts.updated == sum(1 for k, v in mine.items() if v is not None and k in before)
+        assert counts.deleted == sum(1 for k, v in mine.items() if v is None and k in before)
+        assert counts.deleted_absent == sum(1 for k, v in mine.items() if v is None and k not in before)
+        assert result.row_count == len(after)
         # The base shard's rows with the uploaded layer ingested on top read as the shard after the change.
         db = rocksdict.Rdict(str(tmp_path / f"check-{db_id}"), rocksdb_options())
         try:
             for k, v in before.items():
                 db[encode_key(k, "u64be")] = encode_binary_value(v)
-            for f in result["files"]:
-                local = str(tmp_path / f"check-{db_id}-{f['name']}")
-                store.download_file(f"{store.key_of(result['db_url'])}/{f['name']}", local)
+            for f in result.files:
+                local = str(tmp_path / f"check-{db_id}-{f.name}")
+                store.download_file(f"{store.key_of(result.db_url)}/{f.name}", local)
                 db.ingest_external_file([local])
             assert list(db.items()) == sorted((encode_key(k, "u64be"), encode_binary_value(v)) for k, v in after.items())
         finally:

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from airflow_provider_shardyfusion.core.errors import StorageError
+from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.core.stream.job import read_report, report_key, wait_for_stop
+from airflow_provider_shardyfusion.core.stream.job import StreamSettings, read_report, report_key, wait_for_stop
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
 
@@ -87,3 +87,24 @@ def test_wait_for_stop_gives_up_at_the_timeout():
     assert not wait_for_stop(lambda: {"finished": False}, lambda: True, timeout=2.5, poll=1.0, clock=clock,
                              sleep=clock.sleep)
     assert clock.slept == [1.0, 1.0, 0.5] and clock.now == 2.5
+
+
+def test_stream_settings_cross_the_job_boundary_unchanged_and_bad_fields_are_named():
+    """The operator's settings reach the job as they were sent; a wrong one names its field."""
+    stream = StreamSettings(stream_id="s1", checkpoint_location="/cp", report_id="r1", source_path="/in",
+                            source_options={"maxFilesPerTrigger": "2"}, trigger="processing_time",
+                            processing_time="1 minute", stream_reset=True, accept_live_run="run-1").validate()
+    sent = json.loads(json.dumps(stream.to_dict()))
+    assert sorted(sent) == ["accept_live_run", "checkpoint_location", "processing_time", "report_id", "source_format",
+                            "source_options", "source_path", "source_schema", "stream_id", "stream_reset", "trigger"]
+    assert StreamSettings.from_dict(sent) == stream
+    oldest = {"stream_id": "s1", "checkpoint_location": "/cp", "report_id": "r1", "source_path": "/in"}
+    assert StreamSettings.from_dict(oldest) == StreamSettings("s1", "/cp", "r1", source_path="/in")
+    with pytest.raises(ConfigError, match=r"stream settings: field 'checkpoint_location' is missing"):
+        StreamSettings.from_dict({k: v for k, v in sent.items() if k != "checkpoint_location"})
+    with pytest.raises(ConfigError, match=r"stream settings: field 'stream_reset' is missing or not bool \(got 'yes'\)"):
+        StreamSettings.from_dict({**sent, "stream_reset": "yes"})
+    with pytest.raises(ConfigError, match=r"source_options"):
+        StreamSettings.from_dict({**sent, "source_options": {"maxFilesPerTrigger": 2}})
+    with pytest.raises(ConfigError, match=r"stream settings must be a JSON object, got list"):
+        StreamSettings.from_dict([])

@@ -138,3 +138,21 @@ def test_shard_result_dict_round_trip():
     assert ShardResult.from_dict(r.to_dict()) == r
     empty = result(2, rows=0)
     assert ShardResult.from_dict(empty.to_dict()) == empty
+
+
+def test_a_malformed_task_result_names_the_field():
+    """A result from an executor of another build, or damaged on the way, is one error naming its field."""
+    from airflow_provider_shardyfusion.core.errors import ShardWriteError
+    from airflow_provider_shardyfusion.core.write.delta import LayerResult
+
+    sent = result(3, 1, 99).to_dict()
+    with pytest.raises(ShardWriteError, match=r"shard task result: field 'row_count' is missing or not int \(got '5'\) "
+                                              r"at \$\.row_count"):
+        ShardResult.from_dict({**sent, "row_count": "5"})
+    with pytest.raises(ShardWriteError, match=r"shard task result: field 'db_id' is missing"):
+        ShardResult.from_dict({k: v for k, v in sent.items() if k != "db_id"})
+    layer = LayerResult(db_id=1, attempt=0, task_attempt_id=7, db_url=None)
+    assert LayerResult.from_dict(layer.to_dict()) == layer
+    with pytest.raises(ShardWriteError, match=r"layer task result: field 'inserted' is missing or not int .* "
+                                              r"at \$\.counts\.inserted"):
+        LayerResult.from_dict({**layer.to_dict(), "counts": {**layer.to_dict()["counts"], "inserted": None}})

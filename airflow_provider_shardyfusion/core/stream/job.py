@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 from airflow_provider_shardyfusion.core.layout import STREAM_OWNER_NAME, STREAMS_DIR, validate_run_id
+from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.config import WriteConfig
 from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry
 from airflow_provider_shardyfusion.core.secrets import refuse_secret_options, refuse_userinfo
@@ -101,25 +102,17 @@ class StreamSettings:
         return self.source_path is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stream_id": self.stream_id, "checkpoint_location": self.checkpoint_location,
-                "report_id": self.report_id, "source_path": self.source_path, "source_format": self.source_format,
-                "source_schema": self.source_schema, "source_options": dict(self.source_options),
-                "trigger": self.trigger, "processing_time": self.processing_time, "stream_reset": self.stream_reset,
-                "accept_live_run": self.accept_live_run}
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> StreamSettings:
-        if not isinstance(d, dict):
-            raise ConfigError(f"stream settings must be a JSON object, got {type(d).__name__}")
-        try:
-            return cls(stream_id=d["stream_id"], checkpoint_location=d["checkpoint_location"],
-                       report_id=d["report_id"], source_path=d.get("source_path"),
-                       source_format=d.get("source_format") or "parquet", source_schema=d.get("source_schema"),
-                       source_options={str(k): str(v) for k, v in (d.get("source_options") or {}).items()},
-                       trigger=d.get("trigger") or "available_now", processing_time=d.get("processing_time"),
-                       stream_reset=d.get("stream_reset", False), accept_live_run=d.get("accept_live_run"))
-        except KeyError as exc:
-            raise ConfigError(f"stream settings are missing {exc.args[0]!r}") from None
+        """The settings as the operator wrote them; ``ConfigError`` naming the field that is missing or
+        of the wrong type (the job reads what ``to_dict`` wrote: no coercion)."""
+        return _CODEC.from_dict(d)
+
+
+# What earlier operators may leave out takes its default.
+_CODEC = ser.Codec(StreamSettings, "stream settings", ConfigError, absent_ok=("source_format", "trigger", "stream_reset"))
 
 
 def encode_job_config(config: WriteConfig, stream: StreamSettings) -> str:

@@ -22,8 +22,9 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_shardyfusion.core.errors import InputDataError, show_value
+from airflow_provider_shardyfusion.core.errors import InputDataError, ShardWriteError, show_value
 from airflow_provider_shardyfusion.core.model import checksum, encoding
+from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.manifest import LayerCounts, ShardFile
 from airflow_provider_shardyfusion.core.write.key_index import finish_key_index, key_index_writer, shard_file, sst_writer
 
@@ -237,18 +238,15 @@ class LayerResult:
         return (self.attempt, self.task_attempt_id if self.task_attempt_id is not None else -1, self.db_url or "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
-                "db_url": self.db_url, "row_count": self.row_count, "files": [f.to_dict() for f in self.files],
-                "counts": self.counts.to_dict(), "min_key": self.min_key, "max_key": self.max_key,
-                "key_index": self.key_index.to_dict() if self.key_index is not None else None}
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LayerResult:
-        return cls(db_id=int(d["db_id"]), attempt=int(d["attempt"]), task_attempt_id=d.get("task_attempt_id"),
-                   db_url=d.get("db_url"), row_count=int(d.get("row_count") or 0),
-                   files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
-                   counts=LayerCounts(**(d.get("counts") or {})), min_key=d.get("min_key"), max_key=d.get("max_key"),
-                   key_index=ShardFile.from_dict(d["key_index"]) if d.get("key_index") else None)
+        return _LAYER_RESULT_CODEC.from_dict(d)
+
+
+# A task's result crosses from the executor to the driver as JSON; a malformed one names its field.
+_LAYER_RESULT_CODEC = ser.Codec(LayerResult, "layer task result", ShardWriteError)
 
 
 def select_layer_winners(results: Iterable[LayerResult], num_dbs: int) -> dict[int, LayerResult]:

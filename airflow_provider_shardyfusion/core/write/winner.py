@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_shardyfusion.core.errors import ShardCoverageError
+from airflow_provider_shardyfusion.core.errors import ShardCoverageError, ShardWriteError
+from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.manifest import ShardEntry, ShardFile
 
 if TYPE_CHECKING:
@@ -44,24 +45,15 @@ class ShardResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "db_id": self.db_id, "attempt": self.attempt, "task_attempt_id": self.task_attempt_id,
-            "db_url": self.db_url, "row_count": self.row_count, "byte_size": self.byte_size,
-            "min_key": self.min_key, "max_key": self.max_key, "files": [f.to_dict() for f in self.files],
-            "key_index": self.key_index.to_dict() if self.key_index is not None else None, "timings": dict(self.timings),
-        }
+        return ser.to_plain(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardResult:
-        return cls(
-            db_id=int(d["db_id"]), attempt=int(d["attempt"]),
-            task_attempt_id=None if d.get("task_attempt_id") is None else int(d["task_attempt_id"]),
-            db_url=d.get("db_url"), row_count=int(d["row_count"]), byte_size=int(d.get("byte_size") or 0),
-            min_key=d.get("min_key"), max_key=d.get("max_key"),
-            files=tuple(ShardFile.from_dict(f) for f in d.get("files") or ()),
-            key_index=ShardFile.from_dict(d["key_index"]) if d.get("key_index") else None,
-            timings={k: float(v) for k, v in (d.get("timings") or {}).items()},
-        )
+        return _SHARD_RESULT_CODEC.from_dict(d)
+
+
+# A task's result crosses from the executor to the driver as JSON; a malformed one names its field.
+_SHARD_RESULT_CODEC = ser.Codec(ShardResult, "shard task result", ShardWriteError)
 
 
 @dataclass(frozen=True)
