@@ -26,11 +26,37 @@ def connect_server(log_dir: Path, *, env: dict[str, str] | None = None, timeout:
         yield port
 
 
+# free_port() releases the port before the JVM binds it, and other workers start servers and
+# clients meanwhile: a server that lost its port to one of them is started again on another.
+_PORT_TAKEN = "Failed to bind"
+_START_ATTEMPTS = 3
+
+
 @contextmanager
 def connect_server_process(log_dir: Path, *, env: dict[str, str] | None = None,
                            timeout: float = 120) -> Iterator[tuple[int, subprocess.Popen]]:
     """As ``connect_server``, yielding the port and the server's process (the leader of its own
     process group, with its Python workers), for tests that kill it."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        port, proc, log = _start(log_dir, env)
+        try:
+            deadline = time.monotonic() + timeout
+            while "Spark Connect server started" not in (text := log.read_text()):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    if _PORT_TAKEN in text and attempt < _START_ATTEMPTS:
+                        log.rename(log.with_name(f"spark-connect-server-port-taken-{attempt}.log"))
+                        break
+                    raise RuntimeError(f"the Spark Connect server did not start:\n{text[-3000:]}")
+                time.sleep(0.2)
+            else:
+                yield port, proc
+                return
+        finally:
+            stop_process(proc, timeout=30)
+    raise AssertionError("unreachable: the last attempt raises or yields")
+
+
+def _start(log_dir: Path, env: dict[str, str] | None) -> tuple[int, subprocess.Popen, Path]:
     port = free_port()
     spark_submit = Path(sys.executable).parent / "spark-submit"
     log = log_dir / "spark-connect-server.log"
@@ -42,15 +68,7 @@ def connect_server_process(log_dir: Path, *, env: dict[str, str] | None = None,
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=server_env, stdout=out, stderr=subprocess.STDOUT, cwd=str(log_dir),
                                 start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while "Spark Connect server started" not in log.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        yield port, proc
-    finally:
-        stop_process(proc, timeout=30)
+    return port, proc, log
 
 
 def path_without_java(tmp_path: Path, path: str | None = None) -> str:
