@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -77,7 +77,7 @@ def _check_file_name(name: str) -> None:
         raise _ERR(f"{_WHAT} shard file: name {name!r} must be a relative path without '.' or '..'")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerCounts:
     """What a layer did to the rows before it (deleted_absent: tombstones of keys not there)."""
 
@@ -102,16 +102,20 @@ class LayerCounts:
         return ser.to_plain(self)
 
 
-@dataclass(frozen=True, slots=True)
-class ShardLayer:
+_COUNT_FIELDS = tuple(f.name for f in fields(LayerCounts))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardLayer(LayerCounts):
     """One layer of a shard in a chain: the SST file(s) one run wrote for it, oldest first in a shard.
 
     A ``full`` layer holds the shard's whole data (a full write or a compaction); a ``delta``
-    layer holds the puts and point tombstones of one delta run. ``inserted`` / ``updated`` /
-    ``deleted`` say what the layer did to the rows before it; ``deleted_absent`` counts tombstones
-    of keys that were not there (kept apart: they change nothing).
+    layer holds the puts and point tombstones of one delta run. Its counts (``LayerCounts``, which
+    it extends) say what the layer did to the rows before it.
     """
 
+    # The counts are inherited rather than held as one field: the manifest stores them flat beside
+    # run_id and files, and stored manifests keep their bytes (and checksums) for older readers.
     run_id: str
     db_url: str
     kind: Literal["full", "delta"]
@@ -119,12 +123,6 @@ class ShardLayer:
     # The layer's keys alone (KEY_INDEX_FILE): an empty value per put, a point tombstone per deletion.
     # Never data: a writer ingests it to learn which keys exist; readers ingest ``files`` only.
     key_index: ShardFile | None = field(default=None, metadata={"omit_none": True})
-    puts: int = 0
-    deletes: int = 0
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    deleted_absent: int = 0
 
     @property
     def byte_size(self) -> int:
@@ -133,17 +131,15 @@ class ShardLayer:
 
     @property
     def counts(self) -> LayerCounts:
-        # Stored flat (the manifest format); one object wherever the counts travel together.
-        return LayerCounts(puts=self.puts, deletes=self.deletes, inserted=self.inserted, updated=self.updated,
-                           deleted=self.deleted, deleted_absent=self.deleted_absent)
+        """The layer's counts alone (a ``LayerCounts``, not the layer)."""
+        return LayerCounts(**{name: getattr(self, name) for name in _COUNT_FIELDS})
 
     @classmethod
     def of(cls, run_id: str, db_url: str, kind: Literal["full", "delta"], files: tuple[ShardFile, ...],
            key_index: ShardFile | None, counts: LayerCounts) -> ShardLayer:
-        """A layer with ``counts`` spread over its stored fields."""
-        return cls(run_id=run_id, db_url=db_url, kind=kind, files=files, key_index=key_index, puts=counts.puts,
-                   deletes=counts.deletes, inserted=counts.inserted, updated=counts.updated, deleted=counts.deleted,
-                   deleted_absent=counts.deleted_absent)
+        """A layer with ``counts``."""
+        return cls(run_id=run_id, db_url=db_url, kind=kind, files=files, key_index=key_index,
+                   **{name: getattr(counts, name) for name in _COUNT_FIELDS})
 
     def stored_files(self) -> tuple[ShardFile, ...]:
         return stored_files(self.files, self.key_index)
@@ -389,7 +385,7 @@ class Manifest:
                 raise _ERR(f"{where}: a full layer can only be the oldest")
             if not layer.files:
                 raise _ERR(f"{where}: lists no files")
-            if not layer.counts.consistent:
+            if not layer.consistent:
                 raise _ERR(f"{where}: counts are negative or inconsistent (puts = inserted + updated, "
                            "deletes = deleted + deleted_absent)")
         newest = shard.layers[-1]
