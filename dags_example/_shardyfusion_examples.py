@@ -1,5 +1,5 @@
-"""Shared code of the example DAGs: input generation, look-up keys, and the quickstart
-DAG builder.
+"""Shared code of the example DAGs: input generation, look-up keys, the quickstart
+DAG builder, and a consumer's wait for a published run.
 
 Not a DAG file: it defines no DAG at import (``.airflowignore`` keeps the DAG processor
 from parsing it at all). The DAG files import it from the DAGs folder, which Airflow
@@ -18,6 +18,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, task
 
 from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
+from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
 
 DEMO_DIR = os.path.abspath(
     os.environ.get("SHARDYFUSION_DEMO_DIR")
@@ -85,6 +86,29 @@ def sample_keys(rows: int) -> list[int]:
     return [key_of(i) for i in picks if 0 <= i < rows] + [
         7
     ]  # 7 is never written: a miss
+
+
+def consumer_waits_for(
+    task_id: str,
+    output_uri: str,
+    run_id: str,
+    *,
+    aws_conn_id: str | None,
+    timeout: int = 600,
+) -> CurrentSnapshotSensor:
+    """A consumer's wait until ``_CURRENT`` names ``run_id`` (a template is fine): the
+    task after a publish that proves readers now see that run. Deferrable, so the wait
+    holds no worker slot; its XCom is the pointer it saw."""
+    return CurrentSnapshotSensor(
+        task_id=task_id,
+        output_uri=output_uri,
+        mode="run_id",
+        run_id=run_id,
+        deferrable=True,
+        poll_interval=2,
+        timeout=timeout,
+        aws_conn_id=aws_conn_id,
+    )
 
 
 def build_quickstart_dag(

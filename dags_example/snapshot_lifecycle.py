@@ -22,34 +22,42 @@ Params: ``rows``, ``min_rows`` (the gate: set it above ``rows`` to see a staged 
 refused), ``keep_runs`` and ``grace_minutes`` for the cleanup. Spark comes from
 ``spark_default`` (see the quickstart). The demo dir is ``$SHARDYFUSION_DEMO_DIR`` or
 ``<tmp>/shardyfusion-demo``; each DAG run generates its input in its own folder, so runs
-may overlap.
+may overlap. The consumer's wait (``consumer_waits_for``) and the key function come from
+``_shardyfusion_examples.py`` beside this file: copy it along.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
 from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_provider_shardyfusion.operators.cleanup import DeferredCleanupOperator
-from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
-from airflow_provider_shardyfusion.operators.sharded_write import ShardedWriteOperator
-from airflow_provider_shardyfusion.operators.validate import ValidateManifestOperator
-from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if (
+    _HERE not in sys.path
+):  # the DAG processor has the DAGs folder on sys.path; file-path imports do not
+    sys.path.append(_HERE)
 
-DEMO_DIR = os.path.abspath(
-    os.environ.get("SHARDYFUSION_DEMO_DIR")
-    or os.path.join(tempfile.gettempdir(), "shardyfusion-demo")
+from _shardyfusion_examples import DEMO_DIR, consumer_waits_for, key_of  # noqa: E402
+
+from airflow_provider_shardyfusion.operators.cleanup import (  # noqa: E402
+    DeferredCleanupOperator,
 )
+from airflow_provider_shardyfusion.operators.publish import (  # noqa: E402
+    PublishSnapshotOperator,
+)
+from airflow_provider_shardyfusion.operators.sharded_write import (  # noqa: E402
+    ShardedWriteOperator,
+)
+from airflow_provider_shardyfusion.operators.validate import (  # noqa: E402
+    ValidateManifestOperator,
+)
+
 NUM_DBS = 8
 STAGED_RUN_ID = "{{ ti.xcom_pull(task_ids='write_snapshot')['run_id'] }}"
-
-
-def key_of(i: int) -> int:
-    return i * 7919 + 13
 
 
 def value_of(key: int, generation: str) -> str:
@@ -167,15 +175,8 @@ def build_lifecycle_dag(
             aws_conn_id=aws_conn_id,
         )
 
-        consumer = CurrentSnapshotSensor(
-            task_id="consumer_waits",
-            output_uri=output_uri,
-            mode="run_id",
-            run_id=STAGED_RUN_ID,
-            deferrable=True,
-            poll_interval=2,
-            timeout=600,
-            aws_conn_id=aws_conn_id,
+        consumer = consumer_waits_for(
+            "consumer_waits", output_uri, STAGED_RUN_ID, aws_conn_id=aws_conn_id
         )
 
         @task

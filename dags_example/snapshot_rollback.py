@@ -2,7 +2,7 @@
 ``PublishSnapshotOperator(allow_older=True)``.
 
     find_target → roll_back (allow_older=True) → consumer_sees_rollback
-    (CurrentSnapshotSensor)
+    (CurrentSnapshotSensor, from ``_shardyfusion_examples.consumer_waits_for``)
 
 ``find_target`` picks the run to go back to: ``params.to_run_id`` if given, else the run
 the live pointer replaced (``_CURRENT``'s ``previous_run_id``). Rolling forward is the
@@ -10,26 +10,32 @@ same operator with the newer run id (``allow_older`` is then not needed). Withou
 ``allow_older=True`` a publish of an older run is refused and ``_CURRENT`` stays where
 it was.
 
-Runs on the lifecycle example's root: ``file://<demo
-dir>/shardyfusion_snapshot_lifecycle/snapshot`` (override with ``params.output_uri``).
+Needs ``_shardyfusion_examples.py`` beside it (copy it along). Runs on the lifecycle
+example's root: ``file://<demo dir>/shardyfusion_snapshot_lifecycle/snapshot`` (override
+with ``params.output_uri``).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
 from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_provider_shardyfusion.operators.publish import PublishSnapshotOperator
-from airflow_provider_shardyfusion.sensors.current import CurrentSnapshotSensor
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if (
+    _HERE not in sys.path
+):  # the DAG processor has the DAGs folder on sys.path; file-path imports do not
+    sys.path.append(_HERE)
 
-DEMO_DIR = os.path.abspath(
-    os.environ.get("SHARDYFUSION_DEMO_DIR")
-    or os.path.join(tempfile.gettempdir(), "shardyfusion-demo")
+from _shardyfusion_examples import DEMO_DIR, consumer_waits_for  # noqa: E402
+
+from airflow_provider_shardyfusion.operators.publish import (  # noqa: E402
+    PublishSnapshotOperator,
 )
+
 DEFAULT_ROOT = f"file://{DEMO_DIR}/shardyfusion_snapshot_lifecycle/snapshot"
 TARGET = "{{ ti.xcom_pull(task_ids='find_target') }}"
 
@@ -74,14 +80,11 @@ with DAG(
         allow_older=True,
         aws_conn_id=None,
     )
-    seen = CurrentSnapshotSensor(
-        task_id="consumer_sees_rollback",
-        output_uri="{{ params.output_uri }}",
-        mode="run_id",
-        run_id=TARGET,
-        deferrable=True,
-        poll_interval=2,
-        timeout=300,
+    seen = consumer_waits_for(
+        "consumer_sees_rollback",
+        "{{ params.output_uri }}",
+        TARGET,
         aws_conn_id=None,
+        timeout=300,
     )
     find_target() >> roll_back >> seen
