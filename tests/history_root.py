@@ -43,18 +43,24 @@ def build_history_root(root: str, opts: dict[str, Any] | None) -> dict[str, str]
     return runs
 
 
-def client_for(roots, opts, tmp_path) -> Any:
-    """A FastAPI test client of the history app over ``roots`` (its reader cache under ``tmp_path``)."""
-    from fastapi.testclient import TestClient
-
+def source_for(roots, opts, tmp_path) -> Any:
+    """The history app's ``HistorySource`` over ``roots`` (its reader cache under ``tmp_path``)."""
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
-    from airflow_provider_shardyfusion.ui.app import HistorySource, create_app
+    from airflow_provider_shardyfusion.ui.app import HistorySource
 
-    source = HistorySource(
+    return HistorySource(
         roots=lambda: list(roots), open_root=lambda uri: SnapshotRoot(open_store(uri, opts)),
         open_reader=lambda uri, ref: ShardedReader(uri, storage_options=opts, manifest_ref=ref,
                                                    cache_dir=str(tmp_path / "cache")))
-    return TestClient(create_app(source))
+
+
+def client_for(roots, opts, tmp_path) -> Any:
+    """A FastAPI test client of the history app over ``source_for(roots, opts, tmp_path)``."""
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_shardyfusion.ui.app import create_app
+
+    return TestClient(create_app(source_for(roots, opts, tmp_path)))
 
 
 # A JVM trace as a failed Spark job leaves it: a long first line, then hundreds of frames.

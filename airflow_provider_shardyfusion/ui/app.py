@@ -28,6 +28,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     ChangeKind,
     RootHistory,
     ShardSample,
+    comparison_between,
     diff_runs,
     json_value,
     key_fates,
@@ -272,7 +273,7 @@ class HistorySource:
         found: list[ShardSample] = []
         stopped = None
         with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
-            typed = _typed(before, after)
+            typed = comparison_between(before.manifest, after.manifest)
             for db_id in sorted(picks):
                 if before.cache_stats["bytes_downloaded"] + after.cache_stats["bytes_downloaded"] >= self.key_byte_budget:
                     stopped = f"stopped after {len(found)} shards: the byte budget of one request is spent"
@@ -319,7 +320,7 @@ class HistorySource:
         keys: list[dict[str, Any]] = []
         scanned, nxt, stopped = 0, None, None
         with self.open_reader(uri, ref_a) as before, self.open_reader(uri, ref_b) as after:
-            typed = _typed(before, after)
+            typed = comparison_between(before.manifest, after.manifest)
             for db_id in (d for d in sorted(changed) if d >= db_from):
                 counts = changed[db_id]
                 if counts is not None and counts.get(kind, 1) == 0:
@@ -497,13 +498,6 @@ def _total_counts(changed: Changed) -> dict[str, int | None]:
     """Keys of each kind over every changed shard; None for a kind some shard did not count."""
     known = [c for c in changed.values() if c is not None]
     return {k: sum(c.get(k, 0) for c in known) if len(known) == len(changed) else None for k in CHANGE_KINDS}
-
-
-def _typed(before: Any, after: Any) -> Callable[[bytes], Any] | None:
-    # Bytes of two encoders differ for equal values (SPEC §18): those runs compare typed values.
-    if before.manifest.value_encoding_version == after.manifest.value_encoding_version:
-        return None
-    return typed_comparison(after.manifest.value_format, after.manifest.value_schema)
 
 
 def _items(db: Any, from_key: bytes | None = None) -> Any:

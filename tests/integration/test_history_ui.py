@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from airflow_provider_shardyfusion.core.storage import open_store
-from tests.history_root import build_change_root, build_history_root, client_for
+from tests.history_root import build_change_root, build_history_root, client_for, source_for
 from tests.snapshot_helpers import write_run_record
 from tests.value_schemas import build_schema_root
 
@@ -439,3 +439,41 @@ def test_run_and_diff_pages_show_the_value_schema_and_its_changes(any_root, tmp_
     assert unrecorded["value_schema"]["summary"].startswith(f"schema not recorded for run {runs['old']!r}")
     assert "<h2>Value schema</h2><p class='muted'>schema not recorded for run" in client.get(
         "/diff", params={"uri": root, "a": runs["old"], "b": runs["v1"]}).text
+
+
+def test_runs_of_two_value_encoders_show_only_the_keys_whose_values_changed(tmp_path):
+    """SPEC §18: a run written by the Python encoder and one by the engine's hold different bytes
+    for equal values; the key samples and the changes pages compare them decoded (one rule,
+    ``history.comparison_between``), so only the key whose value changed is an update."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
+    from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
+    from tests.snapshot_factory import build_snapshot
+    from tests.typed_values import encode_v2
+
+    root = f"file://{tmp_path}/encoders"
+    arrow = pa.schema([("at", pa.timestamp("us", tz="UTC")), ("n", pa.int64())])
+    schema = from_arrow(arrow, arrow.names)
+    t0 = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    rows = {k: {"at": t0 + dt.timedelta(minutes=k), "n": k} for k in range(40)}
+    old = {k: encode_json_value(v) for k, v in rows.items()}
+    new = {k: encode_v2({**v, "n": -7} if k == 7 else v, schema) for k, v in rows.items()}
+    assert all(old[k] != new[k] for k in rows)  # every key's bytes differ: a byte compare shows 40 updates
+    now = dt.datetime.now(dt.UTC)
+    a = build_snapshot(root, old.items(), num_dbs=2, value_format="json", value_schema=schema, encode_value=bytes,
+                       run_id="20260101T000000Z-pyencode", published_at=now - dt.timedelta(hours=1))
+    b = build_snapshot(root, new.items(), num_dbs=2, value_format="json", value_schema=schema, encode_value=bytes,
+                       value_encoding_version=VALUE_ENCODING_ENGINE, run_id="20260102T000000Z-engine00", published_at=now)
+
+    page = client_for([root], None, tmp_path).get("/changes", params={
+        "uri": root, "a": a.run_id, "b": b.run_id, "kind": "updated", "format": "json"}).json()
+    assert [(c["key"], c["fields"]) for c in page["keys"]] == [(7, ["n"])] and page["next"] is None
+    assert (page["keys"][0]["before"]["n"], page["keys"][0]["after"]["n"]) == (7, -7)
+
+    samples = source_for([root], None, tmp_path).samples(root, a.manifest_ref, b.manifest_ref, dict.fromkeys(range(2)))
+    assert {k: [c["key"] for c in v] for k, v in samples["changes"].items()} == {
+        "inserted": [], "updated": [7], "deleted": []}, samples
+    assert samples["fields"] == [{"field": "n", "keys": 1}] and samples["stopped"] is None, samples
