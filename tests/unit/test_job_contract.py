@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_shardyfusion.core.model import serialization
+from airflow_provider_shardyfusion.core import serialization
 from airflow_provider_shardyfusion.core.model.run_record import RunRecord
 from airflow_provider_shardyfusion.core.write.job_contract import (
     RunStats,
