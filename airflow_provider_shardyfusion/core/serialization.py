@@ -100,8 +100,10 @@ def to_plain(obj: Any) -> Any:
         out = {name: to_plain(value) for name, omit_none in fields
                if (value := getattr(obj, name)) is not None or not omit_none}
         if kept is not None:
+            # A kept key was not of its field's type, so the field is None: written as found instead.
             for key, value in getattr(obj, kept).items():
-                out.setdefault(key, to_plain(value))
+                if out.get(key) is None:
+                    out[key] = to_plain(value)
         return out
     if isinstance(obj, datetime):
         return layout.format_ts(obj)
@@ -325,7 +327,7 @@ def _keep(cls: type, obj: Mapping[str, Any]) -> Any:
             continue
         hint = _hints(cls)[key]
         model = _optional(hint)[0]
-        if isinstance(value, dict) and dataclasses.is_dataclass(model) and _kept_name(model) is not None:
+        if isinstance(value, dict) and isinstance(model, type) and dataclasses.is_dataclass(model) and _kept_name(model):
             known[key] = _keep(model, value)
             continue
         try:
