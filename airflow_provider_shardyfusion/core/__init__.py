@@ -8,8 +8,8 @@ Its rooms, each importing only the ones listed after it (``make lint`` checks it
 * ``core.model``: what is stored (manifest, run record, pointer), routing, and ``SnapshotRoot``;
 * ``core.storage``: the object stores;
 
-and beside them, used by all: ``errors``, ``layout`` (every path), ``retry``, ``secrets``,
-``arguments`` and ``scratch``.
+and beside them, used by all: ``errors``, ``layout`` (every path), ``serialization`` (the one JSON
+codec of what crosses a boundary), ``retry``, ``secrets``, ``arguments`` and ``scratch``.
 
 The public subset, kept compatible across minor releases (the API reference documents it):
 

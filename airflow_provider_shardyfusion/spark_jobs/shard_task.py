@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from ..core import serialization as ser
 from ..core.errors import ShardWriteError
-from ..core.model import serialization as ser
 from ..core.model.encoding import KeyEncoding
 from ..core.write.winner import ShardResult
 from .faults import NO_FAULTS, Faults

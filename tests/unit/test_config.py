@@ -319,7 +319,7 @@ def test_bad_shard_retry():
     assert_config_error(("shard_retry", "'x'"), shard_retry={"x": 1})
     assert_config_error("shard_retry.max_retries", shard_retry=-1)
     assert_config_error("shard_retry", shard_retry=True)
-    assert_config_error("shard_retry.max_retries", shard_retry={"max_retries": True})
+    assert_config_error(("shard_retry", "'max_retries'", "(got True)"), shard_retry={"max_retries": True})
     assert_config_error("shard_retry.initial_backoff_s", shard_retry={"initial_backoff_s": float("inf")})
     assert_config_error(("shard_retry.initial_backoff_s 60", "shard_retry.max_backoff_s 30"),
                         shard_retry={"initial_backoff_s": 60, "max_backoff_s": 30})
@@ -373,21 +373,56 @@ def test_from_dict_not_an_object(bad):
 def test_from_dict_section_not_an_object(section, bad):
     data = build(run_id="r1").to_dict()
     data[section] = bad
-    with pytest.raises(ConfigError, match=f"section '{section}' must be an object") as info:
+    with pytest.raises(ConfigError, match=rf"^write config: field '{section}' is missing or not dict") as info:
         WriteConfig.from_dict(data)
-    assert repr(bad) in str(info.value)
+    assert str(info.value).endswith(f"(got {bad!r}) at $.{section}")
 
 
 @pytest.mark.parametrize(
     ("section", "name", "bad", "match"),
-    [("value", "columns", 5, "value.columns 5 must be a list"),
-     ("sharding", "routing_values", 7, "sharding.routing_values 7 must be a list"),
-     ("input", "options", "x=1", "input.options 'x=1' must be a mapping")],
+    [("value", "columns", 5, "field 'columns' is missing or not list (got 5) at $.value.columns"),
+     ("sharding", "routing_values", 7, "field 'routing_values' is missing or not list (got 7) at $.sharding.routing_values"),
+     ("input", "options", "x=1", "field 'options' is missing or not dict (got 'x=1') at $.input.options")],
 )
 def test_from_dict_nested_field_of_wrong_shape(section, name, bad, match):
     data = build(run_id="r1").to_dict()
     data[section][name] = bad
     with pytest.raises(ConfigError, match=re.escape(match)):
+        WriteConfig.from_dict(data)
+
+
+@pytest.mark.parametrize(("section", "allowed"), [("delta", "'write_mode'"), ("storage_options", "'aws_session_token'"),
+                                                  ("options", "'publish'")])
+def test_unknown_keys_of_a_strict_section_are_refused_all_named_with_their_path(section, allowed):
+    data = build(run_id="r1").to_dict()
+    data[section] |= {"zeta": 1, "alpha": 2}
+    with pytest.raises(ConfigError, match=rf"^write config: unknown keys \['alpha', 'zeta'\] at \$\.{section} ") as info:
+        WriteConfig.from_json(json.dumps(data))
+    assert allowed in str(info.value)
+    data[section] = {}
+    data["options"] = {"shard_retry": {"max_retries": 1, "tries": 3}}
+    with pytest.raises(ConfigError, match=r"unknown keys \['tries'\] at \$\.options\.shard_retry "):
+        WriteConfig.from_dict(data)
+
+
+def test_unknown_keys_elsewhere_are_ignored_and_absent_ones_take_their_defaults():
+    config = build(run_id="r1")
+    data = config.to_dict() | {"added_later": 1}
+    data["input"]["added_later"] = True
+    del data["format_version"], data["delta"], data["options"]["lease_seconds"], data["storage_options"]
+    assert WriteConfig.from_dict(data) == config
+    assert WriteConfig.from_json(json.dumps(data)).to_json() == config.to_json()
+
+
+def test_a_field_of_the_wrong_type_is_named_with_its_path():
+    data = build(run_id="r1").to_dict()
+    data["options"]["batch_size"] = "100"
+    with pytest.raises(ConfigError, match=re.escape("write config: field 'batch_size' is missing or not int (got '100') "
+                                                    "at $.options.batch_size")):
+        WriteConfig.from_json(json.dumps(data))
+    data["options"]["batch_size"] = 100
+    del data["input"]
+    with pytest.raises(ConfigError, match=re.escape("field 'input' is missing or not dict (got None) at $.input")):
         WriteConfig.from_dict(data)
 
 

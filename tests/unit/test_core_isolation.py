@@ -71,7 +71,7 @@ def test_core_imports_without_airflow_pyspark_boto3(isolated):
     modules = set(out["modules"])
     expected = {
         "airflow_provider_shardyfusion.core." + m
-        for m in ("errors", "layout", "model.routing", "model.encoding", "model.config", "model.serialization",
+        for m in ("errors", "layout", "model.routing", "model.encoding", "model.config", "serialization",
                   "model.pointer", "model.manifest", "model.run_record", "write.winner", "model.checksum", "storage",
                   "storage.base", "storage.local", "storage.s3")
     }

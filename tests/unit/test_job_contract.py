@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_shardyfusion.core.model import serialization
+from airflow_provider_shardyfusion.core import serialization
 from airflow_provider_shardyfusion.core.model.run_record import RunRecord
 from airflow_provider_shardyfusion.core.write.job_contract import (
     RunStats,
@@ -80,3 +80,13 @@ def test_the_verdict_line_is_parsed_by_the_module_that_formats_it():
     result = {"stream_id": "s", "finished": True, "error": None, "batches": [{"batch_id": 0}]}
     assert parse_stream_result("noise\n" + stream_result_line(result) + "\nbye") == result
     assert parse_stream_result("noise") is None
+
+
+def test_a_writers_airflow_try_keeps_what_it_does_not_type_inside_it():
+    data = {"provider": "p", "airflow": {"dag_id": "d", "try_number": "2", "pool": "default"}, "stream_id": None}
+    writer = WriterIdentity.from_dict(data)
+    assert writer.airflow == TaskTry(dag_id="d", other={"try_number": "2", "pool": "default"})
+    assert writer.other == {"stream_id": None}
+    expected = dict.fromkeys(("provider_version", "spark_version", "python_version", "spark_app_id", "spark_ui_url",
+                              "publish")) | data
+    assert writer.to_dict() == expected

@@ -2,19 +2,23 @@
 
 ``build_write_config(**kwargs)`` takes the flat arguments of ``ShardedWriteOperator`` and is the
 one place that checks everything that can be checked before Spark starts; its messages name the
-argument at fault. The Spark job receives ``WriteConfig.to_dict()`` inline (never secrets).
+argument at fault. The Spark job receives ``WriteConfig.to_json()`` inline (never secrets), written
+and read by the codec of ``core.serialization``: a field of the wrong type is refused naming it and
+its path, a misspelt write option, delta or storage option is refused, other unknown keys are
+ignored. Numbers that may be given as integers are typed ``int | float`` so that they are read
+back as written: ``fingerprint`` hashes these bytes, and run records compare it across versions.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.arguments import as_bool, as_int, as_list, as_literal, as_mapping, as_number
 from airflow_provider_shardyfusion.core.errors import ConfigError, show_value, text_number_hint
 from airflow_provider_shardyfusion.core.model import encoding, routing
@@ -53,27 +57,6 @@ def _positive_number(name: str, value: Any, *, allow_none: bool = False) -> None
         raise ConfigError(f"{name} {value!r} must be a finite number > 0{text_number_hint(value)}")
 
 
-def _section(d: Mapping[str, Any], name: str, *, optional: bool = False) -> Mapping[str, Any]:
-    """A nested object of the config JSON, so a wrong shape names the section instead of an AttributeError."""
-    value = d.get(name)
-    if value is None and optional:
-        return {}
-    if value is None and name not in d:
-        raise ConfigError(f"write config is missing {name!r}")
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"write config section {name!r} must be an object, got {type(value).__name__} {show_value(value)}")
-    return value
-
-
-def _list_field(section: str, d: Mapping[str, Any], name: str) -> tuple[Any, ...] | None:
-    value = d.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"write config {section}.{name} {show_value(value)} must be a list")
-    return tuple(value)
-
-
 def _str_map(name: str, value: Any) -> dict[str, str]:
     """A mapping of string keys (or its rendering as text), its values as text."""
     return {k: str(v) for k, v in (as_mapping(name, value) or {}).items()}
@@ -104,14 +87,6 @@ class InputSpec:
             if v is not None and not isinstance(v, str):
                 raise ConfigError(f"{name} {v!r} must be a string")
         refuse_secret_options(self.options, "input_options")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "format": self.format, "options": dict(self.options), "table": self.table, "sql": self.sql}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
-        return cls(path=d.get("path"), format=d.get("format", "parquet"), options=_str_map("input.options", d.get("options")),
-                   table=d.get("table"), sql=d.get("sql"))
 
 
 @dataclass(frozen=True)
@@ -186,14 +161,6 @@ class ValueSpec:
             return tuple(self.columns)
         return (self.column,) if self.column else ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "column": self.column, "columns": list(self.columns) if self.columns else None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ValueSpec:
-        cols = _list_field("value", d, "columns")
-        return cls(format=d.get("format", "binary"), column=d.get("column"), columns=cols or None)
-
 
 @dataclass(frozen=True)
 class ShardingSpec:
@@ -258,31 +225,14 @@ class ShardingSpec:
     def resolved_cel_columns(self, key_column: str) -> dict[str, str | None]:
         return routing.normalize_cel_columns(self.cel_columns if self.cel_columns is not None else [key_column])
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy, "num_dbs": self.num_dbs, "max_keys_per_shard": self.max_keys_per_shard,
-            "cel_expr": self.cel_expr, "cel_columns": dict(self.cel_columns) if self.cel_columns is not None else None,
-            "routing_values": list(self.routing_values) if self.routing_values is not None else None,
-            "infer_routing_values": self.infer_routing_values,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ShardingSpec:
-        return cls(
-            strategy=d.get("strategy", "hash"), num_dbs=d.get("num_dbs"), max_keys_per_shard=d.get("max_keys_per_shard"),
-            cel_expr=d.get("cel_expr"), cel_columns=d.get("cel_columns"),
-            routing_values=_list_field("sharding", d, "routing_values"),
-            infer_routing_values=d.get("infer_routing_values", False),
-        )
-
 
 @dataclass(frozen=True)
 class ShardRetry:
     """Retry policy of the single-db path: whole write retried into a fresh ``attempt=NN``."""
 
     max_retries: int = 2
-    initial_backoff_s: float = 1.0
-    max_backoff_s: float = 30.0
+    initial_backoff_s: int | float = 1.0
+    max_backoff_s: int | float = 30.0
 
     def validate(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
@@ -300,11 +250,9 @@ class ShardRetry:
         return RetryPolicy(attempts=self.max_retries + 1, base_delay_s=self.initial_backoff_s,
                            max_delay_s=self.max_backoff_s, deadline_s=None, jitter=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_retries": self.max_retries, "initial_backoff_s": self.initial_backoff_s, "max_backoff_s": self.max_backoff_s}
-
     @classmethod
     def from_value(cls, value: Any) -> ShardRetry | None:
+        """The ``shard_retry`` argument: None, a number of retries, or a mapping of these fields."""
         if value is None or isinstance(value, ShardRetry):
             return value
         if isinstance(value, bool):
@@ -312,10 +260,7 @@ class ShardRetry:
         if isinstance(value, int):
             return cls(max_retries=value)
         if isinstance(value, Mapping):
-            unknown = set(value) - {"max_retries", "initial_backoff_s", "max_backoff_s"}
-            if unknown:
-                raise ConfigError(f"shard_retry has unknown keys {sorted(unknown)}")
-            return cls(**dict(value))
+            return _SHARD_RETRY_CODEC.from_dict(dict(value))
         raise ConfigError(f"shard_retry {value!r} must be an integer (max retries) or a mapping")
 
 
@@ -328,13 +273,13 @@ class WriteOptions:
     sample_size: int = _D.sample_size
     cache_input: bool = _D.cache_input
     sort_within_partitions: bool = _D.sort_within_partitions
-    max_writes_per_second: float | None = _D.max_writes_per_second
-    max_write_bytes_per_second: float | None = _D.max_write_bytes_per_second
+    max_writes_per_second: int | float | None = _D.max_writes_per_second
+    max_write_bytes_per_second: int | float | None = _D.max_write_bytes_per_second
     shard_retry: ShardRetry | None = None
     sort_run_rows: int = _D.sort_run_rows
     allow_duplicate_keys: bool = _D.allow_duplicate_keys
-    lease_seconds: float = _D.lease_seconds
-    heartbeat_seconds: float = _D.heartbeat_seconds
+    lease_seconds: int | float = _D.lease_seconds
+    heartbeat_seconds: int | float = _D.heartbeat_seconds
     # False stages the run (SPEC §8): manifest and a succeeded run record, _CURRENT untouched.
     publish: bool = _D.publish
 
@@ -357,21 +302,6 @@ class WriteOptions:
                 raise ConfigError(f"{name} {getattr(self, name)!r} must be True or False")
         if self.shard_retry is not None:
             self.shard_retry.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["shard_retry"] = self.shard_retry.to_dict() if self.shard_retry else None
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WriteOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown write options {sorted(unknown)}")
-        data = dict(d)
-        data["shard_retry"] = ShardRetry.from_value(data.get("shard_retry"))
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -399,16 +329,6 @@ class DeltaSpec:
             if self.write_mode == "full":
                 raise ConfigError("base_run_id applies to write_mode 'delta' or 'compact', not 'full'")
             layout.validate_run_id(self.base_run_id, what="base_run_id")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DeltaSpec:
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"write config delta has unknown keys {sorted(unknown)}")
-        return cls(**dict(d))
 
 
 @dataclass(frozen=True)
@@ -459,64 +379,44 @@ class WriteConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "run_id": self.run_id,
-            "output_uri": self.output_uri,
-            "input": self.input.to_dict(),
-            "key_column": self.key_column,
-            "key_encoding": self.key_encoding,
-            "value": self.value.to_dict(),
-            "sharding": self.sharding.to_dict(),
-            "options": self.options.to_dict(),
-            "spark_conf_overrides": dict(self.spark_conf_overrides),
-            "storage_options": self.storage_options.to_dict(),
-            "airflow_context": dict(self.airflow_context) if self.airflow_context else None,
-            "delta": self.delta.to_dict(),
-        }
+        return dict(ser.to_plain(self))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WriteConfig:
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"write config must be a JSON object, got {type(d).__name__} {show_value(d)}")
-        version = d.get("format_version", CONFIG_FORMAT_VERSION)
-        if version != CONFIG_FORMAT_VERSION:
-            raise ConfigError(f"config format_version {version!r} is not supported (expected {CONFIG_FORMAT_VERSION})")
-        try:
-            return cls(
-                run_id=d["run_id"], output_uri=d["output_uri"], input=InputSpec.from_dict(_section(d, "input")),
-                key_column=d["key_column"], key_encoding=d.get("key_encoding"),
-                value=ValueSpec.from_dict(_section(d, "value")), sharding=ShardingSpec.from_dict(_section(d, "sharding")),
-                options=WriteOptions.from_dict(_section(d, "options", optional=True)),
-                spark_conf_overrides=_str_map("spark_conf_overrides", d.get("spark_conf_overrides")),
-                storage_options=StorageOptions.from_dict(dict(_section(d, "storage_options", optional=True))),
-                airflow_context=dict(_section(d, "airflow_context", optional=True)) or None,
-                delta=DeltaSpec.from_dict(_section(d, "delta", optional=True)),
-            )
-        except KeyError as exc:
-            raise ConfigError(f"write config is missing {exc.args[0]!r}") from None
+    def from_dict(cls, d: Any) -> WriteConfig:
+        """The config as ``to_dict`` wrote it; ``ConfigError`` naming the field at fault (not validated: ``validate``)."""
+        return _CODEC.from_dict(d)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return ser.dumps(self.to_dict()).decode()
 
     @classmethod
-    def from_json(cls, text: str) -> WriteConfig:
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"write config is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+    def from_json(cls, text: str | bytes) -> WriteConfig:
+        return _CODEC.from_bytes(text)
+
+    def _decoded(self) -> WriteConfig:
+        # Empty is written as null, as build_write_config makes it; so a config reads back to its bytes.
+        if self.airflow_context == {} or self.value.columns == ():
+            return replace(self, airflow_context=self.airflow_context or None,
+                           value=replace(self.value, columns=self.value.columns or None))
+        return self
 
     def fingerprint(self) -> str:
         """Stable over runs of the same write: excludes run_id and Airflow context."""
         data = self.to_dict()
         data.pop("run_id")
         data.pop("airflow_context")
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+        return "sha256:" + hashlib.sha256(ser.dumps(data)).hexdigest()
 
     def with_run_id(self, run_id: str) -> WriteConfig:
         return replace(self, run_id=run_id)
+
+
+# A config travels from the operator to the job of the same release: every field with a default may
+# be absent (publish was added later), and a misspelt option is refused rather than ignored.
+_REFUSE_UNKNOWN = (WriteOptions, DeltaSpec, StorageOptions, ShardRetry)
+_CODEC = ser.Codec(WriteConfig, "write config", ConfigError, supported=CONFIG_FORMAT_VERSION, finish=WriteConfig._decoded,
+                   absent_ok=True, refuse_unknown=_REFUSE_UNKNOWN)
+_SHARD_RETRY_CODEC = ser.Codec(ShardRetry, "shard_retry", ConfigError, absent_ok=True, refuse_unknown=(ShardRetry,))
 
 
 def build_write_config(

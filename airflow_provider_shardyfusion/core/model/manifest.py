@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
 from airflow_provider_shardyfusion.core.model import encoding, routing
-from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema
 
 if TYPE_CHECKING:

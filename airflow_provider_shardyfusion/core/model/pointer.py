@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError
-from airflow_provider_shardyfusion.core.model import serialization as ser
 
 __all__ = [
     "CURRENT_FORMAT_VERSION", "MANIFEST_CONTENT_TYPE", "WAIT_MODES", "CurrentPointer", "PointerWait", "WaitMode",

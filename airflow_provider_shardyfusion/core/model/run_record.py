@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ClockSkewError, ObjectNotFoundError, RunRecordError
-from airflow_provider_shardyfusion.core.model import serialization as ser
 
 if TYPE_CHECKING:
     from collections.abc import Callable

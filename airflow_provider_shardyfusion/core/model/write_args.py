@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
 # Run time, not TYPE_CHECKING: WriteDefaults is a dataclass, and dataclass annotations are resolved
-# at run time in this codebase (core.model.serialization.from_plain).
+# at run time in this codebase (core.serialization).
 from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding, ValueFormat
 from airflow_provider_shardyfusion.core.model.manifest import WriteMode
 from airflow_provider_shardyfusion.core.storage.base import StorageOptions

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
@@ -26,18 +27,15 @@ class StorageOptions:
     records, argv or logs. Without them boto3's default chain applies (env, profile, role).
     """
 
-    endpoint_url: str | None = None
-    region_name: str | None = None
-    addressing_style: str | None = None  # "path" | "virtual" | "auto"
+    endpoint_url: str | None = field(default=None, metadata={"omit_none": True})
+    region_name: str | None = field(default=None, metadata={"omit_none": True})
+    addressing_style: str | None = field(default=None, metadata={"omit_none": True})  # "path" | "virtual" | "auto"
     max_attempts: int = 5
-    aws_access_key_id: str | None = field(default=None, repr=False)
-    aws_secret_access_key: str | None = field(default=None, repr=False)
-    aws_session_token: str | None = field(default=None, repr=False)
+    aws_access_key_id: str | None = ser.secret_field()
+    aws_secret_access_key: str | None = ser.secret_field()
+    aws_session_token: str | None = ser.secret_field()
 
-    _PUBLIC = ("endpoint_url", "region_name", "addressing_style", "max_attempts")
-    _SECRET = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-
-    def validate(self) -> None:
+    def validate(self) -> StorageOptions:
         if self.addressing_style not in (None, "path", "virtual", "auto"):
             raise ConfigError(
                 f"storage_options.addressing_style {self.addressing_style!r} must be 'path', 'virtual' or 'auto'"
@@ -46,19 +44,19 @@ class StorageOptions:
             raise ConfigError(f"storage_options.max_attempts {self.max_attempts!r} must be an integer >= 1")
         if self.endpoint_url is not None:
             _check_endpoint_url(self.endpoint_url)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._PUBLIC if getattr(self, k) is not None}
+        """The public fields that are set: what a config, a manifest or argv may carry."""
+        return dict(ser.to_plain(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> StorageOptions:
-        data = dict(data or {})
-        unknown = set(data) - set(cls._PUBLIC) - set(cls._SECRET)
-        if unknown:
-            raise ConfigError(f"storage_options has unknown keys {sorted(unknown)}; allowed: {list(cls._PUBLIC + cls._SECRET)}")
-        opts = cls(**data)
-        opts.validate()
-        return opts
+        """Options given as a mapping (credentials included), checked; unknown keys are refused."""
+        return _CODEC.from_dict(dict(data or {})).validate()
+
+
+_CODEC = ser.Codec(StorageOptions, "storage_options", ConfigError, absent_ok=True, refuse_unknown=(StorageOptions,))
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 from airflow_provider_shardyfusion.core.layout import STREAM_OWNER_NAME, STREAMS_DIR, validate_run_id
-from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.config import WriteConfig
 from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry
 from airflow_provider_shardyfusion.core.secrets import refuse_secret_options, refuse_userinfo

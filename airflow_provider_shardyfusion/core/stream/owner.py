@@ -27,8 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_provider_shardyfusion.core import layout
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import StreamOwnershipError
-from airflow_provider_shardyfusion.core.model import serialization as ser
 
 __all__ = ["DEFAULT_LEASE", "STREAM_OWNER_FORMAT_VERSION", "Claim", "StreamOwner", "claim"]
 

@@ -22,9 +22,9 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import InputDataError, ShardWriteError, show_value
 from airflow_provider_shardyfusion.core.model import checksum, encoding
-from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.manifest import LayerCounts, ShardFile
 from airflow_provider_shardyfusion.core.write.key_index import finish_key_index, key_index_writer, shard_file, sst_writer
 

@@ -7,10 +7,11 @@
 - ``WriterIdentity`` and ``TaskTry``: a run's ``writer``, and in it the Airflow try that wrote it.
 
 Run records and manifests keep ``stats`` and ``writer`` as the JSON objects they hold, so existing
-records read, and are rewritten, byte for byte. ``from_dict`` reads any of them: a known key whose
-value is not of its type is kept in ``other`` with the keys this module does not know, so
-``from_dict(d).to_dict() == d`` for any stats and any writer the job wrote (a writer always names
-the keys of ``_ALWAYS``, null when unknown; tests/unit/test_job_contract.py).
+records read, and are rewritten, byte for byte. ``from_dict`` reads any of them with the codec of
+``core.serialization`` and its kept keys: a known key whose value is not of its type is kept in
+``other`` with the keys this module does not know, so ``from_dict(d).to_dict() == d`` for any stats
+and any writer the job wrote (a writer always names the keys it always wrote, null when unknown;
+the others only when set; tests/unit/test_job_contract.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from airflow_provider_shardyfusion.core import serialization as ser
+from airflow_provider_shardyfusion.core.errors import ShardyfusionError
 
 __all__ = [
     "JOB", "STREAMING_JOB", "STREAM_RESULT_MARKER", "RunStats", "TaskTry", "WriterIdentity", "done_line",
@@ -69,31 +73,8 @@ def parse_stream_result(tail: str) -> dict[str, Any] | None:
 # ---- typed views of persisted objects ---------------------------------------------------------------
 
 
-def _typed(data: Mapping[str, Any], names: dict[str, tuple[type, ...]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split ``data`` into the known keys whose values have their type, and everything else."""
-    known, other = {}, {}
-    for key, value in data.items():
-        types = names.get(key)
-        if types is not None and isinstance(value, types) and not (isinstance(value, bool) and bool not in types):
-            known[key] = value
-        else:
-            other[key] = value
-    return known, other
-
-
-def _types(cls: type, skip: tuple[str, ...] = ()) -> dict[str, tuple[type, ...]]:
-    kinds = {"int": (int,), "str": (str,), "bool": (bool,), "Mapping[str, float]": (Mapping,)}
-    return {f.name: kinds[str(f.type).removesuffix(" | None")] for f in fields(cls)
-            if f.name != "other" and f.name not in skip}
-
-
-def _plain(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    out = dict(obj.other)
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if f.name != "other" and f.name not in skip and value is not None:
-            out[f.name] = dict(value) if isinstance(value, Mapping) else value
-    return out
+# Written only when set: a stats or writer key the job did not know stays absent.
+_SET = {"omit_none": True}
 
 
 @dataclass(frozen=True)
@@ -101,51 +82,49 @@ class RunStats:
     """The figures of a run's ``stats`` read across the job boundary, a chain's change counts
     included; ``other``: every other key (per-task timings, ...), as written."""
 
-    rows: int | None = None
-    base_rows: int | None = None
-    inserted: int | None = None
-    updated: int | None = None
-    deleted: int | None = None
-    deleted_absent: int | None = None
-    puts: int | None = None
-    deletes: int | None = None
-    bytes: int | None = None
-    num_dbs: int | None = None
-    empty_shards: int | None = None
-    shards_written: int | None = None
-    attempts_seen: int | None = None
-    base_run_id: str | None = None
-    write_mode: str | None = None
-    durations_s: Mapping[str, float] | None = None
-    other: Mapping[str, Any] = field(default_factory=dict)
+    rows: int | None = field(default=None, metadata=_SET)
+    base_rows: int | None = field(default=None, metadata=_SET)
+    inserted: int | None = field(default=None, metadata=_SET)
+    updated: int | None = field(default=None, metadata=_SET)
+    deleted: int | None = field(default=None, metadata=_SET)
+    deleted_absent: int | None = field(default=None, metadata=_SET)
+    puts: int | None = field(default=None, metadata=_SET)
+    deletes: int | None = field(default=None, metadata=_SET)
+    bytes: int | None = field(default=None, metadata=_SET)
+    num_dbs: int | None = field(default=None, metadata=_SET)
+    empty_shards: int | None = field(default=None, metadata=_SET)
+    shards_written: int | None = field(default=None, metadata=_SET)
+    attempts_seen: int | None = field(default=None, metadata=_SET)
+    base_run_id: str | None = field(default=None, metadata=_SET)
+    write_mode: str | None = field(default=None, metadata=_SET)
+    durations_s: Mapping[str, float] | None = field(default=None, metadata=_SET)
+    other: Mapping[str, Any] = ser.kept_keys()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> RunStats:
-        known, other = _typed(data or {}, _types(cls))
-        return cls(**known, other=other)
+        return _STATS_CODEC.from_dict(dict(data or {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+        return dict(ser.to_plain(self))
 
 
 @dataclass(frozen=True)
 class TaskTry:
     """The Airflow task try that wrote a run (``writer.airflow``): who owns the run (core.lifecycle.write_attempts)."""
 
-    dag_id: str | None = None
-    task_id: str | None = None
-    run_id: str | None = None
-    map_index: int | None = None
-    try_number: int | None = None
-    other: Mapping[str, Any] = field(default_factory=dict)
+    dag_id: str | None = field(default=None, metadata=_SET)
+    task_id: str | None = field(default=None, metadata=_SET)
+    run_id: str | None = field(default=None, metadata=_SET)
+    map_index: int | None = field(default=None, metadata=_SET)
+    try_number: int | None = field(default=None, metadata=_SET)
+    other: Mapping[str, Any] = ser.kept_keys()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskTry:
-        known, other = _typed(data, _types(cls))
-        return cls(**known, other=other)
+        return _TASK_TRY_CODEC.from_dict(dict(data))
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+        return dict(ser.to_plain(self))
 
     def same_task_instance(self, other: TaskTry) -> bool:
         return (self.dag_id, self.task_id, self.run_id, self.map_index) == (
@@ -155,15 +134,13 @@ class TaskTry:
         return self.same_task_instance(other) and self.try_number == other.try_number
 
 
-# Written by every job even when unknown (null), as the job always did.
-_ALWAYS = ("provider", "provider_version", "spark_version", "python_version", "spark_app_id", "spark_ui_url",
-           "airflow", "publish")
-
-
 @dataclass(frozen=True)
 class WriterIdentity:
     """A run's ``writer``: the software that wrote it, its Spark application, the Airflow try, and
-    for a stream's micro-batch the stream and batch id."""
+    for a stream's micro-batch the stream and batch id.
+
+    Every job writes the fields up to ``publish``, null when unknown; the stream's only when set.
+    """
 
     provider: str | None = None
     provider_version: str | None = None
@@ -173,27 +150,19 @@ class WriterIdentity:
     spark_ui_url: str | None = None
     airflow: TaskTry | None = None
     publish: bool | None = None
-    stream_id: str | None = None
-    batch_id: int | None = None
-    other: Mapping[str, Any] = field(default_factory=dict)
+    stream_id: str | None = field(default=None, metadata=_SET)
+    batch_id: int | None = field(default=None, metadata=_SET)
+    other: Mapping[str, Any] = ser.kept_keys()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> WriterIdentity:
-        data = dict(data or {})
-        airflow = data.pop("airflow", None)
-        known, other = _typed(data, _types(cls, skip=("airflow",)))
-        for name in _ALWAYS:  # null again in to_dict
-            if name in other and other[name] is None:
-                del other[name]
-        if isinstance(airflow, Mapping):
-            return cls(**known, airflow=TaskTry.from_dict(airflow), other=other)
-        if airflow is not None:
-            other["airflow"] = airflow
-        return cls(**known, other=other)
+        return _WRITER_CODEC.from_dict(dict(data or {}))
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict.fromkeys(_ALWAYS)
-        out.update(_plain(self, skip=("airflow",)))
-        if self.airflow is not None:
-            out["airflow"] = self.airflow.to_dict()
-        return out
+        return dict(ser.to_plain(self))
+
+
+# Read from any record any provider version wrote: nothing is refused, what is not typed is kept.
+_STATS_CODEC = ser.Codec(RunStats, "run stats", ShardyfusionError)
+_TASK_TRY_CODEC = ser.Codec(TaskTry, "writer.airflow", ShardyfusionError)
+_WRITER_CODEC = ser.Codec(WriterIdentity, "run writer", ShardyfusionError)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ShardCoverageError, ShardWriteError
-from airflow_provider_shardyfusion.core.model import serialization as ser
 from airflow_provider_shardyfusion.core.model.manifest import ShardEntry, ShardFile
 
 if TYPE_CHECKING:
