@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
+import msgspec
+
 from .core import layout
 from .core.errors import KeyEncodingError, ObjectNotFoundError, ShardyfusionError
 from .core.lifecycle.history import CHANGE_KINDS, STATE_MEANINGS, change_label
@@ -268,7 +270,7 @@ def _show_value(value: Any, value_format: str) -> tuple[Any, str | None]:
     if value is None:
         return None, None
     if value_format == "json":
-        return value, "json"
+        return msgspec.to_builtins(value), "json"
     try:
         return value.decode("utf-8"), "utf8"
     except UnicodeDecodeError:
@@ -306,9 +308,10 @@ def _cmd_get(snapshots: SnapshotRoot, args: argparse.Namespace) -> Any:
 
         layout.validate_run_id(args.run_id, what="--run-id")
         ref = manifest_ref_of_run(snapshots, args.run_id).uri
-    # The command prints JSON: values as stored (json.loads), not typed Python values.
+    # The command prints JSON: typed values rendered as serve renders them (a timestamp stored as
+    # epoch microseconds shows as RFC 3339 text, a decimal as exact text), by _show_value.
     with ShardedReader(snapshots.root, cache_dir=args.cache_dir, storage_options=_storage_options(args),
-                       value_decoding="json", manifest_ref=ref) as reader:
+                       value_decoding="typed", manifest_ref=ref) as reader:
         manifest = reader.manifest
         keys = [_parse_key(k, args.key_type, manifest.key_encoding) for k in args.keys]
         values = reader.multi_get(keys, routing_context=context)

@@ -78,30 +78,47 @@ def assert_same(got: Any, want: Any, path: str = "$") -> None:
             assert got.as_tuple() == want.as_tuple(), (path, got, want)  # exact: same digits and scale
 
 
-def _v2_part(value: Any, t: ValueType) -> Any:
-    """One value of ``t`` as the engine encoder stores it, for ``json.dumps``."""
+_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+_MICRO = dt.timedelta(microseconds=1)
+
+
+def _engine_part(value: Any, t: ValueType, micros: bool) -> Any:
+    """One value of ``t`` as the engine encoder stores it, for ``json.dumps``: timestamps as text
+    (encoding version 2) or as integer microseconds since the epoch (``micros``, version 3)."""
     if value is None:
         return None
     kind = t.kind
     if kind == "timestamp":
+        if micros:
+            return (value - _EPOCH_NAIVE.replace(tzinfo=UTC)) // _MICRO
         return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     if kind == "timestamp_ntz":
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        return (value - _EPOCH_NAIVE) // _MICRO if micros else value.strftime("%Y-%m-%dT%H:%M:%S.%f")
     if kind in ("date", "decimal", "binary"):
         return {"date": dt.date.isoformat, "decimal": str, "binary": lambda b: base64.b64encode(b).decode()}[kind](value)
     if kind == "map":
         assert t.value is not None
-        return {str(k): _v2_part(v, t.value) for k, v in value}
+        return {str(k): _engine_part(v, t.value, micros) for k, v in value}
     if kind == "list":
         assert t.element is not None
-        return [_v2_part(v, t.element) for v in value]
+        return [_engine_part(v, t.element, micros) for v in value]
     if kind == "struct":
-        return {f.name: _v2_part(value[f.name], f.type) for f in t.fields or ()}
+        return {f.name: _engine_part(value[f.name], f.type, micros) for f in t.fields or ()}
     return value
 
 
-def encode_v2(row: dict[str, Any], schema: ValueSchema) -> bytes:
-    """A ``to_pylist()`` row as the engine encoder (VALUE_ENCODING_ENGINE) stores it: the bytes the
-    reader tests write for v2 layers."""
-    obj = {c.name: _v2_part(row[c.name], c.type) for c in schema.columns if c.name in row}
+def _encode_engine(row: dict[str, Any], schema: ValueSchema, micros: bool) -> bytes:
+    obj = {c.name: _engine_part(row[c.name], c.type, micros) for c in schema.columns if c.name in row}
     return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False).encode()
+
+
+def encode_v2(row: dict[str, Any], schema: ValueSchema) -> bytes:
+    """A ``to_pylist()`` row as the engine encoder's first version (VALUE_ENCODING_ENGINE_TEXT_TIMESTAMPS)
+    stored it: timestamps as text."""
+    return _encode_engine(row, schema, micros=False)
+
+
+def encode_v3(row: dict[str, Any], schema: ValueSchema) -> bytes:
+    """A ``to_pylist()`` row as the engine encoder (VALUE_ENCODING_ENGINE) stores it: the bytes the
+    reader tests write for engine layers."""
+    return _encode_engine(row, schema, micros=True)

@@ -36,6 +36,7 @@ from airflow_provider_shardyfusion.core.lifecycle.history import (
     root_history,
     sample_changes,
     schema_columns,
+    shown_values,
     spread,
     typed_comparison,
 )
@@ -283,7 +284,8 @@ class HistorySource:
                 old, new = before.open_shard(db_id), after.open_shard(db_id)
                 found.append(sample_changes(db_id, _items(old), _items(new), key_encoding=after.manifest.key_encoding,
                                             value_format=after.manifest.value_format, typed=typed,
-                                            limit=max(caps.values()), expected=caps))
+                                            limit=max(caps.values()), expected=caps,
+                                            shown=shown_values(after.manifest)))
         totals = _total_counts(changed)
         by_kind: dict[str, list[dict[str, Any]]] = {}
         more: dict[str, bool] = {}
@@ -341,7 +343,7 @@ class HistorySource:
                                    key_encoding=after.manifest.key_encoding, value_format=after.manifest.value_format,
                                    typed=typed, limit=CHANGES_PAGE_KEYS - len(keys),
                                    scan_limit=CHANGES_PAGE_SCAN_KEYS - scanned, kinds=(kind,), expected=expected,
-                                   after_key=resume)
+                                   after_key=resume, shown=shown_values(after.manifest))
                 keys += [{**c, "db_id": db_id} for c in s.changes]
                 scanned += s.scanned
                 every_one = expected is not None and len(s.changes) >= expected[kind]
@@ -474,11 +476,13 @@ def _look_up(open_reader: Callable[[str, str], Any], root: str, manifest_ref: st
         return {"found": None, "error": f"{type(exc).__name__}: {exc}"}, downloaded
     if value is None:
         return {"found": False, "value": None}, downloaded
-    hit = {"found": True, "value": json_value(value)}
+    hit: dict[str, Any] = {"found": True}
     typed = typed_comparison(manifest.value_format, manifest.value_schema)
     if typed is not None:  # key_fates compares runs by typed values (SPEC §18), then drops them
-        with contextlib.suppress(ShardyfusionError):  # then compared as shown
+        with contextlib.suppress(ShardyfusionError):  # then compared and shown as stored
             hit["typed"] = typed(json.dumps(value).encode("utf-8"))
+    # Shown typed where it decodes: a timestamp stored as epoch microseconds reads as RFC 3339 text.
+    hit["value"] = json_value(hit.get("typed", value))
     return hit, downloaded
 
 

@@ -452,7 +452,7 @@ def test_runs_of_two_value_encoders_show_only_the_keys_whose_values_changed(tmp_
     from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
     from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
     from tests.snapshot_factory import build_snapshot
-    from tests.typed_values import encode_v2
+    from tests.typed_values import encode_v3
 
     root = f"file://{tmp_path}/encoders"
     arrow = pa.schema([("at", pa.timestamp("us", tz="UTC")), ("n", pa.int64())])
@@ -460,7 +460,7 @@ def test_runs_of_two_value_encoders_show_only_the_keys_whose_values_changed(tmp_
     t0 = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     rows = {k: {"at": t0 + dt.timedelta(minutes=k), "n": k} for k in range(40)}
     old = {k: encode_json_value(v) for k, v in rows.items()}
-    new = {k: encode_v2({**v, "n": -7} if k == 7 else v, schema) for k, v in rows.items()}
+    new = {k: encode_v3({**v, "n": -7} if k == 7 else v, schema) for k, v in rows.items()}
     assert all(old[k] != new[k] for k in rows)  # every key's bytes differ: a byte compare shows 40 updates
     now = dt.datetime.now(dt.UTC)
     a = build_snapshot(root, old.items(), num_dbs=2, value_format="json", value_schema=schema, encode_value=bytes,

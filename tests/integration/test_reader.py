@@ -38,7 +38,7 @@ from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 from tests.snapshot_factory import build_snapshot, publish_current
-from tests.typed_values import ROW, SCHEMA, assert_same, encode_v2, expected_rows
+from tests.typed_values import ROW, SCHEMA, assert_same, encode_v3, expected_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -977,7 +977,7 @@ def test_typed_values_of_both_encoders(any_root):
     for key, row in enumerate(table.to_pylist()):
         if key % 2:  # a newer layer: the engine's encoder, the added column set on some keys
             row["added"] = datetime(2024, 5, 6, 7, 8, 9) if key % 3 == 0 else None
-            stored[key] = encode_v2(row, schema)
+            stored[key] = encode_v3(row, schema)
         else:  # an older layer: the Python encoder, before the column existed
             del row["added"]
             stored[key] = encode_json_value(row)

@@ -30,7 +30,7 @@ from tests.figures import PROPERTY
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot
-from tests.typed_values import ROW, SCHEMA, assert_same, encode_v2, expected_rows
+from tests.typed_values import ROW, SCHEMA, assert_same, encode_v3, expected_rows
 
 pytestmark = pytest.mark.s3
 
@@ -115,7 +115,7 @@ def test_reader_wheel_reads_and_serves_without_airflow_or_spark(request, tmp_pat
     rows = [{**ROW, "i64": key, "s": f"k{key}-é"} for key in range(KEYS)]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)  # float32 and the like as Arrow holds them
     want = expected_rows(table, schema)
-    stored = {key: encode_v2(row, schema) for key, row in enumerate(table.to_pylist())}
+    stored = {key: encode_v3(row, schema) for key, row in enumerate(table.to_pylist())}
     build_snapshot(s3_root, stored.items(), num_dbs=4, run_id=RUN_ID, storage_options=s3_options, value_format="json",
                    value_schema=schema, value_encoding_version=VALUE_ENCODING_ENGINE, encode_value=bytes)
 

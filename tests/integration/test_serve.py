@@ -27,7 +27,7 @@ from airflow_provider_shardyfusion.serve.app import RUN_ID_HEADER
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot, publish_current
-from tests.typed_values import ROW, SCHEMA, encode_v2
+from tests.typed_values import ROW, SCHEMA, encode_v3
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -164,7 +164,7 @@ def test_bad_input_is_a_clear_error_and_touches_no_file(served):
 def test_typed_values_render_as_json(tmp_path):
     schema = from_arrow(SCHEMA, SCHEMA.names)
     root = f"file://{tmp_path}/snap"
-    build_snapshot(root, [(k, encode_v2(ROW, schema)) for k in range(3)], num_dbs=2, run_id="typed",
+    build_snapshot(root, [(k, encode_v3(ROW, schema)) for k in range(3)], num_dbs=2, run_id="typed",
                    value_format="json", value_schema=schema, encode_value=bytes)
     server = Server(root, tmp_path / "server.log", "--value-decoding", "typed", "--follow-interval-s", "5")
     try:

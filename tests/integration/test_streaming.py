@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE
 from airflow_provider_shardyfusion.core.stream.batches import batch_run_id, parse_batch_run_id
 from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 from airflow_provider_shardyfusion.streaming import batch_config, foreach_batch_writer
@@ -90,7 +91,7 @@ def test_a_stream_of_json_values_is_encoded_by_the_engine_and_read_typed(spark, 
     stream.add_file({k: f"v1-{k}" for k in range(0, 20, 2)}, [1, 3])
     assert stream.run_query(writer) is None
     reader = stream.check_reader()  # every value a {"payload": ...} dict, as the model has it
-    assert reader.manifest.write_mode == "delta" and reader.manifest.value_encoding_version == 2
+    assert reader.manifest.write_mode == "delta" and reader.manifest.value_encoding_version == VALUE_ENCODING_ENGINE
     assert [(c.name, c.type.text()) for c in reader.manifest.value_schema.columns] == [("payload", "string")]
     reader.close()
     stream.check_each_batch_live_once(2)

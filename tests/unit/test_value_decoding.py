@@ -17,7 +17,7 @@ from airflow_provider_shardyfusion.core.read.value_decoding import (
     validate_value_decoding,
     value_decoder,
 )
-from tests.typed_values import AT, COLUMNS, ROW, SCHEMA, assert_same, encode_v2, expected_rows
+from tests.typed_values import AT, COLUMNS, ROW, SCHEMA, assert_same, encode_v2, encode_v3, expected_rows
 
 NULLS = dict.fromkeys(COLUMNS)
 NULL_PARTS = {**NULLS, "tags": [], "scores": [], "point": {"x": None, "day": None, "at": None},
@@ -42,6 +42,15 @@ V2_ROW = (
     b'"point":{"at":"2024-01-02T03:04:05.123456Z","day":"2024-01-03","x":1.5},'
     b'"s":"h\xc3\xa9llo \\"q\\"","scores":{"x":1.5,"y":null},"tags":["a",null],"tiny":"1E-10"}'
 )
+# What the engine encoder (VALUE_ENCODING_ENGINE) stores for ROW: timestamps as epoch microseconds.
+V3_ROW = (
+    b'{"amount":"1234.50","at":1704164645123456,"b":true,"bin":"AP9hYg==",'
+    b'"by_id":{"7":1704153600000000},"d":2.5,"day":"2024-01-02","f":0.10000000149011612,'
+    b'"i16":-1600,"i32":2147483647,"i64":-9223372036854775808,"i8":-8,"local":1704164645000000,'
+    b'"nested":[{"k":"a","m":{"1":["1.250",null]}},null],'
+    b'"point":{"at":1704164645123456,"day":"2024-01-03","x":1.5},'
+    b'"s":"h\xc3\xa9llo \\"q\\"","scores":{"x":1.5,"y":null},"tags":["a",null],"tiny":"1E-10"}'
+)
 V2_NULLS = b"{" + b",".join(b'"%s":null' % c.encode() for c in sorted(COLUMNS)) + b"}"
 V2_NULL_PARTS = (
     b'{"amount":null,"at":null,"b":null,"bin":null,"by_id":null,"d":null,"day":null,"f":null,"i16":null,'
@@ -59,12 +68,14 @@ def test_hand_written_v1_bytes_are_what_the_python_encoder_stored():
     assert encode_json_value(TABLE.to_pylist()[0]) == V1_ROW
 
 
-def test_the_v2_reference_encoder_writes_the_hand_written_bytes(schema):
+def test_the_engine_reference_encoders_write_the_hand_written_bytes(schema):
     rows = TABLE.to_pylist()
     assert [encode_v2(r, schema) for r in rows] == [V2_ROW, V2_NULLS, V2_NULL_PARTS]
+    # Version 3 differs only in its timestamps: the nulls are the same bytes.
+    assert [encode_v3(r, schema) for r in rows] == [V3_ROW, V2_NULLS, V2_NULL_PARTS]
 
 
-@pytest.mark.parametrize("stored", [V1_ROW, V2_ROW], ids=["v1", "v2"])
+@pytest.mark.parametrize("stored", [V1_ROW, V2_ROW, V3_ROW], ids=["v1", "v2", "v3"])
 def test_every_kind_decodes_as_pyarrow_gives_it(schema, stored):
     assert_same(value_decoder("json", schema, "typed")(stored), expected_rows(TABLE, schema)[0])
 
@@ -99,9 +110,21 @@ def test_a_struct_field_left_out_reads_none():
     assert value_decoder("json", schema, "typed")(b'{"p":{"a":1}}') == {"p": {"a": 1, "b": None}}
 
 
-def test_a_chain_of_both_encoders_decodes_alike(schema):
+def test_a_chain_of_every_encoder_decodes_alike(schema):
     decode = value_decoder("json", schema, "typed")
-    assert decode(V1_ROW) == decode(V2_ROW)
+    assert decode(V1_ROW) == decode(V2_ROW) == decode(V3_ROW)
+
+
+@pytest.mark.parametrize(("micros", "want"), [
+    (0, "1970-01-01T00:00:00"), (-1, "1969-12-31T23:59:59.999999"),
+    (-62135596800000000, "0001-01-01T00:00:00"), (253402300799999999, "9999-12-31T23:59:59.999999"),
+])
+def test_epoch_microseconds_read_exactly_at_the_edges(micros, want):
+    """Integer arithmetic, no float: the first and last microsecond Python and Spark both hold."""
+    schema = ValueSchema((ValueField("at", ValueType("timestamp")), ValueField("local", ValueType("timestamp_ntz"))))
+    row = value_decoder("json", schema, "typed")(b'{"at":%d,"local":%d}' % (micros, micros))
+    assert row["local"].isoformat() == want and row["local"].tzinfo is None
+    assert row["at"].isoformat() == want + "+00:00"
 
 
 def test_json_raw_and_binary_modes(schema):

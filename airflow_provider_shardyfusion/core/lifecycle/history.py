@@ -63,6 +63,7 @@ __all__ = [
     "sample_changes",
     "schema_columns",
     "schema_diff",
+    "shown_values",
     "signed",
     "spread",
     "typed_comparison",
@@ -453,18 +454,25 @@ def typed_comparison(value_format: str, schema: ValueSchema | None) -> Callable[
     return decode
 
 
+def shown_values(manifest: Manifest) -> Callable[[bytes], Any] | None:
+    """How pages and the CLI show a run's values: typed, where its manifest has a value schema, so
+    a timestamp stored as epoch microseconds (SPEC §18) shows as RFC 3339 text; None: as stored."""
+    return typed_comparison(manifest.value_format, manifest.value_schema)
+
+
 def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Iterable[tuple[bytes, bytes]], *,
                    key_encoding: str, value_format: str, limit: int = SAMPLE_KEYS,
                    scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None,
                    kinds: Iterable[str] = CHANGE_KINDS, expected: dict[str, int] | None = None,
-                   after_key: bytes | None = None) -> ShardSample:
+                   after_key: bytes | None = None, shown: Callable[[bytes], Any] | None = None) -> ShardSample:
     """Walk two key-ordered states of one shard side by side: a key only in ``after`` was inserted,
     only in ``before`` deleted, in both with other bytes updated — other typed values, where
     ``typed`` (``typed_comparison``) is given. Keeps up to ``limit`` changes of each of ``kinds``,
     and stops once each has them, or has as many as ``expected`` says the shard holds (the counts
     a chain's writer stored: a kind the shard has none of is never waited for), or after
     ``scan_limit`` keys walked. ``after_key``: the walk goes on after that key (a page after the
-    ``last_key`` of the one before; the states given may start at it)."""
+    ``last_key`` of the one before; the states given may start at it). ``shown``
+    (``shown_values``): how a value is shown, where not as its stored JSON."""
     wanted = {k: min(limit, (expected or {}).get(k, limit)) for k in kinds}
     wanted = {k: n for k, n in wanted.items() if n > 0}
     found: list[dict[str, Any]] = []
@@ -481,7 +489,7 @@ def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Ite
         if old != new:
             kind = "inserted" if old is None else "deleted" if new is None else "updated"
             if counts.get(kind, limit) < wanted.get(kind, 0):
-                change = _change(key, kind, old, new, key_encoding, value_format, typed)
+                change = _change(key, kind, old, new, key_encoding, value_format, typed, shown)
                 if change is not None:
                     found.append(change)
                     counts[kind] += 1
@@ -491,7 +499,7 @@ def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Ite
 
 
 def _change(key: bytes, kind: str, old: bytes | None, new: bytes | None, key_encoding: str, value_format: str,
-            typed: Callable[[bytes], Any] | None) -> dict[str, Any] | None:
+            typed: Callable[[bytes], Any] | None, shown: Callable[[bytes], Any] | None) -> dict[str, Any] | None:
     """One changed key as pages show it; None for an update of equal typed values (no change)."""
     fields: list[str] = []
     if kind == "updated" and typed is not None:
@@ -499,8 +507,8 @@ def _change(key: bytes, kind: str, old: bytes | None, new: bytes | None, key_enc
         if typed_old is not None and typed_old == typed_new:
             return None
         fields = differing_fields(typed_old, typed_new)
-    b = _shown_value(old, value_format)
-    a = _shown_value(new, value_format)
+    b = _shown_value(old, value_format, shown)
+    a = _shown_value(new, value_format, shown)
     return {"key": _shown_key(key, key_encoding), "kind": kind, "before": b, "after": a,
             "fields": (fields or differing_fields(b, a)) if kind == "updated" else []}
 
@@ -571,7 +579,8 @@ def changed_keys(diff: RunDiff, before: Any, after: Any, *, kinds: Collection[st
         old, new = before.open_shard(db_id), after.open_shard(db_id)
         sample = sample_changes(db_id, old.items() if old is not None else (), new.items() if new is not None else (),
                                 key_encoding=after.manifest.key_encoding, value_format=after.manifest.value_format,
-                                limit=limit - len(found), scan_limit=sys.maxsize, typed=typed, kinds=set(kinds))
+                                limit=limit - len(found), scan_limit=sys.maxsize, typed=typed, kinds=set(kinds),
+                                shown=shown_values(after.manifest))
         walked += 1
         # The sample keeps up to its limit of each kind, in key order: the first ones are the
         # first changed keys of the shard, whatever their kind.
@@ -623,17 +632,18 @@ def json_value(value: Any) -> Any:
     ``VALUE_PREVIEW_CHARS`` characters of JSON."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         value = bytes(value).decode("utf-8", "replace")
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    # Typed values as serve renders them: timestamps RFC 3339, decimals exact text, bytes base64.
+    text = json.dumps(msgspec.to_builtins(value), default=str, ensure_ascii=False)
     if len(text) > VALUE_PREVIEW_CHARS:
         return text[:VALUE_PREVIEW_CHARS] + "…"
     return json.loads(text)
 
 
-def _shown_value(data: bytes | None, value_format: str) -> Any:
+def _shown_value(data: bytes | None, value_format: str, shown: Callable[[bytes], Any] | None) -> Any:
     if data is None:
         return None
     try:
-        return json_value(encoding.decode_value(data, value_format))
+        return json_value(shown(data) if shown is not None else encoding.decode_value(data, value_format))
     except (ValueError, ShardyfusionError):
         return json_value(bytes(data))
 

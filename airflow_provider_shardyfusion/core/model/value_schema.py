@@ -20,14 +20,19 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
-    "VALUE_ENCODING_ENGINE", "VALUE_ENCODING_PYTHON", "SchemaChange", "ValueField", "ValueSchema", "ValueType",
+    "VALUE_ENCODING_ENGINE", "VALUE_ENCODING_ENGINE_TEXT_TIMESTAMPS", "VALUE_ENCODING_PYTHON", "SchemaChange",
+    "ValueField", "ValueSchema", "ValueType",
     "check_on_base", "describe_changes", "from_arrow", "from_spark_json", "schema_changes",
 ]
 
 # Bytes of JSON values by the Python encoder of earlier versions (timestamps as isoformat, maps as
-# lists of pairs), and by the engine's (timestamps as RFC 3339 UTC with microseconds, maps as objects).
+# lists of pairs); by the engine's first version (timestamps as RFC 3339 UTC text with microseconds,
+# maps as objects); and by the engine's current one, whose timestamps are integers of microseconds
+# since the epoch (Avro's timestamp-micros): formatting them as text was about half the engine's
+# encoding CPU (docs/benchmarks.md). Readers decode all three.
 VALUE_ENCODING_PYTHON = 1
-VALUE_ENCODING_ENGINE = 2
+VALUE_ENCODING_ENGINE_TEXT_TIMESTAMPS = 2
+VALUE_ENCODING_ENGINE = 3
 
 TypeKind = Literal[
     "int8", "int16", "int32", "int64", "float", "double", "bool", "string", "binary", "date",
