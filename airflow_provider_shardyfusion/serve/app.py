@@ -266,9 +266,9 @@ def create_app(factory: Callable[[], ShardedReader], *, key_type: KeyText = "aut
 
     # The two read routes are plain Starlette routes taking the request: FastAPI's parameter solving
     # added ~35 µs a request, a third of a trivial route's time on loopback. A read whose shards are
-    # all open runs on the event loop (no I/O; the hop to a thread and back cost 60-100 µs, half the
-    # read of 100 keys); the first read of a shard, which may download it, and batches over
-    # INLINE_MAX_KEYS run in the thread pool.
+    # all open runs on the event loop (no I/O; the hop to a thread and back added 70-250 µs p50 to a
+    # multi_get of 100 keys, about the read itself); the first read of a shard, which may download
+    # it, and batches over INLINE_MAX_KEYS run in the thread pool.
 
     # A path parameter: "/" inside a key (sent as %2F) is part of the key, never a path on disk.
     async def get_route(request: Request) -> Response:
