@@ -225,6 +225,30 @@ def test_empty_shards_answer_none_without_io(any_root, monkeypatch):
         assert _cached_shards(reader) == used
 
 
+def test_multi_get_if_open_reads_only_shards_already_open(file_root, monkeypatch):
+    """What ``serve`` calls on its event loop: never a download or an open, None instead."""
+    num_dbs = 8
+    present = [1, 2, 3, 4]
+    build_snapshot(file_root, [(k, _value(k)) for k in present], num_dbs=num_dbs, run_id="r1")
+    used = {route_key(k, num_dbs) for k in present}
+    empty_keys = [k for k in range(100, 400) if route_key(k, num_dbs) not in used][:5]
+    first, *others = present
+    others = [k for k in others if route_key(k, num_dbs) != route_key(first, num_dbs)]
+    assert others
+    with ShardedReader(file_root) as reader:
+        downloads = _count_downloads(monkeypatch)
+        assert reader.multi_get_if_open([first]) is None
+        assert not downloads and _cached_shards(reader) == set()
+        assert reader.multi_get_if_open(empty_keys) == ("r1", [None] * len(empty_keys))  # empty shards: no I/O
+        assert reader.multi_get([first]) == [_value(first)]  # opens its shard
+        assert reader.multi_get_if_open([first, *empty_keys]) == ("r1", [_value(first), *[None] * len(empty_keys)])
+        assert reader.multi_get_if_open([first, others[0]]) is None  # one shard of two still cold
+        assert _cached_shards(reader) == {route_key(first, num_dbs)}
+        reader.multi_get(present)
+        assert reader.multi_get_if_open(present[::-1]) == reader.multi_get_with_run_id(present[::-1]) \
+            == ("r1", [_value(k) for k in present[::-1]])
+
+
 # ---- refresh ----------------------------------------------------------------------------------
 
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from airflow_provider_shardyfusion.core.model.value_schema import from_arrow
+from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.serve.app import RUN_ID_HEADER
+from airflow_provider_shardyfusion.serve.app import INLINE_MAX_KEYS, RUN_ID_HEADER, ReaderSlot, SnapshotService
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot, publish_current
@@ -198,6 +199,33 @@ def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
         assert status == 421 and body["key"] == refused[0]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [("hash", {}), ("cel", {"cel_expr": "id % 4", "cel_columns": {"id": "int"}})])
+def test_the_event_loop_reads_only_small_batches_from_open_shards(tmp_path, strategy, extra):
+    """What the routes call on the event loop, without HTTP: None (go to a thread) for a cold shard or
+    a batch over INLINE_MAX_KEYS, else the same answer the thread path gives."""
+    root = f"file://{tmp_path}/snap"
+    limit = INLINE_MAX_KEYS[strategy]
+    keys = list(range(limit + 1))
+    build_snapshot(root, [(k, b"v%d" % k) for k in keys], num_dbs=4, run_id="r1", key_column="id", **extra)
+    slot = ReaderSlot(lambda: ShardedReader(root, cache_dir=str(tmp_path / "cache")), retry_s=5)
+    slot.open()
+    try:
+        service = SnapshotService(slot, key_type="auto")
+        assert slot.reader is not None and slot.reader.manifest.sharding.strategy == strategy
+        assert service.multi_get_if_open(keys[:1]) is None and service.get_key_if_open("0") is None  # cold
+        whole = service.multi_get(keys)  # the thread path: opens the shards
+        want = {"run_id": "r1", "values": [base64.b64encode(b"v%d" % k).decode() for k in keys]}
+        assert whole.status_code == 200 and json.loads(whole.body) == want
+        assert service.multi_get_if_open(keys) is None  # one key over the limit
+        inline = service.multi_get_if_open(keys[:limit])
+        assert inline is not None and inline.headers[RUN_ID_HEADER] == "r1"
+        assert json.loads(inline.body) == {"run_id": "r1", "values": want["values"][:limit]}
+        got = service.get_key_if_open("3")
+        assert got is not None and json.loads(got.body)["value"] == base64.b64encode(b"v3").decode()
+    finally:
+        slot.close()
 
 
 def test_publish_while_8_clients_read_then_rollback(tmp_path):

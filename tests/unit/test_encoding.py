@@ -252,6 +252,27 @@ def test_key_from_text_names_text_that_is_not_the_forced_type():
         encoding.key_from_text("1", "u64be", "octal")
 
 
+@pytest.mark.parametrize(
+    ("keys", "enc", "how", "want"),
+    [
+        (["42", 7, "x"], "u64be", "auto", [42, 7, "x"]), ([2**70, "-1"], "u32be", "int", [2**70, -1]),
+        ([7, "7"], "utf8", "auto", ["7", "7"]), ([7, "ab"], "raw", "auto", [b"7", b"ab"]),
+        ([7, "7"], "u64be", "str", ["7", "7"]), ([15, "0f"], "raw", "hex", [b"\x15", b"\x0f"]),
+    ],
+)
+def test_keys_from_json_are_what_their_text_would_be(keys, enc, how, want):
+    got = encoding.keys_from_json(keys, enc, how)
+    assert got == want and [type(k) for k in got] == [type(k) for k in want]
+    assert got == [encoding.key_from_text(str(k), enc, how) for k in keys]  # an integer reads as its text does
+
+
+def test_keys_from_json_names_the_key_that_does_not_parse():
+    with pytest.raises(KeyEncodingError, match="'x' is not an integer"):
+        encoding.keys_from_json([1, "x"], "u64be", "int")
+    with pytest.raises(ConfigError, match="key type 'octal' is not supported"):
+        encoding.keys_from_json(["1"], "u64be", "octal")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("key", "enc"), [(2**64 - 1, "u64be"), ("ü key", "utf8"), (b"\xff\x00", "raw"), (b"", "raw")])
 def test_a_shown_key_reads_back_as_the_same_key(key, enc):
     shown = encoding.key_to_show(decode_key(encode_key(key, enc), enc))

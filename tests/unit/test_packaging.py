@@ -124,7 +124,7 @@ def test_reader_requirements_are_what_reading_needs(reader_wheel):
     base = {name for name, variants in reqs.items() if any(r.marker is None for r in variants)}
     assert base == {"rocksdict", "xxhash", "msgspec", "cel-python", "boto3", "opentelemetry-api"}
     serve = {name for name, variants in reqs.items() if any(r.marker and r.marker.evaluate({"extra": "serve"}) for r in variants)}
-    assert serve == {"fastapi", "uvicorn"}
+    assert serve == {"fastapi", "uvicorn", "httptools", "uvloop"}
     provider_floors = {r.name.lower(): str(r.specifier) for r in map(Requirement, _pyproject_dependencies())}
     for name in base & set(provider_floors):  # the provider's floors, not another set to keep in step
         assert str(reqs[name][0].specifier) == provider_floors[name], name

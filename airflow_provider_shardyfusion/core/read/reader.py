@@ -256,15 +256,36 @@ class ShardedReader:
                     f"multi_get: routing_context has {len(contexts)} mappings for {len(keys)} keys; "
                     "give one mapping for all keys or one per key"
                 )
+        got = self._multi_get_pinned(keys, routing_context, contexts, open_missing=True)
+        assert got is not None  # only None when asked not to open shards
+        return got
+
+    def multi_get_if_open(self, keys: list[Any]) -> tuple[str, list[Any]] | None:
+        """``multi_get_with_run_id(keys)`` when every shard ``keys`` route to is open, else None.
+
+        Never downloads, builds or opens a shard, nor waits on a shard's lock: what an event loop may
+        call inline, handing the batch to a thread only on None (``shardyfusion serve`` does, saving a
+        thread hop per request once its shards are open). A key outside ``shard_ids`` raises as in
+        ``multi_get``.
+        """
+        return self._multi_get_pinned(keys, None, None, open_missing=False)
+
+    def _multi_get_pinned(
+        self, keys: list[Any], routing_context: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+        contexts: Sequence[Mapping[str, Any]] | None, *, open_missing: bool,
+    ) -> tuple[str, list[Any]] | None:
+        """``(run_id, values)`` all read from one snapshot (read again if a refresh pinned it meanwhile)."""
         while True:
             state = self._current()
             generation = state.generation
             try:
                 shared = routing_context if contexts is None and isinstance(routing_context, Mapping) else None
-                values = self._multi_get(state, keys, shared, contexts)
+                values = self._multi_get(state, keys, shared, contexts, open_missing=open_missing)
             except StaleSnapshot:
                 self._check_swapped(state)
                 continue
+            if values is None:
+                return None
             if state.generation == generation:  # else a refresh pinned this snapshot meanwhile: read again
                 self._metrics.count_batch(len(values), values.count(None))
                 return state.run_id, values
@@ -443,8 +464,10 @@ class ShardedReader:
 
     def _multi_get(
         self, state: LoadedSnapshot, keys: list[Any], ctx: Mapping[str, Any] | None,
-        contexts: Sequence[Mapping[str, Any]] | None,
-    ) -> list[Any]:
+        contexts: Sequence[Mapping[str, Any]] | None, *, open_missing: bool = True,
+    ) -> list[Any] | None:
+        """The values of ``keys`` from ``state``; None if ``open_missing`` is False and a shard they
+        need is not open (an empty shard, left out of a sparse manifest, needs nothing)."""
         group = state.group
         groups = group(keys) if group is not None else group_keys(state.locate, keys, ctx, contexts)
         if self._subset is not None:  # before any read: a batch is answered whole or not at all
@@ -455,6 +478,8 @@ class ShardedReader:
         for db_id, (positions, stored_keys) in groups.items():
             db = handles.get(db_id)
             if db is None:
+                if not open_missing and db_id in state.shards:
+                    return None
                 db = self._cache.open_shard(state, db_id)
                 if db is None:  # empty shard
                     continue
@@ -463,12 +488,7 @@ class ShardedReader:
                 for i, value in zip(positions, values, strict=False):
                     out[i] = value
             else:
-                try:
-                    for i, value in zip(positions, values, strict=False):
-                        if value is not None:
-                            out[i] = decode(value)
-                except ReaderError as exc:
-                    raise located_error(exc, run_id=state.run_id, db_id=db_id, key=keys[i]) from exc
+                _decode_into(out, positions, values, decode, state.run_id, db_id, keys)
         return out
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -488,6 +508,17 @@ class ShardedReader:
         max_files = self._cache.files_for_shards(manifest, self._max_open_files, self._max_open_shards)
         return LoadedSnapshot(pointer, manifest, max_open=self._max_open_shards, max_files=max_files,
                               value_decoding=self._value_decoding)
+
+
+def _decode_into(out: list[Any], positions: list[int], values: list[Any], decode: Callable[[bytes], Any], run_id: str,
+                 db_id: int, keys: list[Any]) -> None:
+    """``out[positions[n]] = decode(values[n])`` where a value was found; an error names the run, shard and key."""
+    try:
+        for i, value in zip(positions, values, strict=False):
+            if value is not None:
+                out[i] = decode(value)
+    except ReaderError as exc:
+        raise located_error(exc, run_id=run_id, db_id=db_id, key=keys[i]) from exc
 
 
 def default_max_open_shards() -> int:
