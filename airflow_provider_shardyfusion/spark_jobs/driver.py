@@ -8,7 +8,7 @@ import logging
 import math
 import platform
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -164,7 +164,10 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
             )
         for col in config.value.value_columns():
             spark_types.field_of(df.schema, col, what="value column")
-        df, values = _engine_values(df, config, keep=[config.key_column, *_cel_column_names(config)])
+        encode, values = _engine_values(df, config, keep=[config.key_column, *_cel_column_names(config)])
+        # Encoded after the shuffle: the exchange and the shard sort move the typed columns, smaller
+        # than their JSON text; only the columns the write reads are kept (and cached, if asked).
+        df = encode.needed(df)
     needs_prepass = config.sharding.max_keys_per_shard is not None or config.sharding.infer_routing_values
     if config.options.cache_input or needs_prepass:
         cached = _persist(df, run_id)
@@ -181,10 +184,10 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
     spark_sorts = _spark_sorts_shards(config, plan, rows)
     write_plan = _write_plan(config, key_encoding, plan, spark_sorts, values)
     if plan.num_dbs == 1:
-        results = _write_single_db(df, config, plan, write_plan, faults, durations)
+        results = _write_single_db(df, config, plan, write_plan, faults, durations, encode)
     else:
         with _Step(run_id, durations, "route_shuffle_write"):
-            results = _write_sharded(df, plan, write_plan, faults)
+            results = _write_sharded(df, plan, write_plan, faults, encode)
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
     selection = select_winners((r.shard for r in results), plan.num_dbs)
@@ -202,17 +205,44 @@ def _cel_column_names(config: WriteConfig) -> list[str]:
     return list(config.sharding.cel_columns or ()) if config.sharding.cel_expr else []
 
 
+@dataclass(frozen=True)
+class _Encoding:
+    """How a frame of the input becomes the frame the tasks read (``value_encoder``): applied where
+    the plan is cheapest, which for a full write is after the shuffle."""
+
+    columns: tuple[str, ...]
+    keep: tuple[str, ...]
+    deleted_when: str | None = None
+    json: bool = False
+
+    def needed(self, df):
+        """``df`` cut to the columns the write reads (JSON values only: binary ones are read by name)."""
+        return df.select(*[_col(c) for c in dict.fromkeys((*self.keep, *self.columns))]) if self.json else df
+
+    def __call__(self, df, also: tuple[str, ...] = ()):
+        if not self.json:
+            return df
+        return encode_json_in_engine(df, self.columns, keep=[*self.keep, *also], deleted_when=self.deleted_when)[0]
+
+
+def _col(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 def _engine_values(df, config: WriteConfig, *, keep: list[str], deleted_when: str | None = None,
-                   value_format: str | None = None) -> tuple[Any, EngineValues]:
-    """JSON values encoded by Spark (SPEC §18): the frame the tasks read and how they read it.
-    Binary values pass through as they are, with no schema (their bytes are the value)."""
+                   value_format: str | None = None) -> tuple[_Encoding, EngineValues]:
+    """JSON values encoded by Spark (SPEC §18): what turns ``df`` into the frame the tasks read, and
+    how they read it. Binary values pass through as they are, with no schema (their bytes are the value)."""
     fmt = value_format or encoding.validate_value_format(config.value.format)
     columns = config.value.value_columns()
     if fmt != "json":
-        return df, EngineValues(fmt, columns, ())
+        return _Encoding(columns, tuple(keep)), EngineValues(fmt, columns, ())
     schema = value_schema.from_spark_json(df.schema.jsonValue(), columns)
-    encoded, values = encode_json_in_engine(df, columns, keep=keep, deleted_when=deleted_when)
-    return encoded, replace(values, schema=schema, encoding_version=value_schema.VALUE_ENCODING_ENGINE)
+    _, values = encode_json_in_engine(df, columns, keep=keep, deleted_when=deleted_when)
+    return (_Encoding(columns, tuple(keep), deleted_when, json=True),
+            replace(values, schema=schema, encoding_version=value_schema.VALUE_ENCODING_ENGINE))
 
 
 def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLifecycle, durations: dict[str, float],
@@ -246,8 +276,9 @@ def _write_chain(spark, config: WriteConfig, store: Any, lifecycle: RunRecordLif
             if config.delta.delete_column is not None:
                 spark_types.require_boolean(df.schema, config.delta.delete_column, what="delete_column")
             delete = [config.delta.delete_column] if config.delta.delete_column else []
-            df, values = _engine_values(df, config, keep=[config.key_column, *delete],
-                                        deleted_when=config.delta.delete_column, value_format=base.value_format)
+            encode, values = _engine_values(df, config, keep=[config.key_column, *delete],
+                                            deleted_when=config.delta.delete_column, value_format=base.value_format)
+            df = encode(df)
             if values.schema is not None:
                 value_schema.check_on_base(base.value_schema, base.value_columns, values.schema,
                                            where=f"write_mode 'delta' on base run {base.run_id!r}")
@@ -404,7 +435,7 @@ def _num_tasks(spark, num_dbs: int, per_core: int = TASKS_PER_CORE) -> int:
     return min(num_dbs, session_info.default_parallelism(spark) * per_core)
 
 
-def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults) -> list[TaskResult]:
+def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults, encode: _Encoding) -> list[TaskResult]:
 
     num_tasks = _num_tasks(df.sparkSession, plan.num_dbs)
     routed = with_shard_id(df, plan, faults)
@@ -416,7 +447,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
         partitioned = by_task(routed, num_tasks, plan.num_dbs, sort_cols)
         log.info("run %s: %d shards written by %d tasks (%d cores x %d)", write_plan.run_id, plan.num_dbs, num_tasks,
                  session_info.default_parallelism(df.sparkSession), TASKS_PER_CORE)
-        writing = partitioned.mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
+        writing = encode(partitioned, also=(SHARD_ID_COL,)).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     else:
         # Partition index == shard id: one task per shard, never a hash partitioner on the id.
         partitioned = routed.repartitionById(plan.num_dbs, SHARD_ID_COL)
@@ -424,7 +455,7 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
             # Spark's external sort bounds memory and hands the writer non-overlapping sorted runs.
             partitioned = partitioned.sortWithinPartitions(write_plan.key_column)
         # The id is the partition index now: not shipped to Python, a column less for every row.
-        writing = partitioned.drop(SHARD_ID_COL).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
+        writing = encode(partitioned.drop(SHARD_ID_COL)).mapInArrow(make_write_fn(write_plan, faults), RESULT_DDL)
     try:
         rows = writing.collect()
     except Exception as exc:  # a dead Python worker's error names the shards its task was writing
@@ -433,9 +464,11 @@ def _write_sharded(df, plan: RoutingPlan, write_plan: WritePlan, faults: Faults)
 
 
 def _write_single_db(df, config: WriteConfig, plan: RoutingPlan, write_plan: WritePlan, faults: Faults,
-                     durations: dict[str, float]) -> list[TaskResult]:
+                     durations: dict[str, float], encode: _Encoding) -> list[TaskResult]:
     """num_dbs == 1: global sort, stream Arrow batches to the driver in order, write there."""
     from ..core.storage.rate_limit import WriteLimiter
+
+    df = encode(df)
 
     if plan.sharding.strategy == "cel":
         # One shard, but CEL tokens / ids must still be valid. A filter on the id keeps Spark from
