@@ -32,8 +32,7 @@ def _publish(root: str, offset: int = 0) -> None:
 
 
 def _pool_threads(reader: AsyncShardedReader) -> list[threading.Thread]:
-    prefix = reader._pool._thread_name_prefix  # type: ignore[attr-defined]  # the one name we gave its threads
-    return [t for t in threading.enumerate() if t.name.startswith(prefix + "_")]
+    return [t for t in threading.enumerate() if t.name.startswith(reader.thread_name_prefix + "_")]
 
 
 def _fds_under(path: str) -> list[str]:

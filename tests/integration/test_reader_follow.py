@@ -7,6 +7,7 @@ touches the process's global provider.
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 
@@ -17,8 +18,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 from airflow_provider_shardyfusion.core.read import metrics as reader_metrics
+from airflow_provider_shardyfusion.core.read.follow import follower_thread_name
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
+from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from tests.polling import wait_for
 from tests.snapshot_factory import build_snapshot
 
@@ -54,7 +57,15 @@ def metric_reader():
 def test_follower_serves_a_new_run_without_any_call_and_reports_it(file_root):
     build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
     reports = []
-    with ShardedReader(file_root, follow_interval_s=0.05, on_refresh=reports.append) as reader:
+    in_callback = threading.Event()
+
+    def on_refresh(report):
+        if report.run_id == "r3":  # the follower is busy here when close() is called: close() must wait
+            in_callback.set()
+            threading.Event().wait(0.3)
+        reports.append(report)
+
+    with ShardedReader(file_root, follow_interval_s=0.05, on_refresh=on_refresh) as reader:
         assert reader.get(3) == b"r1-3"
         build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2")
         wait_for(lambda: reader.get(3) == b"r2-3", what="the follower to serve r2")
@@ -62,8 +73,12 @@ def test_follower_serves_a_new_run_without_any_call_and_reports_it(file_root):
         assert [(r.run_id, r.previous_run_id) for r in reports] == [("r2", "r1")] and reader.last_refresh == reports[0]
         health = reader.health()
         assert health.status == "healthy" and health.run_id == "r2" and health.last_error is None
-        follower = reader._follower
-    assert follower is not None and not follower.alive  # close() joined it
+        followers = [t for t in threading.enumerate() if t.name == follower_thread_name(reader.output_uri)]
+        assert len(followers) == 1 and followers[0].is_alive()
+        build_snapshot(file_root, _rows("r3"), num_dbs=NUM_DBS, run_id="r3")
+        wait_for(in_callback.is_set, what="the follower to report r3")
+    # close() joined the follower: it let the round in progress end, and the thread is gone.
+    assert not followers[0].is_alive() and [r.run_id for r in reports] == ["r2", "r3"]
     assert reader.health().status == "unhealthy"
 
 
@@ -87,24 +102,28 @@ def test_user_refresh_and_follower_never_refresh_at_once(file_root, monkeypatch)
     build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
     inside = [0]
     most = [0]
-    loads = [0]
+    loads: list[str] = []
     lock = threading.Lock()
-    with ShardedReader(file_root, follow_interval_s=0.01) as reader:
-        real = reader._load
+    real_get = LocalStore.get
 
-        def counted(pointer):  # a refresh's load of the new snapshot, made slow so that overlaps would show
+    def slow_manifest_get(self, key):
+        # A refresh's one read of the new run's manifest, made slow so that overlapping refreshes
+        # would show. The real read, only delayed; the main thread (build_snapshot) is not counted.
+        if not key.startswith(layout.MANIFESTS_DIR + "/") or threading.current_thread() is threading.main_thread():
+            return real_get(self, key)
+        with lock:
+            inside[0] += 1
+            loads.append(key)
+            most[0] = max(most[0], inside[0])
+        try:
+            threading.Event().wait(0.02)
+            return real_get(self, key)
+        finally:
             with lock:
-                inside[0] += 1
-                loads[0] += 1
-                most[0] = max(most[0], inside[0])
-            try:
-                threading.Event().wait(0.02)
-                return real(pointer)
-            finally:
-                with lock:
-                    inside[0] -= 1
+                inside[0] -= 1
 
-        monkeypatch.setattr(reader, "_load", counted)
+    with ShardedReader(file_root, follow_interval_s=0.01) as reader:
+        monkeypatch.setattr(LocalStore, "get", slow_manifest_get)
         for step in range(2, 6):
             build_snapshot(file_root, _rows(f"r{step}"), num_dbs=NUM_DBS, run_id=f"r{step}")
             callers = [threading.Thread(target=reader.refresh) for _ in range(4)]
@@ -113,7 +132,8 @@ def test_user_refresh_and_follower_never_refresh_at_once(file_root, monkeypatch)
             for t in callers:
                 t.join()
             assert reader.get(1) == f"r{step}-1".encode()
-    assert most[0] == 1 and loads[0] == 4  # each run loaded once, by whoever came first
+    # Each run's manifest read once, by whoever came first, never two at once.
+    assert most[0] == 1 and len(loads) == len(set(loads)) == 4, loads
 
 
 def test_health_is_degraded_when_stale_or_the_check_failed(file_root):
@@ -179,13 +199,18 @@ def test_a_failed_refresh_is_counted_as_failed(file_root, metric_reader):
     in_memory, provider = metric_reader
     build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
     with ShardedReader(file_root, meter_provider=provider) as reader:
-        def unreachable(key):
-            raise StorageError(f"get of {key} failed: disk gone")
-
-        reader._snapshots.store.get = unreachable  # the store this reader reads _CURRENT through
-        with pytest.raises(StorageError, match="disk gone"):
+        # _CURRENT replaced by a symlink to itself: reading it fails with ELOOP, an error other than
+        # "absent" (which keeps the snapshot quietly), also for root, whom a chmod would not stop.
+        current = os.path.join(layout.local_path_of(file_root), layout.CURRENT_KEY)
+        os.replace(current, current + ".good")
+        os.symlink(layout.CURRENT_KEY, current)
+        with pytest.raises(StorageError, match="Too many levels of symbolic links"):
             reader.refresh()
         health = reader.health()
-        assert health.status == "degraded" and health.last_error == "StorageError: get of _CURRENT failed: disk gone"
+        assert health.status == "degraded"
+        current_uri = layout.join(reader.output_uri, layout.CURRENT_KEY)
+        assert health.last_error.startswith(f"StorageError: local get of {current_uri} failed: "), health.last_error
         assert reader.get(1) == b"r1-1"
         assert _metrics(in_memory)["shardyfusion.reader.refreshes"] == [({"outcome": "failed"}, 1)]
+        os.replace(current + ".good", current)
+        assert reader.refresh() is False and reader.health().status == "healthy"

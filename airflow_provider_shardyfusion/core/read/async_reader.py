@@ -53,7 +53,7 @@ class AsyncShardedReader:
     (also ``async with``) are ``ShardedReader``'s methods run on the pool; ``route(key)``,
     ``describe()``, ``run_id`` and ``manifest`` answer at once, without I/O. A cancelled call
     leaks nothing (see the module's docstring). ``reader`` is the underlying ``ShardedReader``,
-    for code that is not async.
+    for code that is not async. Its worker threads are named ``<thread_name_prefix>_<n>``.
     """
 
     # ``reader_args`` rather than a copy of ShardedReader's signature: every argument it gains
@@ -62,7 +62,8 @@ class AsyncShardedReader:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ReaderError(f"max_workers must be a positive integer, got {max_workers!r}")
         self.reader = ShardedReader(output_uri, **reader_args)
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix=f"shardyfusion-async-{next(_POOLS)}")
+        self._thread_name_prefix = f"shardyfusion-async-{next(_POOLS)}"
+        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix=self._thread_name_prefix)
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -89,6 +90,11 @@ class AsyncShardedReader:
     @property
     def shard_ids(self) -> frozenset[int] | None:
         return self.reader.shard_ids
+
+    @property
+    def thread_name_prefix(self) -> str:
+        """Its worker threads are named ``<prefix>_<n>`` (unique per reader): to tell them in a thread dump."""
+        return self._thread_name_prefix
 
     def route(self, key: Any, *, routing_context: Mapping[str, Any] | None = None) -> int:
         """The shard id ``key`` routes to (pure computation: no thread needed)."""

@@ -25,7 +25,10 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
     from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 
-__all__ = ["JITTER", "MAX_BACKOFF_INTERVALS", "Follower", "PointerWatch", "check_follow_arguments", "next_wait"]
+__all__ = [
+    "JITTER", "MAX_BACKOFF_INTERVALS", "THREAD_NAME", "Follower", "PointerWatch", "check_follow_arguments",
+    "follower_thread_name", "next_wait",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,13 @@ JITTER = 0.1
 MAX_BACKOFF_INTERVALS = 10
 # A stop() that outlives this is logged: the round in progress is a storage call bounded by its retry policy.
 _JOIN_TIMEOUT_S = 30.0
+# What a follower's thread is called, so a thread dump (or a test) tells which reader it polls for.
+THREAD_NAME = "shardyfusion-follow"
+
+
+def follower_thread_name(output_uri: str) -> str:
+    """The name of the follower thread of a ``ShardedReader`` of ``output_uri`` (as the reader normalised it)."""
+    return f"{THREAD_NAME} {output_uri}"
 
 
 def check_follow_arguments(follow_interval_s: float | None, max_staleness_s: float | None, *, pinned: bool) -> None:
@@ -105,7 +115,7 @@ class Follower:
         on_check: Callable[[BaseException | None], None],
         on_refresh: Callable[[Any], Any] | None = None,
         on_error: Callable[[BaseException], Any] | None = None,
-        name: str = "shardyfusion-follow",
+        name: str = THREAD_NAME,
     ):
         self.interval_s = float(interval_s)
         self._watch = watch

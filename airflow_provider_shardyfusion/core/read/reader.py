@@ -24,7 +24,7 @@ from airflow_provider_shardyfusion.core.errors import ManifestValidationError, O
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.description import OpenShard, ReaderDescription, describe_snapshot
-from airflow_provider_shardyfusion.core.read.follow import Follower, PointerWatch, check_follow_arguments
+from airflow_provider_shardyfusion.core.read.follow import Follower, PointerWatch, check_follow_arguments, follower_thread_name
 from airflow_provider_shardyfusion.core.read.health import CheckLog, ReaderHealth, reader_health
 from airflow_provider_shardyfusion.core.read.key_locator import group_keys
 from airflow_provider_shardyfusion.core.read.loaded_snapshot import LoadedSnapshot, StaleSnapshot
@@ -87,7 +87,8 @@ class ShardedReader:
         ``json.loads`` of the stored bytes, ``"raw"`` the stored bytes. Binary snapshots return bytes.
     :param follow_interval_s: a background thread reads ``_CURRENT`` about that often (±10 % jitter;
         a conditional GET on S3) and calls ``refresh()`` when it moved; a failed check waits twice
-        as long as the one before, up to ten intervals; ``close()`` stops it. Not with ``manifest_ref``.
+        as long as the one before, up to ten intervals; ``close()`` stops it and joins it. The thread is
+        named ``follow.follower_thread_name(reader.output_uri)``. Not with ``manifest_ref``.
     :param on_refresh: called with ``last_refresh`` after each swap the follower made (its thread).
     :param on_error: called with the exception of each failed check (its thread; one that raises is logged).
     :param max_staleness_s: ``health()`` says ``"degraded"`` once the served run is older than this.
@@ -163,7 +164,7 @@ class ShardedReader:
             self._follower = Follower(
                 interval_s=follow_interval_s, watch=PointerWatch(self._snapshots, lambda: self._current().pointer),
                 refresh=self.refresh, report=lambda: self.last_refresh, on_check=self._checks.record,
-                on_refresh=on_refresh, on_error=on_error, name=f"shardyfusion-follow {self._root}",
+                on_refresh=on_refresh, on_error=on_error, name=follower_thread_name(self._root),
             )
             self._follower.start()
 
