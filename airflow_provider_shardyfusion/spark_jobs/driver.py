@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -186,7 +187,9 @@ def _write_full(spark, config: WriteConfig, lifecycle: RunRecordLifecycle, durat
     if plan.num_dbs == 1:
         results = _write_single_db(df, config, plan, write_plan, faults, durations, encode)
     else:
-        with _Step(run_id, durations, "route_shuffle_write"):
+        with _Step(run_id, durations, "arrow_batches"):
+            batches = _arrow_batch_conf(df, config, encode, rows)
+        with _Step(run_id, durations, "route_shuffle_write"), spark_conf_overrides(spark, batches):
             results = _write_sharded(df, plan, write_plan, faults, encode)
     with _Step(run_id, durations, "verify_routing"):
         _verify_routing(config, plan, results)
@@ -328,6 +331,59 @@ def _persist(df, run_id: str):
     except Exception as exc:  # caching is an optimization: go on uncached
         log.warning("run %s: could not persist the input (%s); continuing uncached", run_id, exc)
         return None
+
+
+ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+ARROW_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+# Rows of the input whose sizes decide whether the byte bound of an Arrow batch can be lifted,
+# and how far below Spark's byte bound a batch of the largest of them must stay.
+ARROW_SAMPLE_ROWS = 2000
+ARROW_BATCH_MARGIN = 4
+# Below this many rows the per-row cost is too small to pay for the sample's Spark job.
+ARROW_SAMPLE_MIN_ROWS = 1_000_000
+
+
+def _arrow_batch_conf(df, config: WriteConfig, encode: _Encoding, rows: int | None) -> dict[str, str]:
+    """The Arrow batch bounds of the writing stage, where the defaults cost more than they protect.
+
+    Spark ends a batch to the Python writer at ``maxRecordsPerBatch`` rows or ``maxBytesPerBatch``
+    bytes, and checks the bytes after every row it adds, walking the batch's vectors: about a
+    tenth of the JVM's time in a JSON write of small values (docs/benchmarks.md). Where a sample of
+    the rows the writer receives says that ``maxRecordsPerBatch`` of its largest row stay well
+    within the byte bound, the bound is lifted for this write and the row count alone ends a
+    batch. Settings the user gave in ``spark_conf_overrides`` are kept as given.
+    """
+    if ARROW_MAX_BYTES in config.spark_conf_overrides or ARROW_MAX_RECORDS in config.spark_conf_overrides:
+        return {}
+    if rows is None or rows < ARROW_SAMPLE_MIN_ROWS:  # unknown: a micro-batch, say, is often small
+        return {}
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    spark = df.sparkSession
+    max_bytes = _conf_bytes(spark.conf.get(ARROW_MAX_BYTES))
+    max_records = int(spark.conf.get(ARROW_MAX_RECORDS))
+    sent = encode(df)
+    sizes = [F.coalesce(F.octet_length(F.col(f"`{f.name.replace('`', '``')}`")), F.lit(0))
+             if isinstance(f.dataType, (T.StringType, T.BinaryType)) else F.lit(16) for f in sent.schema.fields]
+    # A limit collected (not aggregated): Spark reads the first partition, and more only if short.
+    taken = sent.select(functools.reduce(lambda a, b: a + b, sizes).alias("n")).limit(ARROW_SAMPLE_ROWS).collect()
+    largest = max((r[0] for r in taken), default=None)
+    if largest is None or max_records <= 0 or largest * max_records * ARROW_BATCH_MARGIN > max_bytes:
+        log.info("run %s: Arrow batches bounded by Spark's defaults (largest sampled row %s bytes)",
+                 config.run_id, largest)
+        return {}
+    log.info("run %s: Arrow batches of %d rows, byte bound lifted (largest sampled row %d bytes)",
+             config.run_id, max_records, largest)
+    return {ARROW_MAX_BYTES: str(2**31 - 1)}
+
+
+def _conf_bytes(text: str) -> int:
+    """A Spark byte size as Spark prints it (``67108864b``, ``64m``) in bytes."""
+    units = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30}
+    t = text.strip().lower()
+    digits = t.rstrip("kmgb")
+    return int(digits) * units.get(t[len(digits):] or "b", 1)
 
 
 def _count_is_useful(config: WriteConfig) -> bool:
