@@ -4,8 +4,8 @@ Its wheel, built from this checkout, goes into a fresh venv with its ``serve`` e
 the package registry as a service host would (uv's cache makes repeats quick). There, with no
 Airflow, PySpark, pyarrow or numpy installed and without this checkout on ``sys.path``: the
 provider's import paths work, ``ShardedReader`` reads a snapshot on the S3 test server with typed
-values exactly, ``shardyfusion get`` prints the stored values, and ``shardyfusion serve`` answers
-over HTTP on loopback. Needs the network the first time (the registry), like tests/deploy/.
+values exactly, ``shardyfusion get`` prints the typed values as JSON, and ``shardyfusion serve``
+answers over HTTP on loopback. Needs the network the first time (the registry), like tests/deploy/.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from airflow_provider_shardyfusion import __version__
@@ -108,6 +109,11 @@ def _multi_get(port: int, keys: list[int]) -> dict:
         conn.close()
 
 
+
+def _as_json(value):
+    """A typed value as ``shardyfusion get`` and ``serve`` show it: JSON's own types, keys as text."""
+    return msgspec.to_builtins(value, str_keys=True)
+
 def test_reader_wheel_reads_and_serves_without_airflow_or_spark(request, tmp_path, s3_server, s3_root, s3_options):
     import pyarrow as pa
 
@@ -152,8 +158,9 @@ def test_reader_wheel_reads_and_serves_without_airflow_or_spark(request, tmp_pat
     s3_flags = ["--endpoint-url", s3_server, "--region", "us-east-1", "--path-style"]
     out = json.loads(_run([bin_dir / "shardyfusion", "get", s3_root, "3", "150", str(KEYS + 1), *s3_flags], env=env, cwd=work))
     assert out["run_id"] == RUN_ID
+    # The command shows typed values as JSON (timestamps stored as epoch microseconds as RFC 3339 text).
     assert [(r["key"], r["found"], r["value"]) for r in out["results"]] == [
-        (3, True, json.loads(stored[3])), (150, True, json.loads(stored[150])), (KEYS + 1, False, None)]
+        (3, True, _as_json(want[3])), (150, True, _as_json(want[150])), (KEYS + 1, False, None)]
 
     port = free_port()
     log = tmp_path / "serve.log"
