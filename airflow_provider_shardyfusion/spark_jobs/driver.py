@@ -364,7 +364,7 @@ def _arrow_batch_conf(df, config: WriteConfig, encode: _Encoding, rows: int | No
     max_bytes = _conf_bytes(spark.conf.get(ARROW_MAX_BYTES))
     max_records = int(spark.conf.get(ARROW_MAX_RECORDS))
     sent = encode(df)
-    sizes = [F.coalesce(F.octet_length(F.col(f"`{f.name.replace('`', '``')}`")), F.lit(0))
+    sizes = [F.coalesce(F.octet_length(_col(f.name)), F.lit(0))
              if isinstance(f.dataType, (T.StringType, T.BinaryType)) else F.lit(16) for f in sent.schema.fields]
     # A limit collected (not aggregated): Spark reads the first partition, and more only if short.
     taken = sent.select(functools.reduce(lambda a, b: a + b, sizes).alias("n")).limit(ARROW_SAMPLE_ROWS).collect()
