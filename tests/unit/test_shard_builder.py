@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
 
 import pyarrow as pa
 import pytest
@@ -13,7 +15,7 @@ from airflow_provider_shardyfusion.core.errors import InputDataError, KeyEncodin
 from airflow_provider_shardyfusion.core.model import encoding
 from airflow_provider_shardyfusion.core.model.checksum import file_checksum
 from airflow_provider_shardyfusion.core.storage.rate_limit import WriteLimiter
-from airflow_provider_shardyfusion.core.write.shard_builder import ShardBuilder
+from airflow_provider_shardyfusion.core.write.shard_builder import ShardBuilder, compressible
 
 
 def build(tmp_path, key_encoding, chunks, **kwargs):
@@ -176,3 +178,47 @@ def test_an_sst_shard_ships_a_key_index_of_exactly_its_keys(tmp_path, presorted,
 def test_a_database_shard_has_no_key_index(tmp_path):
     _, built, _ = build(tmp_path, "u64be", [([3, 1, 2], [b"a", b"b", b"c"])])
     assert built.key_index is None
+
+
+def _sst_dump(path: str, *args: str) -> str:
+    tool = shutil.which("sst_dump")
+    assert tool, "sst_dump (Debian's rocksdb-tools, installed by `make install`) is needed to read the SSTs"
+    proc = subprocess.run([tool, f"--file={path}", *args], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"sst_dump refused {path}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("kind", ["random", "json"])
+def test_values_snappy_cannot_shrink_are_written_uncompressed_and_read_back(tmp_path, kind):
+    """Random bytes are stored raw (RocksDB would keep Snappy's blocks only where they save an
+    eighth); JSON-like values stay compressed; the key index always is; RocksDB 7.8 reads both."""
+    rng = random.Random(7)
+    keys = list(range(5_000))
+    if kind == "random":
+        values = [rng.randbytes(100) for _ in keys]
+    else:
+        values = [b'{"count":%d,"name":"%040x","score":%r}' % (k, rng.getrandbits(160), k / 7) for k in keys]
+    builder = ShardBuilder(str(tmp_path / "work"), "u64be", key_column="k", shard_layout="sst")
+    builder.add(pa.array(keys), pa.array(values, pa.binary()))
+    built = builder.finish()
+    (data,) = built.files
+    assert key_index_items(f"{built.db_dir}/{data.name}", tmp_path) == [
+        (encoding.encode_key(k, "u64be"), v) for k, v in zip(keys, values, strict=True)]
+    assert compressible(pa.array(values, pa.binary())) is (kind == "json")
+    algo = "NoCompression" if kind == "random" else "Snappy"
+    assert f"SST file compression algo: {algo}" in _sst_dump(f"{built.db_dir}/{data.name}", "--show_properties")
+    scanned = _sst_dump(f"{built.db_dir}/{data.name}", "--command=scan", "--output_hex").splitlines()
+    assert len([line for line in scanned if "=>" in line]) == len(keys)
+    assert built.key_index is not None
+    index = f"{built.db_dir}/{built.key_index.name}"
+    assert "SST file compression algo: Snappy" in _sst_dump(index, "--show_properties")
+    if kind == "random":  # stored raw: the file holds every value byte, and little more
+        assert sum(map(len, values)) < data.size < 1.3 * sum(map(len, values)) + 65536
+    builder.close()
+
+
+def test_compressible_judges_block_sized_samples():
+    assert compressible(pa.array([], pa.binary())) and compressible(pa.array([None] * 3, pa.binary()))
+    assert compressible(pa.array([b"a" * 100] * 1000, pa.binary()))
+    rng = random.Random(1)
+    assert not compressible(pa.array([rng.randbytes(64) for _ in range(1000)], pa.binary()))
