@@ -222,3 +222,7 @@ def test_compressible_judges_block_sized_samples():
     assert compressible(pa.array([b"a" * 100] * 1000, pa.binary()))
     rng = random.Random(1)
     assert not compressible(pa.array([rng.randbytes(64) for _ in range(1000)], pa.binary()))
+    # Values larger than a block: one per sample, whatever follows it.
+    big = [rng.randbytes(1 << 20) for _ in range(4)]
+    assert not compressible(pa.array(big * 8, pa.binary()))
+    assert compressible(pa.array([b"x" * (1 << 20)] * 32 + [None], pa.binary()))

@@ -88,16 +88,14 @@ def compressible(values: pa.Array) -> bool:
     codec = pa.Codec("snappy")
     raw = packed = 0
     for start in range(0, n, max(1, n // _SAMPLE_BLOCKS)):
-        block = bytearray()
-        for v in values.slice(start, 1024).to_pylist():
-            if v is None:
-                continue
-            block += v
-            if len(block) >= _SAMPLE_BLOCK_BYTES:
-                break
+        # Only the rows that fill a block are copied out: a value may be megabytes.
+        window = values.slice(start, _SAMPLE_BLOCK_BYTES)
+        sizes = np.cumsum(pc.fill_null(pc.binary_length(window), 0).to_numpy(zero_copy_only=False))
+        rows = int(np.searchsorted(sizes, _SAMPLE_BLOCK_BYTES)) + 1
+        block = b"".join(v for v in window.slice(0, rows).to_pylist() if v is not None)
         if block:
             raw += len(block)
-            packed += len(codec.compress(bytes(block), asbytes=True))
+            packed += len(codec.compress(block, asbytes=True))
     return raw == 0 or packed < raw * _KEPT_IF_BELOW
 
 
