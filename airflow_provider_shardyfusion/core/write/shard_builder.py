@@ -43,6 +43,7 @@ from airflow_provider_shardyfusion.core.write.key_index import (
     finish_key_index,
     key_index_file,
     key_index_writer,
+    sst_writer,
 )
 
 if TYPE_CHECKING:
@@ -83,8 +84,6 @@ def compressible(values: pa.Array) -> bool:
     spares the attempt and stores the same bytes.
     """
     n = len(values)
-    if n == 0:
-        return True
     codec = pa.Codec("snappy")
     raw = packed = 0
     for start in range(0, n, max(1, n // _SAMPLE_BLOCKS)):
@@ -333,9 +332,8 @@ class ShardBuilder:
         writer.open(sst_path)
         keys_writer = None
         keys_path = os.path.join(self._build_dir, f"keys-run-{self._runs:05d}.sst")
-        if not as_db:  # keys alone compress well (~40 %) whatever the values are
-            keys_writer = SstFileWriter(options=rocksdb_options())
-            keys_writer.open(keys_path)
+        if not as_db:  # the key index's own options: keys compress well whatever the values are
+            keys_writer = sst_writer(keys_path)
         n = len(run.keys)
         for start in range(0, n, self.batch_size):
             ks = run.keys[start : start + self.batch_size]
