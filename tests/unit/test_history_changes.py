@@ -172,3 +172,38 @@ def test_values_of_two_encoders_compare_by_their_typed_values():
                        {"run_id": "old", "found": True, "value": json.loads(old[1]), "typed": typed(old[1])}])
     assert [(f["run_id"], f["fate"]) for f in fates] == [("new", "unchanged"), ("old", "inserted")]
     assert all("typed" not in f for f in fates)  # the pages and their JSON twins show values as JSON
+
+
+def test_runs_compare_typed_whatever_their_encoder_labels_say():
+    """A delta on a base the Python encoder wrote carries the engine's label while its base layers
+    keep the old bytes, and a run older than SPEC §18 has no schema: both directions compare typed."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from airflow_provider_shardyfusion.core.lifecycle.history import comparison_between
+    from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
+    from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
+    from tests.unit.test_value_schema import manifest
+
+    schema = from_arrow(pa.schema([("at", pa.timestamp("us", tz="UTC")), ("n", pa.int64())]), ["at", "n"])
+    at = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    old = encode_json_value({"at": at, "n": 1})  # the Python encoder, as a pre-§18 base layer holds it
+    new = b'{"at":1704164645000000,"n":1}'  # the engine: epoch microseconds
+    changed = b'{"at":1704164645000000,"n":2}'
+    assert old != new
+    pre = manifest(value_format="json", value_columns=("at", "n"))
+    delta = manifest(value_format="json", value_columns=("at", "n"), value_schema=schema,
+                     value_encoding_version=VALUE_ENCODING_ENGINE)
+    full = manifest(value_format="json", value_columns=("at", "n"), value_schema=schema,
+                    value_encoding_version=VALUE_ENCODING_ENGINE)
+    rows_old = [((1).to_bytes(8, "big"), old), ((2).to_bytes(8, "big"), old)]
+    rows_new = [((1).to_bytes(8, "big"), new), ((2).to_bytes(8, "big"), changed)]
+    for before, after, a, b in ((delta, full, rows_old, rows_new), (full, pre, rows_new, rows_old),
+                                (pre, full, rows_old, rows_new)):
+        typed = comparison_between(before, after)
+        assert typed is not None
+        sample = sample_changes(0, a, b, key_encoding="u64be", value_format="json", typed=typed)
+        assert [(c["key"], c["kind"], c["fields"]) for c in sample.changes] == [(2, "updated", ["n"])]
+    assert comparison_between(pre, pre) is None  # no schema on either side: the bytes decide
+    assert comparison_between(manifest(), full) is None  # binary against JSON: nothing to decode both by

@@ -524,11 +524,14 @@ def spread(items: Sequence[T], n: int) -> list[T]:
 
 
 def comparison_between(before: Manifest, after: Manifest) -> Callable[[bytes], Any] | None:
-    """``typed_comparison`` for two runs: bytes of two value encoders differ for equal values
-    (SPEC §18), so runs written by different encoder versions compare typed values; else bytes."""
-    if before.value_encoding_version == after.value_encoding_version:
+    """``typed_comparison`` for two runs of one value format: bytes of two value encoders differ for
+    equal values (SPEC §18), so values compare typed wherever either run has a value schema — equal
+    encoder versions prove nothing, as a delta's base layers keep the bytes of the encoder that
+    wrote them, and a run older than §18 has no schema of its own. Only keys whose bytes differ are
+    decoded; None: the bytes decide."""
+    if before.value_format != after.value_format:
         return None
-    return typed_comparison(after.value_format, after.value_schema)
+    return typed_comparison(after.value_format, after.value_schema or before.value_schema)
 
 
 CHANGE_KINDS = ("inserted", "updated", "deleted")
