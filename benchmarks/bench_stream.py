@@ -27,6 +27,9 @@ One Spark session on local[2], local ``file://`` roots under a temp dir, in this
    batch once, and on both readers sampled deleted keys read None and sampled updated / inserted
    keys read their newest value.
 
+``--value-format json``: every write takes the payload as a JSON value (SPEC §18's engine encoder)
+and the readers answer typed values.
+
 Reports per-batch latencies, p50 / p95 (nearest rank) of each side and the ratios stream / full.
 Prints ONE JSON line on stdout; progress on stderr. Exit status 1 if a correctness check failed
 (the JSON line is printed all the same).
@@ -89,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-sample", type=int, default=2000, help="deleted / updated / inserted keys read back each")
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--value-format", choices=["binary", "json"], default="binary",
+                    help="json: the payload column as a JSON value on both sides (SPEC §18's engine encoder, "
+                         "typed reads)")
     args = ap.parse_args(argv)
     if args.batches < 1 or args.batch_rows < 4:
         ap.error("--batches must be >= 1 and --batch-rows >= 4")
@@ -129,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         return reader
 
     reader_work: dict[str, list[dict[str, int]]] = {"stream": [], "full": []}
+    as_json = args.value_format == "json"
+
+    def values(*, chained: bool = False) -> dict:
+        """The value arguments of a write; a delta inherits its base's format."""
+        if not as_json:
+            return {"value_column": "payload"}
+        return {"value_columns": ["payload"], **({} if chained else {"value_format": "json"})}
+
+    def read_as(payload: str):
+        """What a reader's get answers for a row whose payload is ``payload`` (typed, for JSON)."""
+        return {"payload": payload} if as_json else payload.encode()
 
     def wait_answer(reader: ShardedReader, key: int, want: bytes, t0: float, failed=lambda: None) -> float | None:
         """Seconds from ``t0`` until ``reader`` (refresh() then get) answers ``key`` with ``want``; None on failure."""
@@ -159,18 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         change_files.append(path)
         ids, payloads = table.column("id").to_pylist(), table.column("payload").to_pylist()
         key = next(k for k, v in zip(ids, payloads, strict=True) if v is not None and k < args.rows)
-        probes.append((key, model.latest[key].encode()))
+        probes.append((key, read_as(model.latest[key])))
 
     _log(f"base: full write of {args.rows} rows in {args.num_dbs} shards (untimed)")
     t0 = time.perf_counter()
-    run_write(spark, build_write_config(output_uri=stream_root, input_path=src, key_column="id",
-                                        value_column="payload", num_dbs=args.num_dbs, run_id="base"))
+    run_write(spark, build_write_config(output_uri=stream_root, input_path=src, key_column="id", **values(),
+                                        num_dbs=args.num_dbs, run_id="base"))
     base_write_s = time.perf_counter() - t0
 
     # -- 2. streamed deltas -------------------------------------------------------------------------
     stream_reader = open_every_shard(stream_root, str(work / "cache-stream"))
     config = build_write_config(output_uri=stream_root, input_path=str(source), key_column="id",
-                                value_column="payload", num_dbs=args.num_dbs, write_mode="delta",
+                                **values(chained=True), num_dbs=args.num_dbs, write_mode="delta",
                                 delete_column="deleted")
     writer = foreach_batch_writer(config, stream_id=STREAM_ID)
     query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(source))
@@ -216,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 .unionByName(newest.where("NOT coalesce(deleted, false)").select("id", "payload")))
 
     def full_write(upto: int, run_id: str) -> None:
-        cfg = build_write_config(output_uri=full_root, input_path=src, key_column="id", value_column="payload",
+        cfg = build_write_config(output_uri=full_root, input_path=src, key_column="id", **values(),
                                  num_dbs=args.num_dbs, run_id=run_id)
         run_write(spark, cfg, df=applied(upto))
 
@@ -268,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             check(manifest.row_count == model.rows, f"{name}: manifest rows {manifest.row_count} != {model.rows}")
             check(reader.multi_get(gone) == [None] * len(gone), f"{name}: a deleted key reads a value")
             for what, keys in (("updated", updated), ("inserted", inserted)):
-                check(reader.multi_get(keys) == [model.latest[k].encode() for k in keys],
+                check(reader.multi_get(keys) == [read_as(model.latest[k]) for k in keys],
                       f"{name}: an {what} key does not read its newest value")
         reader.close()
     spark.stop()
@@ -284,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {q: round(stream[q] / full[q], 4) if stream[q] and full[q] else None for q in ("p50_s", "p95_s")}
     result = {
         "benchmark": "stream", "rows": args.rows, "num_dbs": args.num_dbs, "value_bytes": VALUE_BYTES,
-        "master": "local[2]", "batch_rows": args.batch_rows, "batches": args.batches,
+        "master": "local[2]", "value_format": args.value_format, "batch_rows": args.batch_rows, "batches": args.batches,
         "warmup_batches": args.warmup_batches, "trigger": f"processingTime {args.trigger}", "poll_ms": args.poll_ms,
         "measured": "atomic rename of the change file (stream) / file ready (full) -> a reader following with "
                     "refresh(), every shard opened, answers an updated key of that file with its new value",
