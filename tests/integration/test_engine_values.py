@@ -155,11 +155,18 @@ def test_a_delta_adds_a_nullable_column_and_refuses_a_type_change(spark, tmp_pat
 
     changed = pa.table({"id": pa.array([1], pa.int64()), "name": ["x"], "amount": pa.array([1.5], pa.float64()),
                         "deleted": [False]})
+    changed_path = write_parquet(tmp_path, changed, "changed")
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = set(tracker.getJobIdsForGroup())
     with pytest.raises(ConfigError) as info:
-        run(spark, output_uri=root, key_column="id", input_path=write_parquet(tmp_path, changed, "changed"),
+        run(spark, output_uri=root, key_column="id", input_path=changed_path,
             write_mode="delta", delete_column="deleted", run_id="type-change")
     assert "column 'amount' changed from decimal(38,2) to double" in str(info.value)
-    # Refused on the schema: no task ran, nothing was written under the run.
+    # Refused on the schema, before Spark read a row: the one job that ran is the Parquet reader's
+    # schema inference (file footers, `load at …`); nothing was written under the run.
+    stages = [tracker.getStageInfo(stage).name for job in set(tracker.getJobIdsForGroup()) - jobs_before
+              for stage in tracker.getJobInfo(job).stageIds]
+    assert all(name.startswith("load at ") for name in stages), stages
     assert not list(open_store(root).list("shards/run_id=type-change/"))
 
     added = pa.table({"id": pa.array([1, 30, 5], pa.int64()), "name": ["one", "thirty", None],
