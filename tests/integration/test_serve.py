@@ -140,6 +140,9 @@ def test_bad_input_is_a_clear_error_and_touches_no_file(served):
     assert status == 400 and "not-a-number" in body["error"] and body["run_id"] == "r1"
     status, _, body = server.multi_get(["1", "x"])
     assert status == 400 and "'x'" in body["error"]
+    rule = "(5000 digits) is out of range (rule: u64be takes 0..18446744073709551615)"
+    for status, _, body in (server.call("GET", f"/v1/keys/{'9' * 5000}"), server.multi_get([1, "9" * 5000])):
+        assert status == 400 and body["error"].startswith("key '99999") and rule in body["error"]
     status, _, body = server.multi_get(list(range(20_000)))
     assert status == 413 and "10000" in body["error"]
     status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [1]}', content_type="text/plain")
