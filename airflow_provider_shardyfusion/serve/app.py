@@ -107,7 +107,7 @@ def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
         return ShardedReader(
             config.root, cache_dir=config.cache_dir, storage_options=config.storage_options or None,
             follow_interval_s=config.follow_interval_s, max_staleness_s=config.max_staleness_s,
-            shard_ids=config.shard_ids, value_decoding=config.value_decoding,  # type: ignore[arg-type]  # checked by ServeConfig
+            shard_ids=config.shard_ids, value_decoding=config.value_decoding,
         )
 
     return open_reader

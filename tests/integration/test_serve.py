@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.model.value_schema import from_arrow
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.serve.app import INLINE_MAX_KEYS, RUN_ID_HEADER, ReaderSlot, SnapshotService
+from airflow_provider_shardyfusion.serve.app import INLINE_MAX_KEYS, RUN_ID_HEADER, ReaderSlot, SnapshotService, reader_factory
+from airflow_provider_shardyfusion.serve.config import ServeConfig
+from airflow_provider_shardyfusion.serve.server import check_shard_ids
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot, publish_current
@@ -188,6 +191,11 @@ def test_typed_values_render_as_json(tmp_path):
 def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
     root = f"file://{tmp_path}/snap"
     build_snapshot(root, [(k, _value(k, "r1")) for k in range(200)], num_dbs=4, run_id="r1", value_format="json")
+    # Ids the served run has no shard for: refused at start, in one line, before any worker starts.
+    refused = subprocess.run([sys.executable, "-m", "airflow_provider_shardyfusion", "serve", root, "--shard-ids", "2-9,12",
+                              "--port", str(free_port())], capture_output=True, text=True, timeout=120, check=False)
+    assert (refused.returncode, refused.stdout, refused.stderr.count("\n")) == (1, "", 1), refused.stderr
+    assert "shard_ids 2-9,12 name shard(s) 4-9,12 outside [0, 4): run 'r1' has 4 shards" in refused.stderr
     server = Server(root, tmp_path / "server.log", "--shard-ids", "0-1", "--follow-interval-s", "5")
     try:
         answers = {k: server.call("GET", f"/v1/keys/{k}") for k in range(40)}
@@ -202,6 +210,27 @@ def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
         assert status == 421 and body["key"] == refused[0]
     finally:
         server.stop()
+
+
+def test_shard_ids_the_run_lacks_are_the_readyz_reason_when_unknown_at_start(tmp_path):
+    """Nothing published at start: the ids cannot be checked then, so the worker starts, keeps trying,
+    and /readyz names the ids and the shard count once a run is published."""
+    root = f"file://{tmp_path}/snap"
+    config = ServeConfig(root, shard_ids=(2, 3, 4, 5), follow_interval_s=0.2, cache_dir=str(tmp_path / "cache"))
+    check_shard_ids(config)  # nothing to check against: no error
+    service = SnapshotService(ReaderSlot(reader_factory(config), retry_s=0.2), key_type="auto")
+    service.slot.open()
+    try:
+        assert "_CURRENT" in json.loads(service.readyz().body)["reason"]
+        build_snapshot(root, [(k, b"v") for k in range(20)], num_dbs=4, run_id="r1")
+        reason = wait_for(lambda: (lambda r: r if "outside [0," in r else None)(json.loads(service.readyz().body)["reason"]),
+                          timeout=30, what="/readyz to name the shard ids the published run lacks")
+        assert "shard_ids 2-5 name shard(s) 4-5 outside [0, 4): run 'r1' has 4 shards" in reason
+        assert service.readyz().status_code == 503 and service.slot.reader is None
+        with pytest.raises(ConfigError, match=r"--shard-ids: shard_ids 2-5 name shard\(s\) 4-5 outside \[0, 4\)"):
+            check_shard_ids(config)  # what a start now would say
+    finally:
+        service.slot.close()
 
 
 @pytest.mark.parametrize(("strategy", "extra"), [("hash", {}), ("cel", {"cel_expr": "id % 4", "cel_columns": {"id": "int"}})])
