@@ -9,16 +9,21 @@ assertion is on time.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import http.client
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import psutil
+import pyarrow as pa
 import pytest
 
 from airflow_provider_shardyfusion.core.errors import ConfigError
@@ -31,12 +36,13 @@ from airflow_provider_shardyfusion.serve.server import check_shard_ids
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot, publish_current
-from tests.typed_values import ROW, SCHEMA, encode_v3
+from tests.typed_values import AT, ROW, SCHEMA, encode_v3, expected_rows
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 KEYS = 10_000
+TYPED_KEYS = 200
 
 
 class Server:
@@ -131,6 +137,10 @@ def test_health_ready_and_metrics(served):
     assert "# TYPE shardyfusion_serve_requests_total counter" in text
     assert 'route="get",code="200"' in text and "shardyfusion_serve_ready{" in text
     assert 'shardyfusion_reader_status{pid="' in text and 'run_id="r1"} 0' in text
+    # Started without --host: bound to loopback only, nothing else listening.
+    listening = {tuple(c.laddr) for c in psutil.Process(server.proc.pid).net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {("127.0.0.1", server.port)}
 
 
 def test_bad_input_is_a_clear_error_and_touches_no_file(served):
@@ -168,24 +178,63 @@ def test_bad_input_is_a_clear_error_and_touches_no_file(served):
     assert server.call("GET", "/readyz")[0] == 200  # still serving
 
 
+def _typed_row(key: int) -> dict[str, Any]:
+    """ROW varied by ``key``: times with and without microseconds, decimals of each scale, maps and
+    lists of several lengths; every tenth row all nulls."""
+    if key % 10 == 9:
+        return dict.fromkeys(SCHEMA.names)
+    at = AT + dt.timedelta(days=key, seconds=key * 37) - dt.timedelta(microseconds=AT.microsecond if key % 3 else key)
+    return {**ROW, "i8": key % 128 - 64, "i64": (key - 100) * 2**55, "d": key / 8, "b": key % 2 == 0,
+            "s": f"k{key}-é \"{key}\"", "bin": key.to_bytes(2, "big"), "day": AT.date() + dt.timedelta(days=key),
+            "at": at, "local": at.replace(tzinfo=None), "amount": Decimal(key * 1001).scaleb(-2),
+            "tiny": Decimal(key).scaleb(-10), "tags": [f"t{i}" for i in range(key % 4)] + [None],
+            "scores": [(f"s{i}", i / 2) for i in range(key % 3)], "by_id": [(key, at)],
+            "point": {"x": key / 2, "day": AT.date(), "at": at}}
+
+
+def _rendered(value: Any) -> Any:
+    """A typed value in the JSON serve documents: RFC 3339 datetimes (UTC as Z, none for a local
+    time), ISO dates, decimals as their exact text, bytes base64, map keys as text."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(k): _rendered(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rendered(v) for v in value]
+    return value
+
+
 def test_typed_values_render_as_json(tmp_path):
+    """Every key of a table of every value kind, GET and multi_get, is its expected JSON exactly."""
     schema = from_arrow(SCHEMA, SCHEMA.names)
+    table = pa.Table.from_pylist([_typed_row(k) for k in range(TYPED_KEYS)], schema=SCHEMA)  # float32 as Arrow holds it
+    want = [_rendered(row) for row in expected_rows(table, schema)]
     root = f"file://{tmp_path}/snap"
-    build_snapshot(root, [(k, encode_v3(ROW, schema)) for k in range(3)], num_dbs=2, run_id="typed",
-                   value_format="json", value_schema=schema, encode_value=bytes)
+    build_snapshot(root, [(k, encode_v3(row, schema)) for k, row in enumerate(table.to_pylist())], num_dbs=2,
+                   run_id="typed", value_format="json", value_schema=schema, encode_value=bytes)
     server = Server(root, tmp_path / "server.log", "--value-decoding", "typed", "--follow-interval-s", "5")
     try:
-        status, _, body = server.call("GET", "/v1/keys/1")
+        answers = [server.call("GET", f"/v1/keys/{k}") for k in range(TYPED_KEYS)]
+        many = server.multi_get(list(range(TYPED_KEYS)))
     finally:
         server.stop()
-    value = body["value"]
-    assert status == 200 and body["run_id"] == "typed"
-    assert value["at"] == "2024-01-02T03:04:05.123456Z"  # RFC 3339, UTC
-    assert value["local"] == "2024-01-02T03:04:05"  # timestamp_ntz: no offset
-    assert value["day"] == "2024-01-02"
-    assert value["amount"] == "1234.50" and value["tiny"] == "1E-10"  # Decimal as text, exact
-    assert base64.b64decode(value["bin"]) == b"\x00\xffab"
-    assert value["i64"] == -9223372036854775808 and value["scores"] == {"x": 1.5, "y": None}
+    for key, (status, _, body) in enumerate(answers):
+        assert (status, body) == (200, {"run_id": "typed", "key": key, "found": True, "value": want[key]}), key
+    assert (many[0], many[2]) == (200, {"run_id": "typed", "values": want})
+    value = answers[1][2]["value"]  # the rendering itself, literally
+    assert value["at"] == "2024-01-03T03:04:42Z" and answers[3][2]["value"]["at"] == "2024-01-05T03:05:56.123453Z"
+    assert value["local"] == "2024-01-03T03:04:42"  # timestamp_ntz: no offset
+    assert value["day"] == "2024-01-03"
+    assert value["amount"] == "10.01" and value["tiny"] == "1E-10"  # Decimal as text, exact
+    assert base64.b64decode(value["bin"]) == b"\x00\x01" and value["by_id"] == {"1": "2024-01-03T03:04:42Z"}
+    assert answers[0][2]["value"]["i64"] == -100 * 2**55 and value["scores"] == {"s0": 0.0}
+    assert answers[9][2]["value"] == dict.fromkeys(SCHEMA.names)
 
 
 def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
@@ -305,6 +354,15 @@ def test_publish_while_8_clients_read_then_rollback(tmp_path):
             return all("r1" in s for s in seen)
 
         wait_for(rolled_back, timeout=30, what="every client to read run r1 again")
+        # --workers 2: both worker processes answer reads (each /metrics scrape lands on one of them).
+        workers: set[int] = set()
+
+        def both_workers_read() -> bool:
+            workers.update(_pids_that_read(server))
+            return len(workers) == 2
+
+        wait_for(both_workers_read, timeout=30, what="both workers to answer multi_get")
+        assert workers <= {child.pid for child in psutil.Process(server.proc.pid).children()}
     finally:
         stop.set()
         for t in threads:
@@ -341,6 +399,14 @@ def test_storage_down_readyz_503_while_reads_are_served(tmp_path, s3_server, s3_
             assert "went live" in reason and "max_staleness_s" in reason
         finally:
             server.stop()
+
+
+_READS = re.compile(r'^shardyfusion_serve_requests_total\{pid="(\d+)",route="multi_get",code="200"\} (\d+)$', re.M)
+
+
+def _pids_that_read(server: Server) -> set[int]:
+    """The pid of the worker one /metrics scrape landed on, if it has answered a multi_get."""
+    return {int(pid) for pid, n in _READS.findall(server.call("GET", "/metrics")[2]) if int(n) > 0}
 
 
 def _unready(server: Server) -> str | None:
