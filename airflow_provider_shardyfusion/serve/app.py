@@ -44,9 +44,10 @@ RUN_ID_HEADER = "X-Shardyfusion-Run-Id"
 MAX_KEYS = 10_000
 MAX_BODY_BYTES = 4 << 20  # 10,000 keys of ~400 characters each
 JSON = "application/json"
-# Largest batch read on the event loop, by routing: ~2 ms of it at most (1000 keys from open shards
-# took ~1 ms under hash routing, ~130 ms under CEL: cel-python evaluates the expression for each key);
-# a larger batch goes to the thread pool so that other connections are not held up meanwhile.
+# Largest batch read on the event loop, by routing: a read there holds up every other connection,
+# so each limit is a batch that reads in about the same short time, far fewer keys under CEL
+# (cel-python evaluates the expression for each key; hashing is native). A larger batch goes to the
+# thread pool. The times they were set from: docs/benchmarks.md, "Serving".
 INLINE_MAX_KEYS: dict[str, int] = {"hash": 1000, "cel": 15}
 
 _encode = msgspec.json.Encoder(decimal_format="string").encode
@@ -107,7 +108,7 @@ def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
         return ShardedReader(
             config.root, cache_dir=config.cache_dir, storage_options=config.storage_options or None,
             follow_interval_s=config.follow_interval_s, max_staleness_s=config.max_staleness_s,
-            shard_ids=config.shard_ids, value_decoding=config.value_decoding,  # type: ignore[arg-type]  # checked by ServeConfig
+            shard_ids=config.shard_ids, value_decoding=config.value_decoding,
         )
 
     return open_reader
@@ -269,10 +270,10 @@ def create_app(factory: Callable[[], ShardedReader], *, key_type: KeyText = "aut
     app.state.service = service
 
     # The two read routes are plain Starlette routes taking the request: FastAPI's parameter solving
-    # added ~35 µs a request, a third of a trivial route's time on loopback. A read whose shards are
-    # all open runs on the event loop (no I/O; the hop to a thread and back added 70-250 µs p50 to a
-    # multi_get of 100 keys, about the read itself); the first read of a shard, which may download
-    # it, and batches over INLINE_MAX_KEYS run in the thread pool.
+    # was a large share of a small request's time. A read whose shards are all open runs on the event
+    # loop (no I/O; the hop to a thread and back cost about as much as reading 100 keys); the first
+    # read of a shard, which may download it, and batches over INLINE_MAX_KEYS run in the thread
+    # pool. The figures: docs/benchmarks.md, "Serving".
 
     # A path parameter: "/" inside a key (sent as %2F) is part of the key, never a path on disk.
     async def get_route(request: Request) -> Response:

@@ -1,19 +1,22 @@
 """What ``shardyfusion serve`` was asked for: one ``ServeConfig``, carried to every worker as JSON.
 
 uvicorn starts its worker processes afresh (``--workers N``), so the options travel in the
-environment variable ``SERVE_CONFIG_ENV`` and each worker builds its own app from them.
+environment variable ``SERVE_CONFIG_ENV`` and each worker builds its own app from them. They cross
+that boundary through the project's one codec (``core.serialization``), as every other object
+does: a key the worker does not know, or a value not of its field's type, is one ``ConfigError``
+naming the field.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.model.encoding import KEY_TEXTS, KeyText
-from airflow_provider_shardyfusion.core.read.value_decoding import validate_value_decoding
+from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, validate_value_decoding
 
 __all__ = ["SERVE_CONFIG_ENV", "ServeConfig", "parse_shard_ids"]
 
@@ -22,18 +25,25 @@ SERVE_CONFIG_ENV = "SHARDYFUSION_SERVE_CONFIG"
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """The reader a worker opens and how it answers: the ``serve`` command's options."""
+    """The reader a worker opens and how it answers: the ``serve`` command's options.
+
+    ``storage_options`` holds only what may be persisted (``StorageOptions.to_dict()``): the
+    environment of the workers is no place for a credential (boto3's chain finds its own).
+    """
 
     root: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     follow_interval_s: float | None = 5.0
     shard_ids: tuple[int, ...] | None = None
-    value_decoding: str = "json"
+    value_decoding: ValueDecoding = "json"
     max_staleness_s: float | None = None
     cache_dir: str | None = None
     key_type: KeyText = "auto"
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> ServeConfig:
         validate_value_decoding(self.value_decoding)
         if self.key_type not in KEY_TEXTS:
             raise ConfigError(f"--key-type {self.key_type!r} is not supported; choose one of {list(KEY_TEXTS)}")
@@ -41,16 +51,15 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value!r}")
+        return self
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return ser.dumps(ser.to_plain(self)).decode("utf-8")
 
     @classmethod
     def from_json(cls, text: str) -> ServeConfig:
-        plain = json.loads(text)
-        if plain.get("shard_ids") is not None:
-            plain["shard_ids"] = tuple(plain["shard_ids"])
-        return cls(**plain)
+        """The config ``to_json`` wrote; an unknown key or a value of the wrong type is a ``ConfigError`` naming it."""
+        return _CODEC.from_bytes(text)
 
     @classmethod
     def from_environment(cls) -> ServeConfig:
@@ -58,6 +67,10 @@ class ServeConfig:
         if not text:
             raise ConfigError(f"{SERVE_CONFIG_ENV} is not set: start the server with 'shardyfusion serve ROOT'")
         return cls.from_json(text)
+
+
+_CODEC = ser.Codec(ServeConfig, f"serve config ({SERVE_CONFIG_ENV})", ConfigError, absent_ok=True,
+                   refuse_unknown=(ServeConfig,))
 
 
 def parse_shard_ids(text: str) -> tuple[int, ...]:

@@ -87,6 +87,8 @@ def test_get_int_keys(any_root, capsys):
     assert results[2] == {"key": 77, "found": False, "db_id": results[2]["db_id"], "value": None, "value_encoding": None}
     assert "not an integer" in _fails(capsys, "get", root, "x", "--key-type", "int", *_flags(opts))
     assert "KeyEncodingError" in _fails(capsys, "get", root, "x", *_flags(opts))  # auto: not an int → str
+    err = _fails(capsys, "get", root, "9" * 5000, *_flags(opts))  # longer than int() reads: refused first
+    assert "key '99999" in err and "(5000 digits) is out of range (rule: u64be takes 0..18446744073709551615)" in err
 
 
 def test_get_str_json_and_bytes_keys(file_root, tmp_path, capsys):

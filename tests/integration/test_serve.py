@@ -9,31 +9,40 @@ assertion is on time.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import http.client
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+import psutil
+import pyarrow as pa
 import pytest
 
+from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.model.value_schema import from_arrow
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
-from airflow_provider_shardyfusion.serve.app import INLINE_MAX_KEYS, RUN_ID_HEADER, ReaderSlot, SnapshotService
+from airflow_provider_shardyfusion.serve.app import INLINE_MAX_KEYS, RUN_ID_HEADER, ReaderSlot, SnapshotService, reader_factory
+from airflow_provider_shardyfusion.serve.config import ServeConfig
+from airflow_provider_shardyfusion.serve.server import check_shard_ids
 from tests.polling import wait_for
 from tests.processes import free_port, stop_process
 from tests.snapshot_factory import build_snapshot, publish_current
-from tests.typed_values import ROW, SCHEMA, encode_v3
+from tests.typed_values import AT, ROW, SCHEMA, encode_v3, expected_rows
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 KEYS = 10_000
+TYPED_KEYS = 200
 
 
 class Server:
@@ -128,6 +137,10 @@ def test_health_ready_and_metrics(served):
     assert "# TYPE shardyfusion_serve_requests_total counter" in text
     assert 'route="get",code="200"' in text and "shardyfusion_serve_ready{" in text
     assert 'shardyfusion_reader_status{pid="' in text and 'run_id="r1"} 0' in text
+    # Started without --host: bound to loopback only, nothing else listening.
+    listening = {tuple(c.laddr) for c in psutil.Process(server.proc.pid).net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {("127.0.0.1", server.port)}
 
 
 def test_bad_input_is_a_clear_error_and_touches_no_file(served):
@@ -140,6 +153,9 @@ def test_bad_input_is_a_clear_error_and_touches_no_file(served):
     assert status == 400 and "not-a-number" in body["error"] and body["run_id"] == "r1"
     status, _, body = server.multi_get(["1", "x"])
     assert status == 400 and "'x'" in body["error"]
+    rule = "(5000 digits) is out of range (rule: u64be takes 0..18446744073709551615)"
+    for status, _, body in (server.call("GET", f"/v1/keys/{'9' * 5000}"), server.multi_get([1, "9" * 5000])):
+        assert status == 400 and body["error"].startswith("key '99999") and rule in body["error"]
     status, _, body = server.multi_get(list(range(20_000)))
     assert status == 413 and "10000" in body["error"]
     status, _, body = server.call("POST", "/v1/multi_get", raw=b'{"keys": [1]}', content_type="text/plain")
@@ -162,29 +178,73 @@ def test_bad_input_is_a_clear_error_and_touches_no_file(served):
     assert server.call("GET", "/readyz")[0] == 200  # still serving
 
 
+def _typed_row(key: int) -> dict[str, Any]:
+    """ROW varied by ``key``: times with and without microseconds, decimals of each scale, maps and
+    lists of several lengths; every tenth row all nulls."""
+    if key % 10 == 9:
+        return dict.fromkeys(SCHEMA.names)
+    at = AT + dt.timedelta(days=key, seconds=key * 37) - dt.timedelta(microseconds=AT.microsecond if key % 3 else key)
+    return {**ROW, "i8": key % 128 - 64, "i64": (key - 100) * 2**55, "d": key / 8, "b": key % 2 == 0,
+            "s": f"k{key}-é \"{key}\"", "bin": key.to_bytes(2, "big"), "day": AT.date() + dt.timedelta(days=key),
+            "at": at, "local": at.replace(tzinfo=None), "amount": Decimal(key * 1001).scaleb(-2),
+            "tiny": Decimal(key).scaleb(-10), "tags": [f"t{i}" for i in range(key % 4)] + [None],
+            "scores": [(f"s{i}", i / 2) for i in range(key % 3)], "by_id": [(key, at)],
+            "point": {"x": key / 2, "day": AT.date(), "at": at}}
+
+
+def _rendered(value: Any) -> Any:
+    """A typed value in the JSON serve documents: RFC 3339 datetimes (UTC as Z, none for a local
+    time), ISO dates, decimals as their exact text, bytes base64, map keys as text."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {str(k): _rendered(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rendered(v) for v in value]
+    return value
+
+
 def test_typed_values_render_as_json(tmp_path):
+    """Every key of a table of every value kind, GET and multi_get, is its expected JSON exactly."""
     schema = from_arrow(SCHEMA, SCHEMA.names)
+    table = pa.Table.from_pylist([_typed_row(k) for k in range(TYPED_KEYS)], schema=SCHEMA)  # float32 as Arrow holds it
+    want = [_rendered(row) for row in expected_rows(table, schema)]
     root = f"file://{tmp_path}/snap"
-    build_snapshot(root, [(k, encode_v3(ROW, schema)) for k in range(3)], num_dbs=2, run_id="typed",
-                   value_format="json", value_schema=schema, encode_value=bytes)
+    build_snapshot(root, [(k, encode_v3(row, schema)) for k, row in enumerate(table.to_pylist())], num_dbs=2,
+                   run_id="typed", value_format="json", value_schema=schema, encode_value=bytes)
     server = Server(root, tmp_path / "server.log", "--value-decoding", "typed", "--follow-interval-s", "5")
     try:
-        status, _, body = server.call("GET", "/v1/keys/1")
+        answers = [server.call("GET", f"/v1/keys/{k}") for k in range(TYPED_KEYS)]
+        many = server.multi_get(list(range(TYPED_KEYS)))
     finally:
         server.stop()
-    value = body["value"]
-    assert status == 200 and body["run_id"] == "typed"
-    assert value["at"] == "2024-01-02T03:04:05.123456Z"  # RFC 3339, UTC
-    assert value["local"] == "2024-01-02T03:04:05"  # timestamp_ntz: no offset
-    assert value["day"] == "2024-01-02"
-    assert value["amount"] == "1234.50" and value["tiny"] == "1E-10"  # Decimal as text, exact
-    assert base64.b64decode(value["bin"]) == b"\x00\xffab"
-    assert value["i64"] == -9223372036854775808 and value["scores"] == {"x": 1.5, "y": None}
+    for key, (status, _, body) in enumerate(answers):
+        assert (status, body) == (200, {"run_id": "typed", "key": key, "found": True, "value": want[key]}), key
+    assert (many[0], many[2]) == (200, {"run_id": "typed", "values": want})
+    value = answers[1][2]["value"]  # the rendering itself, literally
+    assert value["at"] == "2024-01-03T03:04:42Z" and answers[3][2]["value"]["at"] == "2024-01-05T03:05:56.123453Z"
+    assert value["local"] == "2024-01-03T03:04:42"  # timestamp_ntz: no offset
+    assert value["day"] == "2024-01-03"
+    assert value["amount"] == "10.01" and value["tiny"] == "1E-10"  # Decimal as text, exact
+    assert base64.b64decode(value["bin"]) == b"\x00\x01" and value["by_id"] == {"1": "2024-01-03T03:04:42Z"}
+    assert answers[0][2]["value"]["i64"] == -100 * 2**55 and value["scores"] == {"s0": 0.0}
+    assert answers[9][2]["value"] == dict.fromkeys(SCHEMA.names)
 
 
 def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
     root = f"file://{tmp_path}/snap"
     build_snapshot(root, [(k, _value(k, "r1")) for k in range(200)], num_dbs=4, run_id="r1", value_format="json")
+    # Ids the served run has no shard for: refused at start, in one line, before any worker starts.
+    refused = subprocess.run([sys.executable, "-m", "airflow_provider_shardyfusion", "serve", root, "--shard-ids", "2-9,12",
+                              "--port", str(free_port())], capture_output=True, text=True, timeout=120, check=False)
+    assert (refused.returncode, refused.stdout, refused.stderr.count("\n")) == (1, "", 1), refused.stderr
+    assert "shard_ids 2-9,12 name shard(s) 4-9,12 outside [0, 4): run 'r1' has 4 shards" in refused.stderr
     server = Server(root, tmp_path / "server.log", "--shard-ids", "0-1", "--follow-interval-s", "5")
     try:
         answers = {k: server.call("GET", f"/v1/keys/{k}") for k in range(40)}
@@ -199,6 +259,27 @@ def test_shard_subset_answers_421_with_the_owning_shard(tmp_path):
         assert status == 421 and body["key"] == refused[0]
     finally:
         server.stop()
+
+
+def test_shard_ids_the_run_lacks_are_the_readyz_reason_when_unknown_at_start(tmp_path):
+    """Nothing published at start: the ids cannot be checked then, so the worker starts, keeps trying,
+    and /readyz names the ids and the shard count once a run is published."""
+    root = f"file://{tmp_path}/snap"
+    config = ServeConfig(root, shard_ids=(2, 3, 4, 5), follow_interval_s=0.2, cache_dir=str(tmp_path / "cache"))
+    check_shard_ids(config)  # nothing to check against: no error
+    service = SnapshotService(ReaderSlot(reader_factory(config), retry_s=0.2), key_type="auto")
+    service.slot.open()
+    try:
+        assert "_CURRENT" in json.loads(service.readyz().body)["reason"]
+        build_snapshot(root, [(k, b"v") for k in range(20)], num_dbs=4, run_id="r1")
+        reason = wait_for(lambda: (lambda r: r if "outside [0," in r else None)(json.loads(service.readyz().body)["reason"]),
+                          timeout=30, what="/readyz to name the shard ids the published run lacks")
+        assert "shard_ids 2-5 name shard(s) 4-5 outside [0, 4): run 'r1' has 4 shards" in reason
+        assert service.readyz().status_code == 503 and service.slot.reader is None
+        with pytest.raises(ConfigError, match=r"--shard-ids: shard_ids 2-5 name shard\(s\) 4-5 outside \[0, 4\)"):
+            check_shard_ids(config)  # what a start now would say
+    finally:
+        service.slot.close()
 
 
 @pytest.mark.parametrize(("strategy", "extra"), [("hash", {}), ("cel", {"cel_expr": "id % 4", "cel_columns": {"id": "int"}})])
@@ -273,6 +354,15 @@ def test_publish_while_8_clients_read_then_rollback(tmp_path):
             return all("r1" in s for s in seen)
 
         wait_for(rolled_back, timeout=30, what="every client to read run r1 again")
+        # --workers 2: both worker processes answer reads (each /metrics scrape lands on one of them).
+        workers: set[int] = set()
+
+        def both_workers_read() -> bool:
+            workers.update(_pids_that_read(server))
+            return len(workers) == 2
+
+        wait_for(both_workers_read, timeout=30, what="both workers to answer multi_get")
+        assert workers <= {child.pid for child in psutil.Process(server.proc.pid).children()}
     finally:
         stop.set()
         for t in threads:
@@ -309,6 +399,14 @@ def test_storage_down_readyz_503_while_reads_are_served(tmp_path, s3_server, s3_
             assert "went live" in reason and "max_staleness_s" in reason
         finally:
             server.stop()
+
+
+_READS = re.compile(r'^shardyfusion_serve_requests_total\{pid="(\d+)",route="multi_get",code="200"\} (\d+)$', re.M)
+
+
+def _pids_that_read(server: Server) -> set[int]:
+    """The pid of the worker one /metrics scrape landed on, if it has answered a multi_get."""
+    return {int(pid) for pid, n in _READS.findall(server.call("GET", "/metrics")[2]) if int(n) > 0}
 
 
 def _unready(server: Server) -> str | None:

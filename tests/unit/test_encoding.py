@@ -252,10 +252,35 @@ def test_key_from_text_names_text_that_is_not_the_forced_type():
         encoding.key_from_text("1", "u64be", "octal")
 
 
+@pytest.mark.parametrize(("enc", "how", "rule"), [
+    ("u64be", "auto", "u64be takes 0..18446744073709551615"), ("u32be", "int", "u32be takes 0..4294967295"),
+    ("utf8", "int", "integer keys are u32be or u64be; u64be takes 0..18446744073709551615"),
+])
+@pytest.mark.parametrize("text", ["9" * 5000, "-" + "1" * 4400, "12345678901234567890123"])
+def test_a_number_longer_than_any_key_is_refused_naming_its_first_digits_and_the_rule(text, enc, how, rule):
+    """Before int() reads it: Python refuses a text of over 4300 digits with a ValueError naming no key."""
+    digits = len(text.lstrip("-"))
+    with pytest.raises(KeyEncodingError) as caught:
+        encoding.key_from_text(text, enc, how)
+    shown = repr(text) if len(text) <= 38 else repr(text)[:37] + "..."  # its first characters
+    assert str(caught.value) == f"key {shown} ({digits} digits) is out of range (rule: {rule})"
+    with pytest.raises(KeyEncodingError, match=rf"\({digits} digits\) is out of range"):
+        encoding.keys_from_json([1, text], enc, how)
+    if digits < 4300:  # what JSON decoding gives: a number of as many digits is refused as its text is
+        with pytest.raises(KeyEncodingError, match=rf"\({digits} digits\) is out of range"):
+            encoding.keys_from_json([1, int(text)], enc, how)
+
+
+def test_leading_zeros_do_not_count_as_digits():
+    assert encoding.key_from_text("0" * 5000 + "42", "u64be") == 42
+    assert encoding.key_from_text("-" + "0" * 5000 + "7", "u32be", "int") == -7  # the range is encode_key's rule
+    assert encoding.key_from_text(str(2**64 - 1), "u64be") == 2**64 - 1  # the largest key still reads
+
+
 @pytest.mark.parametrize(
     ("keys", "enc", "how", "want"),
     [
-        (["42", 7, "x"], "u64be", "auto", [42, 7, "x"]), ([2**70, "-1"], "u32be", "int", [2**70, -1]),
+        (["42", 7, "x"], "u64be", "auto", [42, 7, "x"]), ([2**64, "-1"], "u32be", "int", [2**64, -1]),
         ([7, "7"], "utf8", "auto", ["7", "7"]), ([7, "ab"], "raw", "auto", [b"7", b"ab"]),
         ([7, "7"], "u64be", "str", ["7", "7"]), ([15, "0f"], "raw", "hex", [b"\x15", b"\x0f"]),
     ],

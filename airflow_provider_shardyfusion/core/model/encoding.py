@@ -41,7 +41,12 @@ _PACK_U64 = struct.Struct(">Q")
 _PACK_U32 = struct.Struct(">I")
 # Stored-key packers for hot loops (struct.error when out of range); encode_key gives the messages.
 PACK_INT_KEY = {"u64be": _PACK_U64.pack, "u32be": _PACK_U32.pack}
+_INT_KEY_LIMIT = {"u64be": 1 << 64, "u32be": 1 << 32}  # one past the largest key
 _INT_TEXT = re.compile(r"-?[0-9]+")
+# The most significant digits an integer key has (u64be's largest): a longer text is refused before
+# int() reads it, since Python refuses a text of over 4300 digits with a ValueError naming no key.
+_INT_KEY_DIGITS = len(str(_INT_KEY_LIMIT["u64be"] - 1))
+_INT_TEXT_BOUND = 10**_INT_KEY_DIGITS
 
 def default_key_encoding(key_kind: str) -> KeyEncoding:
     try:
@@ -79,7 +84,7 @@ def encode_key(key: Any, encoding: str, *, column: str = "key") -> bytes:
             raise KeyEncodingError(
                 f"column {column!r}: key {show_value(key)} is not an integer (rule: {encoding} needs integer keys)"
             )
-        limit = (1 << 64) if encoding == "u64be" else (1 << 32)
+        limit = _INT_KEY_LIMIT[encoding]
         if key < 0 or key >= limit:
             raise KeyEncodingError(
                 f"column {column!r}: key {show_value(key)} is out of range (rule: {encoding} takes 0..{limit - 1}; "
@@ -133,26 +138,41 @@ def key_from_text(text: str, key_encoding: KeyEncoding, how: KeyText = "auto") -
         raise ConfigError(f"key type {how!r} is not supported; choose one of {list(KEY_TEXTS)}")
     if how == "int" or (how == "auto" and key_encoding in PACK_INT_KEY):
         if _INT_TEXT.fullmatch(text):
-            return int(text)
+            return _int_of_text(text, key_encoding)
         if how == "int":
-            raise KeyEncodingError(f"key {text!r} is not an integer")
+            raise KeyEncodingError(f"key {show_value(text)} is not an integer")
         return text
     if how == "hex":
         try:
             return bytes.fromhex(text)
         except ValueError:
-            raise KeyEncodingError(f"key {text!r} is not hex") from None
+            raise KeyEncodingError(f"key {show_value(text)} is not hex") from None
     if how == "bytes" or (how == "auto" and key_encoding == "raw"):
         return text.encode("utf-8")
     return text
 
 
+def _int_of_text(text: str, key_encoding: KeyEncoding) -> int:
+    """The integer ``text`` (an optional ``-`` and digits) spells; refused when it has more digits than any key."""
+    sign = "-" if text.startswith("-") else ""
+    digits = text[len(sign):].lstrip("0") or "0"
+    if len(digits) <= _INT_KEY_DIGITS:
+        return int(sign + digits)
+    encoding = key_encoding if key_encoding in PACK_INT_KEY else "u64be"
+    rule = f"{encoding} takes 0..{_INT_KEY_LIMIT[encoding] - 1}"
+    if encoding != key_encoding:
+        rule = f"integer keys are u32be or u64be; {rule}"
+    raise KeyEncodingError(f"key {show_value(text, 40)} ({len(digits)} digits) is out of range (rule: {rule})")
+
+
 def keys_from_json(keys: list[str | int], key_encoding: KeyEncoding, how: KeyText = "auto") -> list[Any]:
     """The keys a JSON list of strings and integers stands for: ``key_from_text`` of each, with an
     integer taken as it is where the keys are integers (``auto``/``int``) rather than printed and
-    parsed again: ``shardyfusion serve``'s ``multi_get`` body, on every request."""
+    parsed again: ``shardyfusion serve``'s ``multi_get`` body, on every request. An integer of more
+    digits than a key has is refused as its text is (JSON decoding keeps it under 4300 digits)."""
     if how in ("auto", "int") and key_encoding in PACK_INT_KEY:
-        return [key_from_text(k, key_encoding, how) if isinstance(k, str) else k for k in keys]
+        return [k if isinstance(k, int) and -_INT_TEXT_BOUND < k < _INT_TEXT_BOUND else key_from_text(str(k), key_encoding, how)
+                for k in keys]
     return [key_from_text(k if isinstance(k, str) else str(k), key_encoding, how) for k in keys]
 
 

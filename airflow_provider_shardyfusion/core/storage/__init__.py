@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.storage.base import ObjectInfo, ObjectStore, StorageOptions, StoredObject
 
+if TYPE_CHECKING:
+    from airflow_provider_shardyfusion.core.retry import RetryPolicy
 
-def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None) -> ObjectStore:
+
+def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None, *,
+               retry: RetryPolicy | None = None) -> ObjectStore:
+    """The store of ``root``; ``retry``: how an S3 call is retried (default ``s3.DEFAULT_RETRY``)."""
     normalized = layout.normalize_root(root)
     if isinstance(options, dict) or options is None:
         options = StorageOptions.from_dict(options)
@@ -20,7 +25,7 @@ def open_store(root: str, options: StorageOptions | dict[str, Any] | None = None
     if normalized.startswith("s3://"):
         from airflow_provider_shardyfusion.core.storage.s3 import S3Store
 
-        return S3Store(normalized, options)
+        return S3Store(normalized, options, retry=retry)
     raise ConfigError(f"no storage back end for {root!r}")
 
 
