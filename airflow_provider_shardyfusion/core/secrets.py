@@ -47,6 +47,13 @@ _PARTS = ("query", "fragment")
 # Inside a decoded value, what separates nested parameters; a name a message may show as it is.
 _INNER_SEP = re.compile(r"[&;?#]")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+# The credential parameters of signed URLs and APIs, shown as they are; a name that only looks like
+# one ("Signature<secret>") may have the secret glued to it, and shows as "***".
+_KNOWN_SECRET_NAMES = frozenset(name.lower() for name in (
+    "X-Amz-Signature", "X-Amz-Credential", "X-Amz-Security-Token", "Signature", "AWSAccessKeyId",
+    "X-Goog-Signature", "X-Goog-Credential", "sig", "api_key", "apikey", "api-key", "token", "access_token",
+    "password", "secret",
+))
 # A URI inside SQL text ends at white space, a quote, a backtick or a closing parenthesis.
 _EMBEDDED_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"`)]+")
 
@@ -70,6 +77,12 @@ def _secret_name(name: str) -> bool:
     return bool(_SIGNATURE_PARAM.search(name) or _CREDENTIAL_KEY.search(name))
 
 
+def _names_a_credential(piece: str) -> bool:
+    """Whether a value (or a piece of one) without ``=`` is itself a credential parameter's name:
+    "<secret>%3DX-Amz-Signature" is a signature written the wrong way round, its name the secret."""
+    return bool(_SIGNATURE_PARAM.search(piece)) or piece.lower() in _KNOWN_SECRET_NAMES
+
+
 class _Param(NamedTuple):
     """One parameter of a query string or fragment: as written, and decoded before it is screened."""
 
@@ -79,14 +92,21 @@ class _Param(NamedTuple):
 
     @property
     def secret(self) -> bool:
-        # Its name, or a name inside its decoded value ("a=1%26X-Amz-Signature%3D..."), is a credential's.
-        inner = (p.partition("=")[0] for p in _INNER_SEP.split(self.value) if "=" in p)
-        return _secret_name(self.name) or any(_secret_name(n) for n in inner)
+        # Its name, a name inside its decoded value ("a=1%26X-Amz-Signature%3D..."), or its value
+        # itself ("<secret>%3DX-Amz-Signature") is a credential's.
+        return _secret_name(self.name) or any(_secret_name(p.partition("=")[0]) if "=" in p else _names_a_credential(p)
+                                              for p in _INNER_SEP.split(self.value))
 
     @property
     def shown(self) -> str:
-        """The name as a message may show it: never a name that could hold part of the secret."""
-        return self.name if _PLAIN_NAME.fullmatch(self.name) else "***"
+        """The name as a message may show it: never a name that could hold part of the secret (one
+        not plain, one only looking like a credential's, one whose value names a credential)."""
+        if not _PLAIN_NAME.fullmatch(self.name):
+            return "***"
+        if self.name.lower() in _KNOWN_SECRET_NAMES:
+            return self.name
+        named = any(_names_a_credential(p) for p in _INNER_SEP.split(self.value) if "=" not in p)
+        return "***" if _secret_name(self.name) or named else self.name
 
 
 def _params(text: str | None) -> list[_Param]:

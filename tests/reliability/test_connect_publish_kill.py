@@ -37,7 +37,7 @@ def test_connect_server_killed_between_manifest_and_pointer(monkeypatch, tmp_pat
     root = f"file://{tmp_path}/snap"
     snapshots = SnapshotRoot(open_store(root))
     old_run, old_expected = old_snapshot(root)
-    input_path, _ = write_input(tmp_path / "input", range(600), "killed")
+    input_path, killed_expected = write_input(tmp_path / "input", range(600), "killed")
     marker, release = tmp_path / "held.pid", tmp_path / "release"
     run_id = layout.new_run_id()
     watch = Watch(root, old_expected)
@@ -71,11 +71,13 @@ def test_connect_server_killed_between_manifest_and_pointer(monkeypatch, tmp_pat
         assert outcome["result"]["published"] is True and outcome["result"]["run_id"] == run_id
         assert record.status == SUCCEEDED and record.published_at is not None
         assert live_run(root) == run_id
+        # What went live is the killed run's own data, exactly (a fresh reader of _CURRENT).
+        killed_checked = read_exactly(root, killed_expected)
         verdict, category = "published", "expired_snapshots"
     else:
         assert record.status == "failed", (outcome["error"], record.to_dict())
         assert live_run(root) == old_run and snapshots.find_manifest(run_id) is None
-        verdict, category = "failed", "failed_runs"
+        verdict, category, killed_checked = "failed", "failed_runs", 0
     assert record.publishing_at is None or record.published_at is not None, record.to_dict()  # no claim left behind
 
     # A rerun on a fresh server publishes exactly.
@@ -97,4 +99,5 @@ def test_connect_server_killed_between_manifest_and_pointer(monkeypatch, tmp_pat
     reclaimed = reclaim(root, run_id, category, keep=() if verdict == "published" else (old_run, rerun_id))
     checked += read_exactly(root, rerun_expected)
     figure(servers_killed=1, outcome=verdict, seconds_to_end=f"{seconds:.1f}", polls=watch.polls,
-           old_values_checked=watch.values_checked, rows_checked=checked, objects_reclaimed=reclaimed)
+           old_values_checked=watch.values_checked, killed_run_values_checked=killed_checked, rows_checked=checked,
+           objects_reclaimed=reclaimed)

@@ -59,6 +59,129 @@ def test_a_live_follower_whose_memory_folder_fills_keeps_following(tmp_path, fig
            values_checked=full["values_checked"] + back["values_checked"])
 
 
+def _in_small_tmpfs(tmp_path: Path, mode: str) -> dict:
+    """Run ``_child`` (``mode``) with an 8 MB tmpfs of its own; return what it saw."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    script = (f'mount -t tmpfs -o size={TMPFS_BYTES} shardyfusion-test "$0" && exec "$@"')
+    proc = subprocess.run([*_unshare(), "sh", "-c", script, str(mount), sys.executable, __file__, mode,
+                           f"file://{tmp_path}/root", str(mount)],
+                          cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_follower_whose_folder_fills_during_an_ingestion_keeps_following(tmp_path, figure):
+    """The room check passes, then the folder fills before the copy: the ingestion itself (and, a
+    refresh later, the opening of a live shard) really fails with "No space left on device"."""
+    seen = _in_small_tmpfs(tmp_path, "after-check")
+    copy = seen["copy_fails"]
+    # Before the fix, RocksDB's own copy left its part (all the room there was) in the live folder.
+    assert copy["check_failures"] == 0 and copy["run_id"] == "t1" and copy["values_exact"], copy
+    assert copy["read_only"] == 1 and copy["live_shards"] == [1], copy
+    assert copy["reason"].startswith("no room for shard 0 in ") and "No space left on device" in copy["reason"], copy
+    assert copy["live_bytes_after"] - copy["live_bytes_before"] < 64 << 10 < copy["room_left"], copy
+    opening = seen["open_fails"]
+    # Before the fix: the follower's refresh failed ("Unable to persist options … No space left").
+    assert opening["check_failures"] == 0 and opening["run_id"] == "t2" and opening["values_exact"], opening
+    assert opening["read_only"] == 2 and opening["live_shards"] == [], opening
+    assert opening["reason"].startswith("no room for shard 0 in ") and "cannot open shard 0" in opening["reason"] \
+        and "No space left on device" in opening["reason"], opening
+    back = seen["room_back"]
+    assert back["check_failures"] == 0 and back["run_id"] == "t3" and back["values_exact"], back
+    assert back["read_only"] == 0 and back["live_shards"] == [0, 1] and back["held_exact"], back
+    figure(tmpfs_bytes=TMPFS_BYTES, bytes_left_after_check=copy["room_left"], layer_bytes=copy["layer_bytes"],
+           partial_copy_bytes_left=copy["live_bytes_after"] - copy["live_bytes_before"], follower_checks_failed=0,
+           shards_read_only_after_failed_copy=copy["read_only"], after_failed_open=opening["read_only"],
+           live_again_after_room=len(back["live_shards"]),
+           values_checked=copy["values_checked"] + opening["values_checked"] + back["values_checked"])
+
+
+def _child_after_check(root: str, memory: str) -> None:
+    """The follower's side: the folder fills right after the live shards' room check reads it.
+
+    The only injection: ``live_shards._free_bytes`` (the room check's reading of the folder's free
+    space) returns what the file system says, then a filler file takes the room left — what another
+    process writing there at that moment would do. The file system, RocksDB and its failure are real.
+    """
+    import gc
+    import time
+
+    from airflow_provider_shardyfusion.core import scratch
+    from airflow_provider_shardyfusion.core.read import live_shards
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard
+
+    scratch.MEMORY_DIR = memory
+    filler = Path(memory) / "filler"
+    fill_to: list[int] = []  # bytes to leave free right after the next room check
+    read_free = live_shards._free_bytes
+
+    def check_then_fill(folder: str) -> int:
+        free = read_free(folder)
+        if fill_to:
+            left = fill_to.pop()
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                while (room := scratch.free_bytes(memory)) > left:
+                    os.write(fd, b"\0" * min(1 << 20, room - left))
+            except OSError:  # the last block rounded up: the folder is full
+                pass
+            finally:
+                os.close(fd)
+        return free
+
+    live_shards._free_bytes = check_then_fill
+
+    def live_bytes() -> int:  # what the live shards hold in the tmpfs (their linked SSTs take nothing)
+        return sum(os.lstat(os.path.join(d, f)).st_blocks * 512
+                   for d, _, names in os.walk(memory) for f in names if f != "filler")
+
+    by_shard = keys_by_shard(NUM_DBS, 250)
+    keys = sorted(k for ks in by_shard.values() for k in ks)
+    model = {k: b"t0" for k in keys}
+    build_snapshot(root, list(model.items()), num_dbs=NUM_DBS, run_id="t0", shard_layout="sst")
+    seen: dict[str, object] = {}
+    with ShardedReader(root, ingest_refreshes=True, follow_interval_s=0.1) as reader:
+        assert reader.multi_get(keys) == [model[k] for k in keys]
+        failed_checks = 0
+
+        def step(name: str, run_id: str, changes: dict[int, bytes], left: int | None) -> None:
+            nonlocal failed_checks
+            before = live_bytes()
+            if left is not None:
+                fill_to.append(left)
+            delta = build_delta(root, changes, run_id=run_id)
+            model.update(changes)
+            deadline = time.monotonic() + 60
+            while reader.run_id != run_id and time.monotonic() < deadline:
+                failed_checks += reader.health().last_error is not None
+                time.sleep(0.02)
+            gc.collect()  # the retired snapshot's live shards are dropped
+            health = reader.health()
+            live, shards, served = reader._cache._live, reader._current().shards, reader.describe().live_shards
+            seen[name] = {"check_failures": failed_checks + (health.last_error is not None), "run_id": reader.run_id,
+                          "values_exact": reader.multi_get(keys) == [model[k] for k in keys],
+                          "values_checked": len(keys), "read_only": health.shards_read_only,
+                          "reason": health.read_only_reason, "room_left": left,
+                          "layer_bytes": next(s for s in delta.manifest.shards if s.db_id == 0).layers[-1].byte_size,
+                          "live_bytes_before": before, "live_bytes_after": live_bytes(),
+                          # What the room budget counts as held: the live shards' bytes as opened (t3 opens both).
+                          "held_exact": live._held.bytes == sum(shards[s.db_id].byte_size for s in served),
+                          "live_shards": sorted(s.db_id for s in served)}
+
+        rng = random.Random(7)
+        # Shard 0 gets about 1 MB of new values (random: they do not compress): its copy cannot fit.
+        step("copy_fails", "t1", {k: rng.randbytes(4000) for k in by_shard[0]}, 200_000)
+        filler.unlink()
+        # Shard 0, read-only in t1, is opened live again: its column family's options file cannot be written.
+        step("open_fails", "t2", {by_shard[0][1]: b"t2", by_shard[1][1]: b"t2"}, 0)
+        filler.unlink()
+        step("room_back", "t3", {by_shard[0][2]: b"t3", by_shard[1][2]: b"t3"}, None)
+    print(json.dumps(seen))
+
+
 def _child(root: str, memory: str) -> None:
     """The reader's side, in the child process with ``memory`` a tmpfs of its own."""
     from airflow_provider_shardyfusion.core import scratch
@@ -109,4 +232,7 @@ def _child(root: str, memory: str) -> None:
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "after-check":
+        _child_after_check(sys.argv[2], sys.argv[3])
+    else:
+        _child(sys.argv[1], sys.argv[2])

@@ -630,6 +630,32 @@ def test_a_percent_encoded_signature_is_refused_without_repeating_it(uri):
     assert CANARY not in redact_uri(uri)
 
 
+@pytest.mark.parametrize("uri", [
+    f"https://lake.s3.amazonaws.com/in.parquet?Signature{CANARY}",  # glued to the name, no separator
+    f"https://lake.s3.amazonaws.com/in.parquet?X-Amz-Signature{CANARY}=1",
+    f"https://lake.s3.amazonaws.com/in.parquet?{CANARY}%3DX-Amz-Signature",  # the wrong way round
+    f"https://lake.s3.amazonaws.com/in.parquet?{CANARY}=sig&v=1",
+])
+def test_a_secret_glued_to_a_parameter_name_is_never_shown(uri):
+    # Issue 42 item 6: a credential-looking name of 40 plain characters or fewer was shown as it was
+    # (with the secret glued to it), and "<secret>%3DX-Amz-Signature" was accepted.
+    from airflow_provider_shardyfusion.core.model.config import build_write_config
+    from airflow_provider_shardyfusion.core.secrets import redact_uri
+
+    args = {"output_uri": "file:///tmp/out", "value_column": "v", "num_dbs": 2}
+    with pytest.raises(ConfigError, match=r"^input_path '.*\?\*\*\*=\*\*\*.*' carries credentials in its query "
+                                          r"string \(\*\*\*\)") as err:
+        build_write_config(input_path=uri, **args)
+    assert CANARY not in str(err.value) and "CANARY" not in redact_uri(uri)
+
+
+def test_well_known_credential_parameters_are_still_named():
+    from airflow_provider_shardyfusion.core.secrets import redact_uri
+
+    uri = f"https://lake.s3.amazonaws.com/in.parquet?X-Amz-Credential=AKIAX&a=1%26sig%3D{CANARY}&Token={CANARY}"
+    assert redact_uri(uri) == "https://lake.s3.amazonaws.com/in.parquet?X-Amz-Credential=***&a=***&Token=***"
+
+
 @pytest.mark.parametrize("sql", [
     f"SELECT id, v FROM parquet.`s3a://AKIAX:{CANARY}@lake/in/`",
     f"select * from read_files('s3a://AKIAX:{CANARY}/with+slash@lake/in/')",

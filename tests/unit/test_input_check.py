@@ -116,6 +116,20 @@ def test_a_home_path_and_a_windows_path_get_a_hint_that_works(monkeypatch, tmp_p
         assert os.getcwd() not in str(err.value)  # no file://<cwd>/C:... hint
 
 
+def test_a_home_path_of_another_user_is_expanded_or_said_not_to_exist():
+    # Issue 42 item 3: "~nouser/x" got the hint file://<cwd>/~nouser/x.
+    import pwd
+
+    root_home = pwd.getpwnam("root").pw_dir
+    with pytest.raises(ConfigError, match=rf"input_path '~root/x' has no scheme: write 'file://{root_home}/x'"):
+        require_scheme("input_path", "~root/x")
+    with pytest.raises(ConfigError, match=r"^input_path '~nouser-sf42/x' has no scheme and names the home folder of "
+                                          r"user 'nouser-sf42', who does not exist on this machine: give a "
+                                          r"'file:///abs/dir' path") as err:
+        require_scheme("input_path", "~nouser-sf42/x")
+    assert os.getcwd() not in str(err.value)
+
+
 def test_a_csv_check_of_a_folder_of_parquet_names_the_file_and_says_it_is_not_csv(tmp_path, parquet_dir):
     # Issue 42 item 4: the parquet bytes were printed as column names ("csv: PAR1 ...").
     with pytest.raises(ConfigError, match=r"input_path 'file://.*/pq' is not CSV: its first data file "

@@ -63,10 +63,11 @@ LIVE_DB_FILES = 6
 # already there (see the module's docstring); 16 keep that cost small while their database's fixed
 # descriptors, shared, cost each shard under one.
 LIVE_SHARDS_PER_DB = 16
-# A new layer of a refresh is copied into the memory-backed folder (small, and no fsync); a shard's
-# files at its first opening are linked (RocksDB syncs the file it links: a disk write of a freshly
-# downloaded shard, but its data stays out of memory), the cached file never moved away.
-_COPY_IN = IngestExternalFileOptions()
+# A new layer of a refresh is copied into the memory-backed folder (small; syncing it costs nothing
+# in memory); a shard's files at its first opening are linked (RocksDB syncs the file it links: a
+# disk write of a freshly downloaded shard, but its data stays out of memory), the cached file never
+# moved away. Either is staged next to the live databases and moved in: a copy cut short by a full
+# folder is then a file of ours to remove (RocksDB's own copy left its part in the database's folder).
 _LINK_IN = IngestExternalFileOptions()
 _LINK_IN.set_move_files(True)
 # What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
@@ -205,7 +206,7 @@ class LiveShards:
             free = _free_bytes(self.root)
             if self._held.bytes + shard.byte_size <= self._budget and free >= 2 * shard.byte_size:
                 return None
-            return self._served_read_only(shard.db_id, f"{shard.byte_size} bytes; {self._held.bytes} of "
+            return self.served_read_only(shard.db_id, f"{shard.byte_size} bytes; {self._held.bytes} of "
                                                        f"{self._budget} bytes held, {free} free")
 
     def _no_room_for_layers(self, job: LiveJob) -> str | None:
@@ -215,18 +216,22 @@ class LiveShards:
         free = _free_bytes(self.root)
         if free >= 2 * added:
             return None
-        return self._served_read_only(job.entry.db_id, f"new layers of {added} bytes; {free} bytes free")
+        return self.served_read_only(job.entry.db_id, f"new layers of {added} bytes; {free} bytes free")
 
-    def _served_read_only(self, db_id: int, detail: str) -> str:
+    def served_read_only(self, db_id: int, detail: str) -> str:
+        """Log and return why shard ``db_id`` is served read-only from the cache: no room for it (``detail``)."""
         reason = f"no room for shard {db_id} in {self.root} ({detail})"
         log.warning("live shards: %s: it is served read-only from the cache, and a refresh tries again", reason)
         return reason
 
     def open(self, shard: ShardEntry, files: list[str], run_id: str) -> LiveDb:
         """A new live shard holding ``shard``'s verified ``files`` (all its layers, oldest first)."""
-        live = self._new(shard.db_id, shard.byte_size)
-        self._fill(live, files, shard, run_id, link=True, reused_layers=0,
-                   failure=f"cannot open shard {shard.db_id} of run {run_id!r} ({shard.db_url}) as a live shard")
+        failure = f"cannot open shard {shard.db_id} of run {run_id!r} ({shard.db_url}) as a live shard"
+        try:
+            live = self._new(shard.db_id, shard.byte_size)
+        except Exception as exc:  # e.g. the folder filled since ``no_room``: its options file cannot be written
+            raise ReaderError(f"{failure} (in {self.root}): {exc}") from exc
+        self._fill(live, files, shard, run_id, link=True, reused_layers=0, failure=failure)
         return live
 
     def ingest_refresh(self, old: LoadedSnapshot, run_id: str, jobs: Sequence[LiveJob]) -> dict[int, str]:
@@ -255,7 +260,7 @@ class LiveShards:
                     except ReaderError as exc:
                         if not out_of_room(exc):
                             raise
-                        reason = self._served_read_only(job.entry.db_id, str(exc))
+                        reason = self.served_read_only(job.entry.db_id, str(exc))
                 # It holds the old snapshot's layers (maybe part of the new ones): no refresh ingests
                 # into it again; ``old`` reads it through its pin.
                 job.live.broken = True
@@ -270,8 +275,8 @@ class LiveShards:
         """Ingest the verified layer ``files`` into ``live``, oldest first, and compact it in place
         past ``max_local_layers`` sorted runs.
 
-        RocksDB copies each file in (the memory-backed folder is another file system): the cached
-        layer stays as verified. A failure marks ``live`` broken: it may hold part of the layers,
+        Each file is copied in (the memory-backed folder is another file system): the cached layer
+        stays as verified. A failure marks ``live`` broken: it may hold part of the layers,
         which no snapshot serves.
         """
         self._fill(live, files, shard, run_id, link=False, reused_layers=reused_layers,
@@ -312,22 +317,16 @@ class LiveShards:
     def _new(self, db_id: int, size: int) -> LiveDb:
         """An empty live shard for shard ``db_id`` of ``size`` bytes, in a live database with room (a new one if none has)."""
         with self._lock:
-            self._held.bytes += size
             home = next((d for d in self._dbs if d.shards < LIVE_SHARDS_PER_DB), None)
             if home is None:
-                folder = tempfile.mkdtemp(prefix="db-", dir=self.root)
-                home = _LiveDatabase(Rdict(folder, live_shard_options()))
-                # A RocksDB snapshot at sequence number 0 (a database only ingested into at the
-                # bottom level stays there) makes a compaction drop what it should keep for it
-                # (a pinned shard's compaction was seen to lose most of its keys): a first write moves
-                # the sequence on, so ``pin`` never takes one there.
-                home.db.put(b"sequence", b"")
+                home = _new_database(self.root)
                 self._dbs.append(home)
             self._seq += 1
             # Never a dropped shard's name: a read may still use that column family.
             name = f"db={db_id:05d}.{self._seq}"
             home.db.create_column_family(name, live_shard_options())
             home.shards += 1
+            self._held.bytes += size  # only once it holds a shard: its finalizer gives them back
             return LiveDb(home.db.get_column_family(name), name, functools.partial(
                 _drop_live, self._lock, self._dbs, self._held, home, name, size))
 
@@ -335,14 +334,14 @@ class LiveShards:
         """Ingest the verified ``files`` into ``live``, oldest first; a failure marks ``live`` broken."""
         try:
             for path in files:  # one at a time: files of one layer may overlap, and the later one wins
-                if not link:
-                    live.db.ingest_external_file([path], _COPY_IN)
-                    continue
                 # RocksDB moves what it ingests; a symbolic link moved into the database (a hard link
                 # of the link) reads the cached file, which stays where it is.
                 incoming = os.path.join(self.root, f".in-{uuid.uuid4().hex}.sst")
-                os.symlink(os.path.abspath(path), incoming)
                 try:
+                    if link:
+                        os.symlink(os.path.abspath(path), incoming)
+                    else:
+                        shutil.copyfile(path, incoming)
                     live.db.ingest_external_file([incoming], _LINK_IN)
                 finally:
                     if os.path.lexists(incoming):
@@ -382,6 +381,25 @@ def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], held: _Liv
             log.debug("live shard %s: not dropped: %s", name, exc)
         if home.shards == 0 and home in databases:
             databases.remove(home)
+
+
+def _new_database(root: str) -> _LiveDatabase:
+    """A new, empty live database in a folder of its own under ``root`` (removed again if it cannot be made)."""
+    folder = tempfile.mkdtemp(prefix="db-", dir=root)
+    db: Rdict | None = None
+    try:
+        db = Rdict(folder, live_shard_options())
+        # A RocksDB snapshot at sequence number 0 (a database only ingested into at the bottom level
+        # stays there) makes a compaction drop what it should keep for it (a pinned shard's
+        # compaction was seen to lose most of its keys): a first write moves the sequence on, so
+        # ``pin`` never takes one there.
+        db.put(b"sequence", b"")
+    except BaseException:
+        if db is not None:
+            db.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return _LiveDatabase(db)
 
 
 def _free_bytes(folder: str) -> int:

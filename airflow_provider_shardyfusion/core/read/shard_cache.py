@@ -205,7 +205,7 @@ class ShardCache:
             except ReaderError as exc:
                 if not out_of_room(exc):
                     raise
-                reason = str(exc)
+                reason = live_shards.served_read_only(shard.db_id, str(exc))
                 snapshot.paths.pop(shard.db_id, None)  # the live shard's folder: not a copy to open
         snapshot.read_only[shard.db_id] = reason
         return False, None

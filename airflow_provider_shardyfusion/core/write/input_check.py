@@ -53,6 +53,13 @@ def require_scheme(name: str, value: Any) -> None:
         )
     if text.startswith("~"):
         text = os.path.expanduser(text)  # Spark does not expand "~": the hint names the home folder
+        if text.startswith("~"):  # "~nouser/x": no such user here, so no home folder to name
+            user = text[1:].split("/", 1)[0]
+            whose = f"user {user!r}, who does not exist on this machine" if user else "this user, which is unknown"
+            raise ConfigError(
+                f"{name} {value!r} has no scheme and names the home folder of {whose}: give a "
+                "'file:///abs/dir' path of this machine or 's3://bucket/prefix'"
+            )
     local = f"file://{text}" if text.startswith("/") else f"file://{os.path.abspath(text)}"
     raise ConfigError(
         f"{name} {value!r} has no scheme: write {local!r} for a local path, or 's3://bucket/prefix' "
