@@ -181,10 +181,17 @@ def test_runs_compare_typed_whatever_their_encoder_labels_say():
 
     import pyarrow as pa
 
+    from airflow_provider_shardyfusion.core import layout
     from airflow_provider_shardyfusion.core.lifecycle.history import comparison_between
     from airflow_provider_shardyfusion.core.model.encoding import encode_json_value
+    from airflow_provider_shardyfusion.core.model.manifest import Manifest, ShardingInfo
     from airflow_provider_shardyfusion.core.model.value_schema import VALUE_ENCODING_ENGINE, from_arrow
-    from tests.unit.test_value_schema import manifest
+
+    def manifest(**over) -> Manifest:
+        base = dict(run_id=layout.new_run_id(), created_at=dt.datetime(2024, 1, 2, tzinfo=dt.UTC),
+                    output_uri="file:///tmp/compare", num_dbs=1, sharding=ShardingInfo(strategy="hash", key_column="id"),
+                    key_encoding="u64be", value_format="binary", shards=(), value_columns=("payload",))
+        return Manifest(**{**base, **over})
 
     schema = from_arrow(pa.schema([("at", pa.timestamp("us", tz="UTC")), ("n", pa.int64())]), ["at", "n"])
     at = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
