@@ -161,6 +161,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(subs: Any, common: argparse.ArgumentParser) -> None:
+    from .serve.config import DEFAULT_MAX_STALENESS_S  # core only: no FastAPI import
+
     serve = subs.add_parser(
         "serve", parents=[common], help="serve the live snapshot over HTTP (FastAPI + uvicorn)",
         description="GET /v1/keys/{key}, POST /v1/multi_get, /healthz, /readyz, /metrics; follows _CURRENT. "
@@ -174,8 +176,10 @@ def _add_serve(subs: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--value-decoding", choices=("json", "typed", "raw"), default="json",
                        help="json (default): values as stored; typed: by the run's value_schema, rendered to JSON; "
                             "raw: the stored bytes, base64")
-    serve.add_argument("--max-staleness-s", type=float,
-                       help="/readyz answers 503 once the served run went live longer ago than this")
+    serve.add_argument("--max-staleness-s", type=float, default=DEFAULT_MAX_STALENESS_S,
+                       help="/readyz answers 503 once the reader has not confirmed for this long that it serves "
+                            "what _CURRENT names (its checks failing); a failed check alone keeps it ready "
+                            f"(default {DEFAULT_MAX_STALENESS_S:g})")
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes, sharing one cache (default 1)")
     serve.add_argument("--cache-dir", help="the shared shard cache (default: a temporary folder)")
     serve.add_argument("--key-type", choices=KEY_TEXTS, default="auto",

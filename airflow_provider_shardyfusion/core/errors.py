@@ -16,7 +16,7 @@ __all__ = [
     "RunAbandoned", "RunFailedError", "RunKilled", "RunRecordError", "RunSupersededError", "ShardAssignmentError",
     "ShardCoverageError", "ShardNotServedError", "ShardWriteError", "ShardyfusionError", "SparkConnectError",
     "SparkSubmitError", "StorageError",
-    "StreamOwnershipError", "WriterLost", "error_type_by_name", "show_value", "text_number_hint",
+    "StreamOwnershipError", "UnusableSnapshotError", "WriterLost", "error_type_by_name", "show_value", "text_number_hint",
 ]
 
 
@@ -206,6 +206,27 @@ class ShardNotServedError(ReaderError):
 
     def __reduce__(self) -> Any:  # keyword-only fields: rebuilt explicitly, so the error pickles
         return (_shard_not_served, (str(self), self.key, self.db_id, self.served))
+
+
+class UnusableSnapshotError(ReaderError):
+    """``_CURRENT`` names a run the reader cannot serve: the pointer is malformed or gone, or the
+    manifest it names is missing or invalid. The reader keeps serving its snapshot; the check that
+    found it failed (``health()`` says so), and ``refresh()`` returns False for it (SPEC §9).
+    Built by the class methods below, so that ``refresh()`` and the follower word it alike."""
+
+    @classmethod
+    def malformed_pointer(cls, current_uri: str, cause: BaseException, serving: str) -> UnusableSnapshotError:
+        return cls(f"{current_uri} is malformed: {cause}; the reader keeps serving run {serving}")
+
+    @classmethod
+    def pointer_gone(cls, current_uri: str, serving: str) -> UnusableSnapshotError:
+        return cls(f"{current_uri} has disappeared; the reader keeps serving run {serving}")
+
+    @classmethod
+    def run(cls, current_uri: str, run_id: str, manifest_ref: str, cause: BaseException,
+            serving: str) -> UnusableSnapshotError:
+        return cls(f"{current_uri} names run {run_id} ({manifest_ref}), which cannot be served: {cause}; "
+                   f"the reader keeps serving run {serving}")
 
 
 def _shard_not_served(message: str, key: object, db_id: int, served: str) -> ShardNotServedError:

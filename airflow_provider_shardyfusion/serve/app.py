@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_provider_shardyfusion.core.errors import ConfigError, KeyEncodingError, ShardNotServedError, ShardyfusionError
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_to_show, keys_from_json
 from airflow_provider_shardyfusion.serve.metrics import ServeMetrics
+from airflow_provider_shardyfusion.serve.readiness import unready_reason
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -121,7 +122,7 @@ class SnapshotService:
         self.slot = slot
         self.max_staleness_s = max_staleness_s
         self.key_type = key_type
-        self.metrics = ServeMetrics()
+        self.metrics = ServeMetrics(max_staleness_s=max_staleness_s)
 
     def answer(self, route: str, status: int, body: dict[str, Any], run_id: str | None = None) -> Response:
         self.metrics.request(route, status)
@@ -231,16 +232,21 @@ class SnapshotService:
         return asked.keys
 
     def readyz(self) -> Response:
+        """200 while a snapshot is loaded and confirmed current within ``max_staleness_s`` (a failed
+        check shows in ``status`` and ``last_error``), else 503 with ``reason`` (``serve.readiness``)."""
         reader = self.slot.reader
         if reader is None:
             return self.answer("readyz", 503, {"ready": False, "reason": self.slot.reason})
         health = reader.health()
-        ready = health.status == "healthy"
-        body: dict[str, Any] = {"ready": ready, "status": health.status, "run_id": health.run_id, "age_s": health.age_s,
-                                "last_error": health.last_error, "shards_open": health.shards_open}
-        if not ready:
-            body["reason"] = _unready_reason(health, self.max_staleness_s)
-        return self.answer("readyz", 200 if ready else 503, body, health.run_id)
+        reason = unready_reason(health, self.max_staleness_s)
+        body: dict[str, Any] = {
+            "ready": reason is None, "status": health.status, "run_id": health.run_id, "age_s": health.age_s,
+            "last_success_at": health.last_success_at, "last_error": health.last_error,
+            "shards_open": health.shards_open,
+        }
+        if reason is not None:
+            body["reason"] = reason
+        return self.answer("readyz", 200 if reason is None else 503, body, health.run_id)
 
     def metrics_text(self) -> Response:
         text = self.metrics.exposition(self.slot.reader)
@@ -339,17 +345,6 @@ async def _read_body(request: Request) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _unready_reason(health: Any, max_staleness_s: float | None) -> str:
-    if health.status == "unhealthy":
-        return "no snapshot is loaded (the reader is closed)"
-    reasons = []
-    if health.last_error is not None:
-        reasons.append(f"the last check of _CURRENT failed: {health.last_error}")
-    if max_staleness_s is not None and health.age_s is not None and health.age_s > max_staleness_s:
-        reasons.append(f"the served run {health.run_id} went live {health.age_s:.0f}s ago, more than max_staleness_s")
-    return "; ".join(reasons)
 
 
 def _shown(key: Any) -> Any:

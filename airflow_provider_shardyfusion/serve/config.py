@@ -18,9 +18,12 @@ from airflow_provider_shardyfusion.core.errors import ConfigError
 from airflow_provider_shardyfusion.core.model.encoding import KEY_TEXTS, KeyText
 from airflow_provider_shardyfusion.core.read.value_decoding import ValueDecoding, validate_value_decoding
 
-__all__ = ["SERVE_CONFIG_ENV", "ServeConfig", "parse_shard_ids"]
+__all__ = ["DEFAULT_MAX_STALENESS_S", "SERVE_CONFIG_ENV", "ServeConfig", "parse_shard_ids"]
 
 SERVE_CONFIG_ENV = "SHARDYFUSION_SERVE_CONFIG"
+# Sixty checks at the default interval: a storage outage of a few minutes keeps the fleet in
+# rotation (answering from its cache); a longer one takes it out, saying why.
+DEFAULT_MAX_STALENESS_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,8 @@ class ServeConfig:
     follow_interval_s: float | None = 5.0
     shard_ids: tuple[int, ...] | None = None
     value_decoding: ValueDecoding = "json"
-    max_staleness_s: float | None = None
+    # /readyz: 503 once the reader has not confirmed it is current for this long (serve.readiness).
+    max_staleness_s: float | None = DEFAULT_MAX_STALENESS_S
     cache_dir: str | None = None
     key_type: KeyText = "auto"
 

@@ -12,6 +12,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from airflow_provider_shardyfusion.serve.readiness import unready_reason
+
 if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 
@@ -23,7 +25,8 @@ _STATUS = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 class ServeMetrics:
     """Counters one worker keeps; ``exposition(reader)`` renders them with the reader's gauges."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_staleness_s: float | None = None) -> None:
+        self._max_staleness_s = max_staleness_s
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, int], int] = {}
         self._keys = 0
@@ -61,7 +64,7 @@ class ServeMetrics:
         health = reader.health()
         run = f'{pid},run_id="{_escape(health.run_id or "")}"'
         family("shardyfusion_serve_ready", "gauge", "1 when /readyz answers 200.",
-               [(pid, int(health.status == "healthy"))])
+               [(pid, int(unready_reason(health, self._max_staleness_s) is None))])
         family("shardyfusion_reader_status", "gauge", "Reader health: 0 healthy, 1 degraded, 2 unhealthy.",
                [(run, _STATUS.get(health.status, 2))])
         family("shardyfusion_reader_snapshot_age_seconds", "gauge", "Seconds since the served run went live.",

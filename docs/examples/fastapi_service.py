@@ -6,6 +6,14 @@ fastapi_service:app``. The reader opens once, in the app's lifespan (off the eve
 loop), and closes on shutdown; every look-up runs on the reader's own bounded thread
 pool, so a cold shard downloading never stalls other requests. Values are shown as JSON:
 a dict for ``value_format="json"``, text (or hex) for binary values.
+
+The reader follows ``_CURRENT`` every 5 s, so an answer names the run it
+was read from: each route reads the values and their run together
+(``multi_get_with_run_id``), never ``run_id`` after the read, which a refresh
+in between would make name the next run. ``/readyz`` is a readiness probe:
+503 without a snapshot or once the reader has not confirmed it is current for
+``SHARDYFUSION_MAX_STALENESS_S`` (300 s by default), as ``shardyfusion serve``
+answers.
 """
 
 from __future__ import annotations
@@ -15,11 +23,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from airflow_provider_shardyfusion import AsyncShardedReader
 from airflow_provider_shardyfusion.core.errors import ShardNotServedError
 from airflow_provider_shardyfusion.core.model.encoding import key_from_text
+from airflow_provider_shardyfusion.serve.readiness import unready_reason
+
+MAX_STALENESS_S = float(os.environ.get("SHARDYFUSION_MAX_STALENESS_S", "300"))
 
 
 @asynccontextmanager
@@ -34,6 +46,8 @@ async def lifespan(app: FastAPI):
             "SHARDYFUSION_CACHE_DIR"
         ),  # shared by every worker process of the host
         shard_ids=range(int(first), int(last or first) + 1) if shard_ids else None,
+        follow_interval_s=5,
+        max_staleness_s=MAX_STALENESS_S,
     ) as reader:
         app.state.reader = reader
         yield
@@ -56,11 +70,12 @@ async def get_key(key: str, request: Request) -> dict[str, Any]:
     reader: AsyncShardedReader = request.app.state.reader
     typed = key_from_text(key, reader.manifest.key_encoding)
     try:
-        value = await reader.get(typed)
+        # The value and the run it was read from, in one step.
+        run_id, (value,) = await reader.multi_get_with_run_id([typed])
     except ShardNotServedError as exc:  # the client routed to the wrong host
         raise HTTPException(status_code=421, detail=str(exc)) from None
     body = {
-        "run_id": reader.run_id,
+        "run_id": run_id,
         "key": key,
         "found": value is not None,
         "value": _show(value),
@@ -78,8 +93,8 @@ class Keys(BaseModel):
 async def multi_get(request: Request, body: Keys) -> dict[str, Any]:
     reader: AsyncShardedReader = request.app.state.reader
     typed = [key_from_text(key, reader.manifest.key_encoding) for key in body.keys]
-    values = await reader.multi_get(typed)
-    return {"run_id": reader.run_id, "values": [_show(v) for v in values]}
+    run_id, values = await reader.multi_get_with_run_id(typed)
+    return {"run_id": run_id, "values": [_show(v) for v in values]}
 
 
 @app.post("/refresh")
@@ -87,3 +102,18 @@ async def refresh(request: Request) -> dict[str, Any]:
     reader: AsyncShardedReader = request.app.state.reader
     moved = await reader.refresh()
     return {"run_id": reader.run_id, "refreshed": moved}
+
+
+@app.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    reader: AsyncShardedReader = request.app.state.reader
+    health = await reader.health()
+    reason = unready_reason(health, MAX_STALENESS_S)
+    body = {
+        "ready": reason is None,
+        "status": health.status,  # "degraded" while a check fails: still ready
+        "run_id": health.run_id,
+        "last_error": health.last_error,
+        "reason": reason,
+    }
+    return JSONResponse(body, status_code=200 if reason is None else 503)

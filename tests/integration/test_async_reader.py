@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_shardyfusion import AsyncShardedReader
+from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ReaderError, ShardNotServedError
 from airflow_provider_shardyfusion.core.model.routing import route_key
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from tests.polling import wait_for
-from tests.snapshot_factory import build_snapshot
+from tests.snapshot_factory import build_snapshot, publish_current
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_DBS = 8
@@ -175,7 +176,7 @@ def test_cancelled_calls_leak_nothing(file_root, monkeypatch):
 def test_fastapi_example_serves_a_real_snapshot(file_root, monkeypatch, tmp_path):
     from fastapi.testclient import TestClient
 
-    build_snapshot(file_root, ((k, _value(k)) for k in KEYS), num_dbs=NUM_DBS)
+    first = build_snapshot(file_root, ((k, _value(k)) for k in KEYS), num_dbs=NUM_DBS)
     monkeypatch.setenv("SHARDYFUSION_ROOT", file_root)
     monkeypatch.setenv("SHARDYFUSION_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SHARDYFUSION_SHARD_IDS", "0-3")
@@ -196,3 +197,41 @@ def test_fastapi_example_serves_a_real_snapshot(file_root, monkeypatch, tmp_path
         many = client.post("/multi_get", json={"keys": [str(k) for k in mine]})
         assert many.json() == {"run_id": run_id, "values": [_value(k).decode() for k in mine]}
         assert client.post("/refresh").json() == {"run_id": run_id, "refreshed": False}
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json() == {
+            "ready": True, "status": "healthy", "run_id": run_id, "last_error": None, "reason": None}
+        # Every answer names the run its value came from, also while refreshes swap runs under it.
+        second = build_snapshot(file_root, ((k, _value(k + 1000)) for k in KEYS), num_dbs=NUM_DBS)
+        runs = {run_id: 0, second.run_id: 1000}
+        store = LocalStore(file_root)
+        stop = threading.Event()
+
+        def swap_runs() -> None:  # publish the two runs in turn, refreshing after each
+            reader = module.app.state.reader.reader
+            built = [first, second]
+            n = 0
+            while not stop.is_set():
+                n += 1
+                publish_current(store, built[n % 2].manifest_key, built[n % 2].run_id)
+                reader.refresh()
+
+        swapper = threading.Thread(target=swap_runs)
+        swapper.start()
+        try:
+            answers = [client.get(f"/keys/{mine[n % len(mine)]}").json() for n in range(400)]
+        finally:
+            stop.set()
+            swapper.join()
+        assert {a["run_id"] for a in answers} == set(runs), "both runs answered"
+        for n, a in enumerate(answers):
+            assert a["value"] == _value(mine[n % len(mine)] + runs[a["run_id"]]).decode(), a
+        # _CURRENT names a missing manifest: a failed check, still ready (degraded) within max_staleness_s.
+        publish_current(store, layout.manifest_key("r-gone", layout.utc_now()), "r-gone")
+        assert client.post("/refresh").json()["refreshed"] is False
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.json()
+        assert "names run r-gone" in ready.json()["last_error"] and ready.json()["reason"] is None
+        # The reader closed: no snapshot, 503 saying so.
+        module.app.state.reader.reader.close()
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["reason"] == "no snapshot is loaded (the reader is closed)"

@@ -362,7 +362,8 @@ def test_refresh_past_a_malformed_current_keeps_the_old_snapshot(request, where,
         store.put(layout.CURRENT_KEY, data)
         downloads = _count_downloads(monkeypatch)
         assert reader.refresh() is False
-        assert reader.refresh() is False  # still unchanged, still no error
+        assert reader.refresh() is False  # still kept, never raised; each a failed check, kept for health()
+        assert reader.health().status == "degraded" and "UnusableSnapshotError" in reader.health().last_error
         assert reader.run_id == first.run_id and reader.manifest == first.manifest
         assert reader.get(3) == b"old-3" and reader.multi_get([4, 5, 77]) == [b"old-4", b"old-5", None]
         assert not any(second.run_id in key for key in downloads)

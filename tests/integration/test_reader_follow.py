@@ -7,8 +7,10 @@ touches the process's global provider.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,14 +18,15 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
+from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError, UnusableSnapshotError
+from airflow_provider_shardyfusion.core.model.manifest import Manifest
 from airflow_provider_shardyfusion.core.read import metrics as reader_metrics
 from airflow_provider_shardyfusion.core.read.follow import follower_thread_name
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.storage.local import LocalStore
 from tests.polling import wait_for
-from tests.snapshot_factory import build_snapshot
+from tests.snapshot_factory import build_snapshot, publish_current
 
 NUM_DBS = 4
 
@@ -136,22 +139,120 @@ def test_user_refresh_and_follower_never_refresh_at_once(file_root, monkeypatch)
     assert most[0] == 1 and len(loads) == len(set(loads)) == 4, loads
 
 
-def test_health_is_degraded_when_stale_or_the_check_failed(file_root):
+def test_staleness_is_the_time_since_the_reader_confirmed_it_is_current_not_the_runs_age(file_root):
     old = layout.utc_now() - timedelta(hours=2)
     build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1", published_at=old)
+    # A run published two hours ago that _CURRENT still names is current: a daily pipeline is healthy.
     with ShardedReader(file_root, max_staleness_s=3600) as reader:
         health = reader.health()
-        assert health.status == "degraded" and health.published_at == old and health.age_s >= 7200
+        assert health.status == "healthy" and health.published_at == old and health.age_s >= 7200
+        assert health.last_success_at == health.last_check_at and health.last_success_at > old
         assert health.last_error is None and health.shards_open == 0 and health.cache_bytes == 0
         reader.get(1)
         health = reader.health()
         assert health.shards_open == 1 and health.cache_bytes > 0
-    with ShardedReader(file_root) as reader:
-        assert reader.health().status == "healthy"
-        open_store(file_root).put(layout.CURRENT_KEY, b"{not json")
-        before = reader.health().last_check_at
-        assert reader.refresh() is False  # a malformed pointer keeps the snapshot (SPEC §9)
-        assert reader.health().last_check_at >= before and reader.run_id == "r1"
+    # Nobody checks _CURRENT (no follower, no refresh()): past max_staleness_s it is degraded ...
+    with ShardedReader(file_root, max_staleness_s=0.3) as reader:
+        loaded = reader.health().last_success_at
+        health = wait_for(lambda: (h := reader.health()).status == "degraded" and h, what="a stale reader")
+        assert health.last_error is None and health.last_success_at == loaded
+        assert reader.refresh() is False  # ... until a check confirms it again
+        health = reader.health()
+        assert health.status == "healthy" and health.last_success_at > loaded
+    # A follower keeps confirming it: healthy well past max_staleness_s.
+    with ShardedReader(file_root, max_staleness_s=0.3, follow_interval_s=0.05) as reader:
+        threading.Event().wait(0.9)
+        assert reader.health().status == "healthy" and reader.get(2) == b"r1-2"
+
+
+def _unusable(root: str, damage: str, second) -> str:
+    """Make ``_CURRENT`` name a run the reader cannot serve; the run id it names."""
+    store = open_store(root)
+    if damage == "malformed-pointer":
+        store.put(layout.CURRENT_KEY, b"{not json")
+        return "malformed"
+    if damage == "missing-manifest":
+        publish_current(store, layout.manifest_key("r-gone", second.published_at), "r-gone", second.published_at)
+        return "r-gone"
+    store.put(second.manifest_key, b"{not json")  # invalid manifest, _CURRENT well-formed
+    publish_current(store, second.manifest_key, second.run_id, second.published_at)
+    return second.run_id
+
+
+@pytest.mark.parametrize("damage", ["malformed-pointer", "missing-manifest", "invalid-manifest"])
+def test_a_refresh_that_declines_an_unusable_run_is_a_failed_check(file_root, metric_reader, damage):
+    in_memory, provider = metric_reader
+    first = build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    second = build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2", publish=False,
+                            published_at=first.published_at + timedelta(seconds=1))
+    with ShardedReader(file_root, meter_provider=provider) as reader:
+        assert reader.multi_get(range(40)) == [v for _, v in _rows("r1")]
+        named = _unusable(file_root, damage, second)
+        before = reader.health()
+        assert reader.refresh() is False  # the old snapshot is kept (SPEC §9) ...
+        health = reader.health()  # ... but the check failed, naming the run and why
+        assert health.status == "degraded" and health.run_id == "r1"
+        assert health.last_error.startswith("UnusableSnapshotError: "), health.last_error
+        assert f"{layout.join(reader.output_uri, layout.CURRENT_KEY)} " in health.last_error
+        assert "keeps serving run r1" in health.last_error
+        if damage == "malformed-pointer":
+            assert "is malformed" in health.last_error
+        else:
+            assert f"names run {named} " in health.last_error and "which cannot be served" in health.last_error
+        assert health.last_check_at > before.last_check_at and health.last_success_at == before.last_success_at
+        assert reader.multi_get(range(40)) == [v for _, v in _rows("r1")]
+        assert _metrics(in_memory)["shardyfusion.reader.refreshes"] == [({"outcome": "failed"}, 1)]
+        store = open_store(file_root)
+        store.put(second.manifest_key, Manifest.to_bytes(second.manifest))
+        publish_current(store, second.manifest_key, second.run_id, second.published_at)  # repaired
+        assert reader.refresh() is True
+        assert reader.health().status == "healthy" and reader.health().last_error is None
+        assert reader.multi_get(range(40)) == [v for _, v in _rows("r2")]
+
+
+@pytest.mark.parametrize("damage", ["malformed-pointer", "missing-manifest"])
+def test_the_follower_retries_an_unusable_run_backed_off_until_it_can_serve_it(file_root, damage):
+    """The pointer stays where it is; the manifest it names appears later (or the pointer is
+    rewritten with the same bytes): a follower that remembered the pointer as served would never see it."""
+    first = build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    second = build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2", publish=False,
+                            published_at=first.published_at + timedelta(seconds=1))
+    store = open_store(file_root)
+    manifest = store.get(second.manifest_key).data
+    failed_at: list[float] = []
+    errors: list[BaseException] = []
+
+    def on_error(exc: BaseException) -> None:
+        failed_at.append(time.monotonic())
+        errors.append(exc)
+
+    interval = 0.1
+    with ShardedReader(file_root, follow_interval_s=interval, on_error=on_error) as reader:
+        if damage == "malformed-pointer":
+            store.put(layout.CURRENT_KEY, b"{not json")
+        else:  # a well-formed pointer to r2's manifest, which is not there yet
+            store.delete_many([second.manifest_key])
+            publish_current(store, second.manifest_key, second.run_id, second.published_at)
+        wait_for(lambda: len(errors) >= 4, timeout=60, what="four failed checks")
+        health = reader.health()
+        assert health.status == "degraded" and health.run_id == "r1"
+        assert health.last_error.startswith("UnusableSnapshotError: ") and "keeps serving run r1" in health.last_error
+        assert all(type(e) is UnusableSnapshotError for e in errors), errors
+        if damage == "missing-manifest":
+            assert "names run r2 " in health.last_error
+        assert reader.multi_get(range(40)) == [v for _, v in _rows("r1")]
+        # Backed off: doubling waits (±10 % jitter) between failed checks, 2, 4, 8 intervals.
+        gaps = [b - a for a, b in itertools.pairwise(failed_at)][:3]
+        assert gaps[2] > 2 * gaps[0], gaps
+        if damage == "malformed-pointer":
+            publish_current(store, second.manifest_key, second.run_id, second.published_at)
+        else:
+            store.put(second.manifest_key, manifest)  # _CURRENT untouched
+        wait_for(lambda: reader.run_id == "r2", timeout=60, what="the follower to serve r2")
+        assert reader.multi_get(range(40)) == [v for _, v in _rows("r2")]
+        health = reader.health()
+        assert health.status == "healthy" and health.last_error is None
+    print(f"\nfailed checks {len(errors)}; gaps between them {[round(g, 2) for g in gaps]} s (interval {interval})")
 
 
 def test_the_follower_reports_a_failed_check_in_health_and_on_error(file_root):
@@ -162,7 +263,8 @@ def test_the_follower_reports_a_failed_check_in_health_and_on_error(file_root):
     with ShardedReader(file_root, follow_interval_s=0.02, on_error=errors.append) as reader:
         store.put(layout.CURRENT_KEY, b"{not json")
         health = wait_for(lambda: (h := reader.health()).status == "degraded" and h, what="a degraded health")
-        assert "ManifestValidationError" in health.last_error and health.run_id == "r1"
+        assert "UnusableSnapshotError" in health.last_error and "is malformed" in health.last_error
+        assert health.run_id == "r1"
         assert errors and reader.get(2) == b"r1-2"
         store.put(layout.CURRENT_KEY, good)
         wait_for(lambda: reader.health().status == "healthy", what="the follower to recover")
@@ -195,12 +297,35 @@ def test_metrics_count_gets_misses_and_refreshes_exactly(file_root, metric_reade
     assert after.get("shardyfusion.reader.snapshot.age", []) == []
 
 
+def test_the_followers_checks_are_counted_failed_before_refresh_and_its_swaps_as_swapped(file_root, metric_reader):
+    in_memory, provider = metric_reader
+    build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
+    errors: list[BaseException] = []
+    current = os.path.join(layout.local_path_of(file_root), layout.CURRENT_KEY)
+    with ShardedReader(file_root, follow_interval_s=0.05, on_error=errors.append, meter_provider=provider) as reader:
+        build_snapshot(file_root, _rows("r2"), num_dbs=NUM_DBS, run_id="r2")
+        wait_for(lambda: reader.run_id == "r2", what="the follower to serve r2")
+        assert _metrics(in_memory)["shardyfusion.reader.refreshes"] == [({"outcome": "swapped"}, 1)]
+        # _CURRENT unreadable (a symlink to itself, ELOOP): the follower fails before calling refresh().
+        os.replace(current, current + ".good")
+        os.symlink(layout.CURRENT_KEY, current)
+        wait_for(lambda: len(errors) >= 2, what="two failed checks")
+        assert all(isinstance(e, StorageError) for e in errors) and reader.get(1) == b"r2-1"
+        os.replace(current + ".good", current)
+        wait_for(lambda: reader.health().status == "healthy", what="the follower to recover")
+    failed = len(errors)
+    got = _metrics(in_memory)
+    assert got["shardyfusion.reader.refreshes"] == [({"outcome": "failed"}, failed), ({"outcome": "swapped"}, 1)]
+    durations = {a["outcome"]: v[0] for a, v in got["shardyfusion.reader.refresh.duration"]}
+    assert durations == {"failed": failed, "swapped": 1}
+
+
 def test_a_failed_refresh_is_counted_as_failed(file_root, metric_reader):
     in_memory, provider = metric_reader
     build_snapshot(file_root, _rows("r1"), num_dbs=NUM_DBS, run_id="r1")
     with ShardedReader(file_root, meter_provider=provider) as reader:
-        # _CURRENT replaced by a symlink to itself: reading it fails with ELOOP, an error other than
-        # "absent" (which keeps the snapshot quietly), also for root, whom a chmod would not stop.
+        # _CURRENT replaced by a symlink to itself: reading it fails with ELOOP, a storage error (raised)
+        # rather than "absent" (declined: False), also for root, whom a chmod would not stop.
         current = os.path.join(layout.local_path_of(file_root), layout.CURRENT_KEY)
         os.replace(current, current + ".good")
         os.symlink(layout.CURRENT_KEY, current)

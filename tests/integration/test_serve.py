@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -372,33 +373,66 @@ def test_publish_while_8_clients_read_then_rollback(tmp_path):
 
 
 @pytest.mark.s3
-def test_storage_down_readyz_503_while_reads_are_served(tmp_path, s3_server, s3_root, s3_options):
+def test_storage_down_ready_but_degraded_then_503_after_max_staleness_reads_served(tmp_path, s3_server, s3_root,
+                                                                                   s3_options):
+    """A storage outage shorter than --max-staleness-s keeps the server in rotation (200, degraded,
+    the error named); past it /readyz answers 503 naming the failing check; reads are exact throughout,
+    from the local cache; the server is ready again once storage answers."""
     from tests.reliability.fault_proxy import FaultProxy, Rule
 
+    max_staleness_s = 8.0
     build_snapshot(s3_root, [(k, _value(k, "r1")) for k in range(500)], num_dbs=4, run_id="r1",
                    value_format="json", storage_options=s3_options)
+    expected = [_value(k, "r1") for k in range(500)]
+
+    def reads_exact() -> None:
+        status, headers, body = server.call("GET", "/v1/keys/42")
+        assert (status, body["value"], headers[RUN_ID_HEADER.lower()]) == (200, _value(42, "r1"), "r1")
+        assert server.multi_get(list(range(500)))[2]["values"] == expected
+
     with FaultProxy(s3_server) as proxy:
         server = Server(s3_root, tmp_path / "server.log", "--endpoint-url", proxy.url, "--region", "us-east-1",
-                        "--path-style", "--follow-interval-s", "0.3", "--max-staleness-s", "10")
+                        "--path-style", "--follow-interval-s", "0.3", "--max-staleness-s", str(max_staleness_s))
         try:
-            assert server.multi_get(list(range(500)))[2]["values"] == [_value(k, "r1") for k in range(500)]
+            reads_exact()  # every shard in the cache
             status, _, body = server.call("GET", "/readyz")
-            assert status == 200, body
+            assert status == 200 and body["status"] == "healthy" and body["last_error"] is None, body
             # Storage refusing every request. A closed connection reports the same, only after the store's retry
             # budget (5 botocore attempts within each of 6: about a minute), too slow for this test.
             outage = proxy.add(Rule("error", None, r"", count=None, status=403, code="AccessDenied"))
-            reason = wait_for(lambda: (lambda r: r if r and "_CURRENT" in r else None)(_unready(server)), timeout=60,
-                              what="/readyz to answer 503 naming the failed check with S3 down")
-            status, headers, body = server.call("GET", "/v1/keys/42")  # from the local cache, S3 still down
-            assert (status, body["value"], headers[RUN_ID_HEADER.lower()]) == (200, _value(42, "r1"), "r1")
-            assert server.multi_get([1, 2, 499])[2]["values"] == [_value(k, "r1") for k in (1, 2, 499)]
+            started = time.monotonic()
+            status, _, body = wait_for(
+                lambda: (answer := server.call("GET", "/readyz"))[2].get("last_error") and answer, timeout=30,
+                what="/readyz to name the failed check")
+            degraded_after_s = time.monotonic() - started
+            assert degraded_after_s < max_staleness_s, degraded_after_s
+            assert status == 200 and body["ready"] is True and body["status"] == "degraded", body
+            assert "_CURRENT" in body["last_error"] and "AccessDenied" in body["last_error"], body
+            assert "reason" not in body
+            assert "shardyfusion_serve_ready{pid=" in (text := server.call("GET", "/metrics")[2])
+            assert [line.rsplit(" ", 1)[1] for line in text.splitlines()
+                    if line.startswith("shardyfusion_serve_ready{")] == ["1"], text  # as /readyz says
+            reads_exact()
+            status, _, body = wait_for(lambda: (answer := server.call("GET", "/readyz"))[0] == 503 and answer,
+                                       timeout=60, what="/readyz to answer 503 once past max_staleness_s")
+            unready_after_s = time.monotonic() - started
+            # The last success came at most one interval (plus its jitter) before the outage began.
+            assert unready_after_s >= max_staleness_s - 0.5, unready_after_s
+            reason = body["reason"]
+            assert reason.startswith("the check of _CURRENT has failed for ") and "max_staleness_s (8s)" in reason
+            assert "AccessDenied" in reason and "still serving run r1" in reason and body["status"] == "degraded"
+            reads_exact()
             proxy.remove(outage)
-            # Storage back, no new run: the served run is older than --max-staleness-s, so still not ready.
-            reason = wait_for(lambda: (lambda r: r if r and "_CURRENT" not in r else None)(_unready(server)),
-                              timeout=60, what="/readyz to say only that the run is too old")
-            assert "went live" in reason and "max_staleness_s" in reason
+            restored = time.monotonic()
+            status, _, body = wait_for(lambda: (answer := server.call("GET", "/readyz"))[0] == 200 and answer,
+                                       timeout=60, what="/readyz to answer 200 once storage is back")
+            ready_again_s = time.monotonic() - restored
+            assert body["status"] == "healthy" and body["last_error"] is None and body["run_id"] == "r1", body
+            reads_exact()
         finally:
             server.stop()
+    print(f"\nserve S3 down: degraded (200) after {degraded_after_s:.2f}s, 503 after {unready_after_s:.2f}s "
+          f"(max_staleness_s {max_staleness_s:g}), ready {ready_again_s:.2f}s after S3 returned")
 
 
 _READS = re.compile(r'^shardyfusion_serve_requests_total\{pid="(\d+)",route="multi_get",code="200"\} (\d+)$', re.M)
@@ -412,6 +446,13 @@ def _pids_that_read(server: Server) -> set[int]:
 def _unready(server: Server) -> str | None:
     status, _, body = server.call("GET", "/readyz")
     return body["reason"] if status == 503 else None
+
+
+def test_serve_defaults_max_staleness_to_300_seconds():
+    from airflow_provider_shardyfusion.cli import _build_parser
+
+    args = _build_parser().parse_args(["serve", "file:///snap"])
+    assert args.max_staleness_s == 300
 
 
 @pytest.mark.s3

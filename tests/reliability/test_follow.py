@@ -1,13 +1,13 @@
 """A following reader in production (SPEC §19): publishes, an S3 outage, and no call from the user.
 
 - 20 publishes (full runs, deltas, a rollback) followed by ``follow_interval_s`` while 8 threads
-  ``multi_get`` every key: each answer is the whole snapshot of a run the reader reported around
-  it (never a mix), no read fails, and the process's open descriptors stay bounded.
+  read every key with ``multi_get_with_run_id``: each answer is exactly the snapshot of the run it
+  came with (never a mix), no read fails, and the process's open descriptors stay bounded.
 - S3 unreachable (the fault proxy closes every connection) for at least 3 intervals: the follower
-  backs off, ``health()`` says ``degraded`` with the error, reads keep serving the old snapshot
-  exactly, and it catches up once S3 answers again.
+  backs off (the gaps between failed checks grow), ``health()`` says ``degraded`` with the error,
+  reads keep serving the old snapshot exactly, and it catches up once S3 answers again.
 - A run published on a follower with ``follow_interval_s=1`` is served without any call from the
-  user (the latency is printed; its target is checked by ``benchmarks/bench_serve.py``).
+  user within 6 s (the issue's target is 3 s on an idle machine; the latency is printed).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import open_store
@@ -60,7 +61,7 @@ def test_follower_through_20_publishes_with_8_readers_never_mixes_runs(file_root
     stop = threading.Event()
     errors: list[BaseException] = []
     reads = [0]
-    exact_same_run = [0]
+    runs_seen: set[str] = set()
     fd_peak = [0]
     order: list[str] = ["p00"]  # runs in the order they went live (a rollback appears twice)
     lock = threading.Lock()
@@ -70,17 +71,14 @@ def test_follower_through_20_publishes_with_8_readers_never_mixes_runs(file_root
         def read_loop() -> None:
             try:
                 while not stop.is_set():
-                    before = reader.run_id
-                    values = reader.multi_get(keys)
-                    after = reader.run_id
-                    with lock:
-                        window = order[order.index(before):] if before in order else order
-                        candidates = {before} if before == after else set(window[: window.index(after) + 1]
-                                                                          if after in window else window)
+                    run_id, values = reader.multi_get_with_run_id(keys)
+                    with lock:  # a publish holds the lock until its run's model is set
+                        expected = models[run_id]
                         reads[0] += 1
+                        runs_seen.add(run_id)
                         fd_peak[0] = max(fd_peak[0], _open_fds())
-                    assert any(values == models[run] for run in candidates), (before, after, candidates)
-                    exact_same_run[0] += before == after
+                    assert values == expected, (run_id, [k for k, v, e in zip(keys, values, expected, strict=True)
+                                                          if v != e][:5])
             except BaseException as exc:
                 errors.append(exc)
                 stop.set()
@@ -123,7 +121,7 @@ def test_follower_through_20_publishes_with_8_readers_never_mixes_runs(file_root
     assert fd_peak[0] - fds_before <= 2 * max_files + 32, (fds_before, fd_peak[0])
     assert fds_after <= fds_before + 4, (fds_before, fds_after)
     figure(publishes=len(plan), full=kinds["full"], deltas=kinds["delta"], rollbacks=kinds["rollback"], readers=READERS,
-           answers_checked=reads[0], values_checked=reads[0] * len(keys), answers_with_one_run_reported=exact_same_run[0],
+           answers_checked=reads[0], values_checked=reads[0] * len(keys), runs_answered_from=len(runs_seen),
            open_fds_before=fds_before, open_fds_peak=fd_peak[0], open_fds_after=fds_after)
 
 
@@ -144,10 +142,24 @@ def test_s3_unreachable_for_3_intervals_degrades_keeps_serving_and_catches_up(pr
     n = 400
     build_snapshot(s3_root, [(i, _value(i, 1)) for i in range(n)], num_dbs=4, run_id="s1", storage_options=s3_options)
     errors: list[BaseException] = []
+    failed_at: list[float] = []
+    polls: list[float] = []
+    real_poll = SnapshotRoot.read_pointer_if_changed
+
+    def timed_poll(self: SnapshotRoot, etag: str | None) -> Any:  # the real poll, its start noted
+        polls.append(time.monotonic())
+        return real_poll(self, etag)
+
+    monkeypatch.setattr(SnapshotRoot, "read_pointer_if_changed", timed_poll)
     refreshed: list[str] = []
     interval = 0.5
+
+    def on_error(exc: BaseException) -> None:
+        failed_at.append(time.monotonic())
+        errors.append(exc)
+
     options = {**s3_options, "endpoint_url": proxy.url, "max_attempts": 1}
-    with ShardedReader(s3_root, storage_options=options, follow_interval_s=interval, on_error=errors.append,
+    with ShardedReader(s3_root, storage_options=options, follow_interval_s=interval, on_error=on_error,
                        on_refresh=lambda report: refreshed.append(report.run_id)) as reader:
         assert reader.multi_get(list(range(n))) == [_value(i, 1) for i in range(n)]  # every shard in the cache
         wait_for(lambda: proxy.requests("GET", r"/_CURRENT$"), what="a poll of _CURRENT")
@@ -155,8 +167,14 @@ def test_s3_unreachable_for_3_intervals_degrades_keeps_serving_and_catches_up(pr
         started = time.monotonic()
         build_snapshot(s3_root, [(i, _value(i, 2)) for i in range(n)], num_dbs=4, run_id="s2",
                        storage_options=s3_options)  # published directly: only the reader is cut off
-        wait_for(lambda: len(errors) >= 3 and time.monotonic() - started >= 3 * interval, timeout=60,
-                 what="three failed checks over three intervals")
+        wait_for(lambda: len(errors) >= 4 and time.monotonic() - started >= 3 * interval, timeout=60,
+                 what="four failed checks over three intervals")
+        # Backed off: the wait from a failed check to the next poll doubles (2, 4, 8 intervals, ±10 %
+        # jitter). A failed check itself takes a second or two (the connection attempts), so the waits
+        # are measured from its end (on_error) to the next poll's start.
+        waits = [next(p for p in polls if p > end) - end for end in failed_at[:3]]
+        assert all(w >= 0.85 * interval * 2 ** (n + 1) for n, w in enumerate(waits)), waits
+        assert waits[1] > 1.5 * waits[0] and waits[2] > 1.5 * waits[1], waits
         health = reader.health()
         assert health.status == "degraded" and health.run_id == "s1"
         assert health.last_error.startswith("StorageError: S3 conditional get of") and "_CURRENT" in health.last_error
@@ -172,7 +190,8 @@ def test_s3_unreachable_for_3_intervals_degrades_keeps_serving_and_catches_up(pr
         assert reader.health().status == "healthy" and reader.health().last_error is None
         assert refreshed == ["s2"]
     unchanged = sum(1 for _, _, outcome in proxy.requests("GET", r"/_CURRENT$") if outcome == "forwarded")
-    figure(interval_s=interval, failed_checks=failed_checks, outage_s=round(outage_s, 2),
+    figure(interval_s=interval, failed_checks=failed_checks, waits_after_failed_checks_s=[round(w, 2) for w in waits],
+           outage_s=round(outage_s, 2),
            outage_requests_refused=outage.hits, values_checked=3 * n, caught_up_after_s=round(caught_up_s, 2),
            current_polls_forwarded=unchanged)
 
@@ -184,7 +203,9 @@ def test_a_published_run_is_served_without_any_call_from_the_user(file_root, fig
         published = time.monotonic()
         build_snapshot(file_root, [(i, b"new") for i in range(50)], num_dbs=4, run_id="c2")
         # No refresh(): only reads, as a service would make them.
-        wait_for(lambda: reader.get(7) == b"new", timeout=30, what="the follower to serve c2")
+        wait_for(lambda: reader.get(7) == b"new", timeout=30, interval=0.01, what="the follower to serve c2")
         latency = time.monotonic() - published
         assert reader.run_id == "c2" and reader.health().run_id == "c2"
     figure(follow_interval_s=1, served_after_s=round(latency, 2))
+    # The issue's target is 3 s (interval + 2 s); 6 s leaves room for a loaded machine.
+    assert latency <= 6.0, latency

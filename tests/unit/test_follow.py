@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
+from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError, UnusableSnapshotError
 from airflow_provider_shardyfusion.core.read.follow import (
     JITTER,
     MAX_BACKOFF_INTERVALS,
@@ -33,9 +33,15 @@ class FakeWatch:
 
 
 def follower(watch, **kwargs):
+    """A follower and the outcomes it recorded itself: those of rounds that did not call refresh()."""
     checks: list[BaseException | None] = []
+
+    def on_check(exc, seconds):
+        assert seconds >= 0
+        checks.append(exc)
+
     defaults = {"interval_s": 1.0, "watch": watch, "refresh": lambda: True, "report": lambda: "report",
-                "on_check": checks.append}
+                "on_check": on_check}
     f = Follower(**{**defaults, **kwargs})
     return f, checks
 
@@ -67,7 +73,8 @@ def test_a_round_refreshes_only_when_moved_and_reports_the_swap():
     f, checks = follower(watch, on_refresh=refreshed.append)
     f.round()
     f.round()
-    assert refreshed == ["report"] and checks == [None, None] and watch.settled == 2
+    # The second round's outcome is refresh()'s to record (the reader's refresh does, with its metrics).
+    assert refreshed == ["report"] and checks == [None] and watch.settled == 2
 
 
 def test_failures_back_off_are_kept_and_a_raising_callback_does_not_stop_anything(caplog):
@@ -82,20 +89,24 @@ def test_failures_back_off_are_kept_and_a_raising_callback_does_not_stop_anythin
     f.round()
     assert f.failures == 2 and checks == [boom, boom] and watch.settled == 0  # a failed round keeps the old etag
     f.round()
-    assert f.failures == 0 and checks[-1] is None and watch.settled == 1
+    assert f.failures == 0 and checks == [boom, boom] and watch.settled == 1
     assert sum("raised; the follower goes on" in r.getMessage() for r in caplog.records) == 3
 
 
-def test_a_refresh_that_raises_is_a_failed_check():
-    boom = StorageError("download failed")
-
+@pytest.mark.parametrize("boom", [StorageError("download failed"),
+                                  UnusableSnapshotError("_CURRENT names run r2, which cannot be served")])
+def test_a_refresh_that_raises_is_a_failed_check_tried_again_backed_off(boom):
     def refresh():
         raise boom
 
     errors: list[BaseException] = []
-    f, checks = follower(FakeWatch([True]), refresh=refresh, on_error=errors.append)
+    watch = FakeWatch([True, True])
+    f, checks = follower(watch, refresh=refresh, on_error=errors.append)
     f.round()
-    assert errors == [boom] and checks == [boom] and f.failures == 1
+    f.round()
+    # Not settled: the next round reads the pointer again and refreshes again, each wait longer.
+    assert errors == [boom, boom] and checks == [] and f.failures == 2 and watch.settled == 0
+    assert next_wait(f.interval_s, f.failures, lambda: 0.5) == 4 * f.interval_s
 
 
 def test_the_thread_polls_and_stop_joins_without_waiting_out_the_interval():

@@ -49,11 +49,14 @@ class AsyncShardedReader:
     downloads, refreshes), 4 by default. The constructor reads ``_CURRENT`` and the manifest
     (blocking): build it at start-up, or ``await AsyncShardedReader.open(…)`` from a coroutine.
 
-    ``await get(key)``, ``await multi_get(keys)``, ``await refresh()`` and ``await aclose()``
-    (also ``async with``) are ``ShardedReader``'s methods run on the pool; ``route(key)``,
-    ``describe()``, ``run_id`` and ``manifest`` answer at once, without I/O. A cancelled call
-    leaks nothing (see the module's docstring). ``reader`` is the underlying ``ShardedReader``,
-    for code that is not async. Its worker threads are named ``<thread_name_prefix>_<n>``.
+    ``await get(key)``, ``await multi_get(keys)``, ``await multi_get_with_run_id(keys)``,
+    ``await refresh()`` and ``await aclose()`` (also ``async with``) are ``ShardedReader``'s methods
+    run on the pool; ``await health()``, ``route(key)``, ``describe()``, ``run_id`` and ``manifest``
+    answer at once, without I/O. A service naming the run beside a value reads both with
+    ``multi_get_with_run_id`` (``run_id`` read after the value may already name the next run). A
+    cancelled call leaks nothing (see the module's docstring). ``reader`` is the underlying
+    ``ShardedReader``, for code that is not async. Its worker threads are named
+    ``<thread_name_prefix>_<n>``.
     """
 
     # ``reader_args`` rather than a copy of ShardedReader's signature: every argument it gains
@@ -116,6 +119,14 @@ class AsyncShardedReader:
         """Values of ``keys`` in input order (``ShardedReader.multi_get``)."""
         keys = keys if isinstance(keys, list) else list(keys)  # a generator must not be consumed on a worker
         return await self._run(functools.partial(self.reader.multi_get, keys, routing_context=routing_context))
+
+    async def multi_get_with_run_id(
+        self, keys: Iterable[Any], *, routing_context: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[str, list[Any]]:
+        """``(run_id, values)``, every value read from that run (``ShardedReader.multi_get_with_run_id``)."""
+        keys = keys if isinstance(keys, list) else list(keys)
+        return await self._run(functools.partial(self.reader.multi_get_with_run_id, keys,
+                                                 routing_context=routing_context))
 
     async def refresh(self) -> bool:
         """Follow ``_CURRENT`` again (``ShardedReader.refresh``)."""

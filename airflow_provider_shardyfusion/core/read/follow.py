@@ -2,11 +2,12 @@
 
 A ``Follower`` owns one daemon thread. Each round it asks its ``PointerWatch`` whether the pointer moved
 away from the served snapshot (on S3 a conditional GET: 304 while nothing moved) and, if so, calls the
-reader's own ``refresh()``, which takes the reader's swap lock: a follower's refresh and a user's
-never run at once. Failures are kept for ``health()`` and back off: the wait doubles with each
-failure in a row, up to ``MAX_BACKOFF_INTERVALS`` intervals. Every wait is jittered by ±10 % so a
-fleet started together does not poll in step, and is an ``Event`` wait, so ``stop()`` returns as
-soon as the round in progress ends.
+reader's own refresh, which takes the reader's swap lock: a follower's refresh and a user's never
+run at once. Failures (also a pointer naming a run the reader cannot serve) are kept for
+``health()`` and back off: the wait doubles with each failure in a row, up to
+``MAX_BACKOFF_INTERVALS`` intervals. Every wait is jittered by ±10 % so a fleet started together
+does not poll in step, and is an ``Event`` wait, so ``stop()`` returns as soon as the round in
+progress ends.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ConfigError, ObjectNotFoundError
+from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, UnusableSnapshotError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,8 +72,8 @@ class PointerWatch:
     """Whether ``_CURRENT`` names another snapshot than the one served, read conditionally.
 
     The etag of a pointer is remembered only once the reader serves what it names (``settle()``
-    after a round that did not fail): a refresh that failed is tried again next round, while a
-    pointer to an unusable manifest (which ``refresh()`` declines) is not fetched again until it moves.
+    after a round that did not fail): a refresh that failed, also one that found the run unusable
+    (a malformed pointer, a missing or invalid manifest), is tried again at the next round, backed off.
     """
 
     def __init__(self, snapshots: SnapshotRoot, served: Callable[[], CurrentPointer]):
@@ -81,12 +83,17 @@ class PointerWatch:
         self._seen: str | None = None
 
     def moved(self) -> bool:
-        state = self._snapshots.read_pointer_if_changed(self._etag)
+        """Whether ``_CURRENT`` names another snapshot; ``UnusableSnapshotError`` when it is malformed
+        or gone (as ``refresh()`` words it), a ``StorageError`` when it cannot be read."""
+        current_uri = self._snapshots.store.uri(layout.CURRENT_KEY)
+        try:
+            state = self._snapshots.read_pointer_if_changed(self._etag)
+        except ManifestValidationError as exc:
+            raise UnusableSnapshotError.malformed_pointer(current_uri, exc, self._served().run_id) from exc
         if state is None:
             return False
         if state.pointer is None:
-            raise ObjectNotFoundError(f"{self._snapshots.store.uri(layout.CURRENT_KEY)} has disappeared; "
-                                      "the reader keeps serving its snapshot")
+            raise UnusableSnapshotError.pointer_gone(current_uri, self._served().run_id)
         self._seen = state.etag
         served = self._served()
         return (state.pointer.manifest_ref, state.pointer.run_id) != (served.manifest_ref, served.run_id)
@@ -99,10 +106,12 @@ class Follower:
     """The background thread of a following reader.
 
     ``watch``: says whether ``_CURRENT`` moved (raises on a storage failure). ``refresh()``: the
-    reader's, returning True when it swapped. ``report()``: what the last swap cost
-    (``reader.last_refresh``), handed to ``on_refresh``. ``on_check(exc)`` records each round's
-    outcome (``None``: it succeeded) for ``health()``. A callback that raises is logged and never
-    stops the thread.
+    reader's checked refresh, returning True when it swapped and raising when the check failed,
+    also for a run it cannot serve; it records its own outcome (for ``health()`` and the metrics).
+    ``report()``: what the last swap cost (``reader.last_refresh``), handed to ``on_refresh``.
+    ``on_check(exc, seconds)`` records the outcome of a round that did not call ``refresh()``
+    (``None``: ``_CURRENT`` had not moved; else the poll's error) and how long it took. A callback
+    that raises is logged and never stops the thread.
     """
 
     def __init__(
@@ -112,7 +121,7 @@ class Follower:
         watch: PointerWatch,
         refresh: Callable[[], bool],
         report: Callable[[], Any],
-        on_check: Callable[[BaseException | None], None],
+        on_check: Callable[[BaseException | None, float], None],
         on_refresh: Callable[[Any], Any] | None = None,
         on_error: Callable[[BaseException], Any] | None = None,
         name: str = THREAD_NAME,
@@ -150,18 +159,25 @@ class Follower:
 
     def round(self) -> None:
         """One check: poll, refresh if the pointer moved, record the outcome, call the callbacks."""
+        start = time.perf_counter()
+        refreshing = False
         try:
-            swapped = self._watch.moved() and not self._stop.is_set() and self._refresh()
+            swapped = False
+            if self._watch.moved() and not self._stop.is_set():
+                refreshing = True
+                swapped = self._refresh()
         except Exception as exc:
             self.failures += 1
-            self._on_check(exc)
+            if not refreshing:  # refresh() records its own failure
+                self._on_check(exc, time.perf_counter() - start)
             log.warning("follower %s: check failed (%d in a row; next in about %.1fs): %s", self._thread.name,
                         self.failures, next_wait(self.interval_s, self.failures, lambda: 0.5), exc)
             self._call(self._on_error, exc)
             return
         self.failures = 0
         self._watch.settle()
-        self._on_check(None)
+        if not refreshing:
+            self._on_check(None, time.perf_counter() - start)
         if swapped:
             self._call(self._on_refresh, self._report())
 

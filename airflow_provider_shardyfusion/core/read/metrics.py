@@ -125,7 +125,8 @@ class _Instruments:
             description=f"Duration of get(), sampled: one get in {TIMED_GET_EVERY} is timed")
         self.refreshes = m.create_counter(
             "shardyfusion.reader.refreshes", unit="{refresh}",
-            description="refresh() calls (the follower's and the user's) by outcome: swapped, unchanged or failed")
+            description="refresh() calls (the follower's and the user's) by outcome: swapped, unchanged or failed; "
+                        "a follower's check that failed before calling refresh() (_CURRENT unreadable) counts as failed")
         self.refresh_duration = m.create_histogram(
             "shardyfusion.reader.refresh.duration", unit="s", description="Duration of refresh(), by outcome")
         m.create_observable_counter(

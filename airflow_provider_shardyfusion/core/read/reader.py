@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_shardyfusion.core import layout
-from airflow_provider_shardyfusion.core.errors import ManifestValidationError, ObjectNotFoundError, ReaderError
+from airflow_provider_shardyfusion.core.errors import (
+    ManifestValidationError,
+    ObjectNotFoundError,
+    ReaderError,
+    UnusableSnapshotError,
+)
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.description import OpenShard, ReaderDescription, describe_snapshot
@@ -86,12 +91,17 @@ class ShardedReader:
         (``core.read.value_decoding``; ``json.loads`` for a manifest without one), ``"json"``
         ``json.loads`` of the stored bytes, ``"raw"`` the stored bytes. Binary snapshots return bytes.
     :param follow_interval_s: a background thread reads ``_CURRENT`` about that often (±10 % jitter;
-        a conditional GET on S3) and calls ``refresh()`` when it moved; a failed check waits twice
-        as long as the one before, up to ten intervals; ``close()`` stops it and joins it. The thread is
-        named ``follow.follower_thread_name(reader.output_uri)``. Not with ``manifest_ref``.
+        a conditional GET on S3) and calls ``refresh()`` when it moved; a failed check (``_CURRENT``
+        unreadable, or naming a run the reader cannot serve) waits twice as long as the one before, up
+        to ten intervals; ``close()`` stops it and joins it. The thread is named
+        ``follow.follower_thread_name(reader.output_uri)``. Not with ``manifest_ref``.
     :param on_refresh: called with ``last_refresh`` after each swap the follower made (its thread).
-    :param on_error: called with the exception of each failed check (its thread; one that raises is logged).
-    :param max_staleness_s: ``health()`` says ``"degraded"`` once the served run is older than this.
+    :param on_error: called with the exception of each of the follower's failed checks (its thread; one
+        that raises is logged); an ``UnusableSnapshotError`` for a run it cannot serve.
+    :param max_staleness_s: ``health()`` says ``"degraded"`` once the reader has not confirmed for this
+        long that it serves what ``_CURRENT`` names (``ReaderHealth.last_success_at``: the last check
+        that succeeded, the follower's, a ``refresh()`` or the load). Not the run's age: a run
+        published a day ago that ``_CURRENT`` still names is current. None: never stale.
     :param meter_provider: the OpenTelemetry ``MeterProvider`` of the metrics (meter
         ``shardyfusion.reader``); None: the global one, a no-op until an SDK is configured.
     :param shard_ids: serve only these shards (ints or a ``range``; None: all), one host's part of a
@@ -163,7 +173,7 @@ class ShardedReader:
         if follow_interval_s is not None:
             self._follower = Follower(
                 interval_s=follow_interval_s, watch=PointerWatch(self._snapshots, lambda: self._current().pointer),
-                refresh=self.refresh, report=lambda: self.last_refresh, on_check=self._checks.record,
+                refresh=self._checked_refresh, report=lambda: self.last_refresh, on_check=self._polled,
                 on_refresh=on_refresh, on_error=on_error, name=follower_thread_name(self._root),
             )
             self._follower.start()
@@ -318,12 +328,23 @@ class ShardedReader:
         return router.shard_for_token(token)
 
     def refresh(self) -> bool:
-        """Follow ``_CURRENT`` again. True if a new snapshot was swapped in, False if unchanged.
+        """Follow ``_CURRENT`` again. True if a new snapshot was swapped in, False if not.
 
-        A new pointer or manifest that is missing or malformed keeps the current snapshot
-        (logged, returns False). Other storage errors are raised, also keeping it. Never runs
-        next to another ``refresh()`` (the follower's or another thread's): it waits for it.
+        A pointer that is malformed or gone, or names a manifest that is missing or malformed,
+        keeps the current snapshot and returns False (SPEC §9), but is a failed check as the
+        follower's would be: ``health()`` says ``"degraded"`` with the run and why, and the metrics
+        count a failed refresh. Other storage errors are raised, also keeping it. Never runs next
+        to another ``refresh()`` (the follower's or another thread's): it waits for it.
         """
+        try:
+            return self._checked_refresh()
+        except UnusableSnapshotError as exc:
+            log.warning("%s", exc)
+            return False
+
+    def _checked_refresh(self) -> bool:
+        """``refresh()`` raising ``UnusableSnapshotError`` for a run it declines (the follower's:
+        a failed check it backs off from), its outcome recorded for ``health()`` and the metrics."""
         start = time.perf_counter()
         try:
             swapped = self._refresh()
@@ -334,6 +355,13 @@ class ShardedReader:
         self._checks.record(None)
         self._metrics.refreshed("swapped" if swapped else "unchanged", time.perf_counter() - start)
         return swapped
+
+    def _polled(self, error: BaseException | None, seconds: float) -> None:
+        """A follower's round that did not call ``refresh()``: ``_CURRENT`` had not moved, or could not
+        be read; the latter is counted as a failed refresh, as ``refresh()`` would have counted it."""
+        self._checks.record(error)
+        if error is not None:
+            self._metrics.refreshed("failed", seconds)
 
     def health(self) -> ReaderHealth:
         """Whether the reader serves, which run, how old, and how its last check of ``_CURRENT`` went.
@@ -346,24 +374,20 @@ class ShardedReader:
             old = self._current()
             if self._pinned:
                 return False
+            current_uri = layout.join(self._root, layout.CURRENT_KEY)
             try:
                 pointer = self._snapshots.current()
             except ManifestValidationError as exc:
-                log.warning("reader %s: keeping run %s: _CURRENT is malformed: %s", self._root, old.run_id, exc)
-                return False
+                raise UnusableSnapshotError.malformed_pointer(current_uri, exc, old.run_id) from exc
             if pointer is None:
-                log.warning("reader %s: keeping run %s: _CURRENT has disappeared", self._root, old.run_id)
-                return False
+                raise UnusableSnapshotError.pointer_gone(current_uri, old.run_id)
             if pointer.manifest_ref == old.pointer.manifest_ref and pointer.run_id == old.run_id:
                 return False
             try:
                 new = self._load(pointer)
             except (ManifestValidationError, ObjectNotFoundError) as exc:
-                log.warning(
-                    "reader %s: keeping run %s: the new snapshot (run %s, %s) is unusable: %s",
-                    self._root, old.run_id, pointer.run_id, pointer.manifest_ref, exc,
-                )
-                return False
+                raise UnusableSnapshotError.run(current_uri, pointer.run_id, pointer.manifest_ref, exc,
+                                                old.run_id) from exc
             # Back to a run whose folder awaits deletion (a rollback): keep it. Done before the
             # swap, so no download for ``new`` can start while the folder is still doomed.
             self._cache.keep_run(new.run_id)
