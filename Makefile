@@ -53,7 +53,7 @@ lint: install
 test: install lint
 	$(PY) -m pytest -n 3 --dist loadfile --durations=25
 
-# The one-minute loop: the unit tests only.
+# The shortest loop: the unit tests only (`time make test-unit` says how short on your machine).
 test-unit: install
 	$(PY) -m pytest tests/unit -q
 

@@ -16,7 +16,14 @@ import pytest
 
 from tests.figures import figure_lines
 from tests.processes import free_port, stop_process
-from tests.tiers import excluded_parts, markers_for, write_spark_refusal
+from tests.tiers import (
+    S3_MARKER_MESSAGE,
+    excluded_parts,
+    markers_for,
+    refuse_s3_connections,
+    refuse_spark_in_process,
+    write_spark_refusal,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,13 +71,16 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _tier_guard(request, monkeypatch):
-    """In every run, not only a tier run: a test not marked 'spark' cannot launch Spark, and one not
-    marked 's3' cannot reach the S3 server, so `make test` catches the missing marker that would
-    turn `make test-fast` red."""
+    """In every run, not only a tier run: a test not marked 'spark' cannot launch Spark or get a
+    session of one already running, and one not marked 's3' cannot reach the S3 server, so
+    `make test` catches the missing marker that would turn `make test-fast` red."""
     if request.node.get_closest_marker("spark") is None:
         refusal = _spark_refusal()
         monkeypatch.setenv("SPARK_HOME", str(refusal))
         monkeypatch.setenv("PATH", str(refusal / "bin") + os.pathsep + os.environ["PATH"])
+        refuse_spark_in_process(monkeypatch)
+    if request.node.get_closest_marker("s3") is None:
+        refuse_s3_connections(monkeypatch, _S3_PORTS)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -112,36 +122,42 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> 
     raise RuntimeError(f"moto_server did not listen on 127.0.0.1:{port} within {timeout}s")
 
 
+# Ports of the S3 servers this process started: connections to them fail in a test not marked 's3'.
+_S3_PORTS: set[int] = set()
+
+
 @pytest.fixture(scope="session")
-def s3_server(request):
-    """A moto S3 server on a free loopback port, reached by boto3 over HTTP; stopped afterwards."""
-    _refuse_unmarked_s3(request)
+def s3_endpoint(request):
+    """A moto S3 server on a free loopback port, reached by boto3 over HTTP; stopped afterwards.
+
+    Session-wide; tests ask for ``s3_server``, which checks the asking test's marker each time."""
+    if "s3" in excluded_parts(request.config.option.markexpr or ""):
+        pytest.fail(S3_MARKER_MESSAGE)
     port = free_port()
     moto = Path(VENV_BIN) / "moto_server"
     cmd = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]
     proc = subprocess.Popen(
         [*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    _S3_PORTS.add(port)
     try:
         _wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}"
     finally:
+        _S3_PORTS.discard(port)
         stop_process(proc)
 
 
-_S3_MARKER_MESSAGE = "this test uses the S3 server but is not marked 's3': add pytest.mark.s3 (tests/tiers.py)"
-
-
-def _refuse_unmarked_s3(request) -> None:
-    # The server is session-wide: the marker is checked again by each test's s3_options, first or not.
-    if "s3" in excluded_parts(request.config.option.markexpr or "") or (
-            request.scope == "function" and request.node.get_closest_marker("s3") is None):
-        pytest.fail(_S3_MARKER_MESSAGE)
+@pytest.fixture
+def s3_server(request, s3_endpoint):
+    """The S3 server's endpoint URL, for a test marked 's3' only (``request.getfixturevalue`` included)."""
+    if request.node.get_closest_marker("s3") is None:
+        pytest.fail(S3_MARKER_MESSAGE)
+    return s3_endpoint
 
 
 @pytest.fixture
-def s3_options(request, s3_server):
-    _refuse_unmarked_s3(request)
+def s3_options(s3_server):
     return {"endpoint_url": s3_server, "region_name": "us-east-1", "addressing_style": "path"}
 
 

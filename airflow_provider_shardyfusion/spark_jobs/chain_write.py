@@ -108,13 +108,13 @@ def resolve_base(snapshots: SnapshotRoot, config: WriteConfig) -> tuple[str, Res
                 "the change on the live snapshot (leave base_run_id unset), or stage it with publish=False"
             )
         ref = snapshots.resolve_manifest(run_id=base_run_id)
-        return ref.uri, snapshots.read_checked_chain(ref)
+        return ref.uri, snapshots.read_manifest_chain(ref, check_bases=True)
     if pointer is None:
         raise ConfigError(
             f"write_mode {mode!r} needs a published snapshot to write on, but {snapshots.root} has none "
             "(_CURRENT is missing) and no base_run_id is given; a first write is write_mode 'full'"
         )
-    return pointer.manifest_ref, snapshots.read_checked_chain(pointer)
+    return pointer.manifest_ref, snapshots.read_manifest_chain(pointer, check_bases=True)
 
 
 def check_against_base(config: WriteConfig, base: Manifest) -> WriteConfig:  # noqa: C901 - one check per inherited setting, each naming both values

@@ -1,14 +1,15 @@
 """JSON values encoded by the engine (SPEC §18): Spark's own expressions over the value columns.
 
 The Python worker then receives one binary value column, as for ``value_format="binary"``, instead of
-every value column to encode row by row (which cost 5-6× a Parquet write of the same columns).
+every value column to encode row by row (which cost several Parquet writes of the same columns;
+docs/benchmarks.md).
 
 The bytes follow SPEC §5: a compact JSON object, members sorted by name at every level (struct
 fields and map keys too), nulls written as ``null``. Types JSON has no form for are written as the
 reader's typed decoder reads them back (encoding version 3): timestamps, with or without time zone,
 as integers of microseconds since the epoch (as Avro's timestamp-micros; formatting them as text
-cost about half the encoding's CPU), decimals as their plain text in a string (exact), binary as
-base64, a float as the double it widens to exactly.
+was a large part of the encoding's CPU, docs/benchmarks.md), decimals as their plain text in a
+string (exact), binary as base64, a float as the double it widens to exactly.
 
 What JSON cannot hold is flagged on the engine side, per row, as the index of the broken rule
 (``VALUE_ERROR_COLUMN``, null when the row is fine): NaN and ±Infinity, and text that is not UTF-8

@@ -21,7 +21,7 @@ import msgspec
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import ConfigError, ManifestValidationError, RunRecordError, ShardyfusionError
 from airflow_provider_shardyfusion.core.model import encoding
-from airflow_provider_shardyfusion.core.model.manifest import Manifest
+from airflow_provider_shardyfusion.core.model.manifest import Manifest, WriteMode
 from airflow_provider_shardyfusion.core.model.pointer import CurrentPointer
 from airflow_provider_shardyfusion.core.model.run_record import FAILED, RUNNING, SUCCEEDED, RunRecord
 from airflow_provider_shardyfusion.core.model.value_schema import ValueSchema, describe_changes, schema_changes
@@ -30,6 +30,7 @@ from airflow_provider_shardyfusion.core.write.job_contract import RunStats, Writ
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
+    from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding
     from airflow_provider_shardyfusion.core.model.manifest import ShardEntry
     from airflow_provider_shardyfusion.core.model.snapshot import ManifestRef, SnapshotRoot
 
@@ -108,7 +109,7 @@ class RunEntry:
     replaced_by: str | None = None  # the run published after it (superseded / rolled back)
     validation: dict[str, Any] | None = None  # the last ValidateManifestOperator report, if any
     airflow: dict[str, Any] = field(default_factory=dict)  # the writing task (dag_id, task_id, run_id, try)
-    write_mode: str | None = None  # full / delta / compact, as the writer's stats say
+    write_mode: WriteMode | None = None  # as the writer's stats say
     base_run_id: str | None = None  # the run a delta or compaction was written on
     changes: dict[str, int] | None = None  # a chain run's inserted / updated / deleted / deleted_absent (stored)
     rows_change: int | None = None  # rows against its base (chain) or the previous run that wrote (full)
@@ -461,7 +462,7 @@ def shown_values(manifest: Manifest) -> Callable[[bytes], Any] | None:
 
 
 def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Iterable[tuple[bytes, bytes]], *,
-                   key_encoding: str, value_format: str, limit: int = SAMPLE_KEYS,
+                   key_encoding: KeyEncoding, value_format: str, limit: int = SAMPLE_KEYS,
                    scan_limit: int = SAMPLE_SCAN_KEYS, typed: Callable[[bytes], Any] | None = None,
                    kinds: Iterable[str] = CHANGE_KINDS, expected: dict[str, int] | None = None,
                    after_key: bytes | None = None, shown: Callable[[bytes], Any] | None = None) -> ShardSample:
@@ -498,7 +499,7 @@ def sample_changes(db_id: int, before: Iterable[tuple[bytes, bytes]], after: Ite
     return ShardSample(db_id, tuple(found), scanned, complete=True, last_key=last)
 
 
-def _change(key: bytes, kind: str, old: bytes | None, new: bytes | None, key_encoding: str, value_format: str,
+def _change(key: bytes, kind: str, old: bytes | None, new: bytes | None, key_encoding: KeyEncoding, value_format: str,
             typed: Callable[[bytes], Any] | None, shown: Callable[[bytes], Any] | None) -> dict[str, Any] | None:
     """One changed key as pages show it; None for an update of equal typed values (no change)."""
     fields: list[str] = []
@@ -617,7 +618,7 @@ def _merged(before: Iterator[tuple[bytes, bytes]],
             b, a = next(before, None), next(after, None)
 
 
-def _shown_key(data: bytes, key_encoding: str) -> Any:
+def _shown_key(data: bytes, key_encoding: KeyEncoding) -> Any:
     """A stored key as the key page takes it back (``encoding.key_to_show``); bytes that do not decode
     with the key encoding are shown as the raw bytes they are."""
     try:

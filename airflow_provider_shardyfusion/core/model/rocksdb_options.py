@@ -16,8 +16,9 @@ def rocksdb_options(*, auto_compactions: bool = True, compress: bool = True) -> 
 
     ``auto_compactions=False`` for a database whose files must stay as ingested (a reader's cache
     records them by checksum). ``compress=False`` writes blocks uncompressed: for values Snappy
-    cannot shrink, RocksDB stores each block raw anyway, after paying for the attempt (about 40 %
-    of an SST's write time for 100-byte random values). Every RocksDB release reads either.
+    cannot shrink, RocksDB stores each block raw anyway, after paying for the attempt (a large
+    share of an SST's write time for random values; docs/benchmarks.md). Every RocksDB release
+    reads either.
     """
     from rocksdict import BlockBasedOptions, DBCompressionType, Options
 

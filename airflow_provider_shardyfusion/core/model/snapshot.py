@@ -211,7 +211,7 @@ class SnapshotRoot:
         if target.is_chain_document:
             try:
                 # This process may have resolved the chain long ago: its bases must still be what they were.
-                self.check_chain(self.read_manifest_chain(manifest))
+                self.read_manifest_chain(manifest, check_bases=True)
             except ManifestValidationError as exc:
                 raise PublishManifestError(f"run {target.run_id!r} cannot go live: {exc}") from None
 
@@ -319,13 +319,14 @@ class SnapshotRoot:
             )
         return found
 
-    def read_manifest_chain(self, source: ManifestSource) -> ResolvedManifest:
+    def read_manifest_chain(self, source: ManifestSource, *, check_bases: bool = False) -> ResolvedManifest:
         """The run's whole snapshot (a chain document joined to its bases), the checksum of its
         manifest's bytes and the URIs of the base manifests it was rebuilt from, nearest first.
 
         ``source``: a manifest (``ManifestRef`` or URI), or a pointer, whose manifest is refused
         unless it is exactly the one the pointer was written for. Manifests this process decoded
-        before are not read again.
+        before are not read again; with ``check_bases`` the bases are then checked to be still what
+        they were (``check_chain``): for what a run is written on, or goes live with.
         """
         cache = _DecodedManifests(self.root)
         if isinstance(source, CurrentPointer):
@@ -341,13 +342,8 @@ class SnapshotRoot:
             checksum = wanted.checksum if wanted.base_of is not None else resolved.checksum
             if checksum:
                 _remember_bytes(self.root, wanted.key, size, etag, checksum)
-        return resolved
-
-    def read_checked_chain(self, source: ManifestSource) -> ResolvedManifest:
-        """``read_manifest_chain(source)``, its bases checked to be still what they were (``check_chain``):
-        what a run is written on, or goes live with."""
-        resolved = self.read_manifest_chain(source)
-        self.check_chain(resolved)
+        if check_bases:
+            self.check_chain(resolved)
         return resolved
 
     def check_chain(self, resolved: ResolvedManifest) -> None:
@@ -379,7 +375,8 @@ class SnapshotRoot:
             _remember_bytes(self.root, key, len(obj.data), obj.etag, found)
 
     def read_manifest(self, source: ManifestSource) -> Manifest:
-        """``read_manifest_chain(source).manifest``: the run's whole snapshot."""
+        """``read_manifest_chain(source).manifest``: the run's whole snapshot, for the callers that
+        need neither its checksum nor its bases."""
         return self.read_manifest_chain(source).manifest
 
     def read_manifest_document(self, source: ManifestSource) -> Manifest:

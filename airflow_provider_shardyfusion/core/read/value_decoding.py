@@ -270,7 +270,7 @@ def _typed_decoder(schema: ValueSchema) -> Callable[[bytes], Any]:
     deep = [(c.name, fix) for c in schema.columns if c.type.kind != "timestamp" and (fix := _fixer(c.type)) is not None]
 
     # Everything the hot path uses is bound as a default argument: a local read is cheaper than a
-    # closure cell's, and this runs once per get (measured: ~100 ns less a call, of ~500, on four columns).
+    # closure cell's, and this runs once per get (a measurable share of a call: docs/benchmarks.md).
     def decode(data: bytes, strict: Any = strict, tolerant: Any = tolerant, columns: Any = columns,
                n_columns: int = n_columns, top_ts: Any = top_ts, deep: Any = deep, utc: Any = _UTC,
                to_utc: Any = _to_utc, invalid: Any = msgspec.ValidationError,

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import ShardyfusionError
+from airflow_provider_shardyfusion.core.model.manifest import WriteMode
 
 __all__ = [
     "JOB", "STREAMING_JOB", "STREAM_RESULT_MARKER", "RunStats", "TaskTry", "WriterIdentity", "done_line",
@@ -96,7 +97,7 @@ class RunStats:
     shards_written: int | None = field(default=None, metadata=_SET)
     attempts_seen: int | None = field(default=None, metadata=_SET)
     base_run_id: str | None = field(default=None, metadata=_SET)
-    write_mode: str | None = field(default=None, metadata=_SET)
+    write_mode: WriteMode | None = field(default=None, metadata=_SET)
     durations_s: Mapping[str, float] | None = field(default=None, metadata=_SET)
     other: Mapping[str, Any] = ser.kept_keys()
 

@@ -16,6 +16,8 @@ from airflow_provider_shardyfusion.core.telemetry import meter
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from airflow_provider_shardyfusion.core.model.manifest import WriteMode
+
 __all__ = ["METER_NAME", "report_write"]
 
 METER_NAME = "shardyfusion.writer"
@@ -23,7 +25,7 @@ METER_NAME = "shardyfusion.writer"
 log = logging.getLogger(__name__)
 
 
-def report_write(stats: Mapping[str, Any], durations_s: Mapping[str, float], *, write_mode: str,
+def report_write(stats: Mapping[str, Any], durations_s: Mapping[str, float], *, write_mode: WriteMode,
                  meter_provider: Any = None) -> None:
     """Record a succeeded run's rows, bytes and phase durations; never fails the write."""
     try:
