@@ -75,51 +75,67 @@ def ingest(monkeypatch, tmp_path, port: int) -> dict:
 
 
 @dataclass
-class Killed:
-    """A task try whose server was killed while its batch held; ``outcome`` gets its result or error."""
+class Try:
+    """A task try running in a thread (``outcome``: its result or its error)."""
 
     task: threading.Thread
-    at: float
     outcome: dict
+    killed_at: float = 0.0
 
-    def failed(self) -> tuple[float, Exception]:
-        """Wait for the try to fail (its client gives up on the dead server): the seconds it took, the error."""
+    @classmethod
+    def start(cls, monkeypatch, tmp_path: Path, port: int) -> Try:
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = ingest(monkeypatch, tmp_path, port)
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        task = threading.Thread(target=run, daemon=True)
+        task.start()
+        return cls(task, outcome)
+
+    def batches(self) -> list[tuple]:
+        """The batches of a try that succeeded: (batch id, action, run id)."""
+        self.task.join(timeout=240)
+        assert "result" in self.outcome, self.outcome
+        return [(b["batch_id"], b["action"], b["run_id"]) for b in self.outcome["result"]["batches"]]
+
+    def failed(self) -> tuple[float, str]:
+        """Wait for the try to fail (its client gives up on the dead server): the seconds since the kill, the error."""
         self.task.join(timeout=120)
-        seconds = time.monotonic() - self.at
+        seconds = time.monotonic() - self.killed_at
         assert not self.task.is_alive() and "error" in self.outcome, self.outcome
         error = self.outcome["error"]  # the Connect job's error, one line with its gRPC cause (no spark-submit ran)
         assert type(error).__name__ == "SparkConnectError", repr(error)
         assert "the Spark Connect server stopped answering" in str(error) and "gRPC UNAVAILABLE" in str(error)
         assert "_MultiThreadedRendezvous" not in str(error) and "the next run resumes from the checkpoint" in str(error)
-        return seconds, error
+        return seconds, str(error)
 
 
-def kill_when_held(monkeypatch, tmp_path: Path, port: int, server: subprocess.Popen, batch_id: int,
-                   hold: str, **target: int) -> Killed:
-    """Add ``batch_id``, run a try that holds it at ``hold``, kill the server's process group there."""
-    marker = tmp_path / f"{hold}.pid"
-    add_batch(tmp_path, batch_id)
-    set_faults(monkeypatch, {hold: {**target, "marker": str(marker), "seconds": 120}})
-    outcome: dict = {}
+def held_try(monkeypatch, tmp_path: Path, port: int, hold: str, at_run: str, *, let_through: str | None = None,
+             **target: int) -> tuple[Try, Path]:
+    """A try whose batch run ``at_run`` holds at ``hold`` (its marker returned); the replayed run
+    ``let_through`` passes the same hold at once (its release file exists)."""
+    if let_through is not None:
+        (tmp_path / f"release-{let_through}").touch()
+    set_faults(monkeypatch, {hold: {**target, "marker": str(tmp_path / "held-{run_id}.pid"), "seconds": 120,
+                                    "release": str(tmp_path / "release-{run_id}")}})
+    return Try.start(monkeypatch, tmp_path, port), tmp_path / f"held-{at_run}.pid"
 
-    def run() -> None:
-        try:
-            outcome["result"] = ingest(monkeypatch, tmp_path, port)
-        except BaseException as exc:
-            outcome["error"] = exc
 
-    task = threading.Thread(target=run, daemon=True)
-    task.start()
-    wait_for(lambda: marker.exists() or not task.is_alive(), 180, f"batch {batch_id} to hold at {hold}")
-    assert marker.exists(), outcome
+def kill_when_held(monkeypatch, attempt: Try, marker: Path, server: subprocess.Popen) -> None:
+    """Kill the server's whole process group once the try holds (its marker exists)."""
+    wait_for(lambda: marker.exists() or not attempt.task.is_alive(), 240, f"the try to hold ({marker.name})")
+    assert marker.exists(), attempt.outcome
     holder = psutil.Process(int(marker.read_text()))
     os.killpg(server.pid, signal.SIGKILL)
-    at = time.monotonic()
+    attempt.killed_at = time.monotonic()
     # The held process must be gone: one that outlived its server would go on after its hold and publish.
     _, alive = psutil.wait_procs([holder], timeout=30)
-    assert not alive, f"the process held at {hold} (pid {holder.pid}) survived the kill of its server"
+    assert not alive, f"the process held at {marker.name} (pid {holder.pid}) survived the kill of its server"
     monkeypatch.delenv(ENV_VAR)  # the next try (the restart) runs without the hold
-    return Killed(task, at, outcome)
 
 
 def test_connect_server_killed_at_three_points_then_restarted_from_the_checkpoint(monkeypatch, tmp_path, figure):
@@ -131,52 +147,57 @@ def test_connect_server_killed_at_three_points_then_restarted_from_the_checkpoin
     seconds: list[float] = []
     run = {(b, r): batch_run_id(STREAM, b, r) for b in BATCHES for r in (0, 1)}
 
+    # Each restart's try replays the killed batch from the checkpoint, then takes the next batch,
+    # which is held and killed in turn. It starts while the dead server's client still gives up
+    # (that client only writes its own try's report), and each new server meanwhile.
     with connect_server_process(tmp_path / "a") as (port, server):
         add_batch(tmp_path, 0)
-        assert [b["action"] for b in ingest(monkeypatch, tmp_path, port)["batches"]] == ["written"]
+        assert Try.start(monkeypatch, tmp_path, port).batches() == [(0, "written", run[0, 0])]
         follower = Follower(root)
         # (1) batch 1 killed while shard 1 is written on the server.
-        killed = kill_when_held(monkeypatch, tmp_path, port, server, 1, "hold_shard_write", db_id=1, attempt=0)
+        add_batch(tmp_path, 1)
+        try1, held = held_try(monkeypatch, tmp_path, port, "hold_shard_write", run[1, 0], db_id=1, attempt=0)
+        kill_when_held(monkeypatch, try1, held, server)
 
-    with connect_server_process(tmp_path / "b") as (port, server):  # started while the dead server's client gives up
-        took, error = killed.failed()
-        seconds.append(took)
-        assert "batches published before: []" in str(error)
+    with connect_server_process(tmp_path / "b") as (port, server):
         assert stream_runs(root) == {run[0, 0]: "succeeded", run[1, 0]: "running"}
         assert snapshots.current().run_id == run[0, 0]
-        # The restart replays batch 1: the dead attempt is failed, a new one published.
-        replay = ingest(monkeypatch, tmp_path, port)["batches"]
-        assert [(b["batch_id"], b["action"], b["run_id"]) for b in replay] == [(1, "written", run[1, 1])]
+        # (2) the restart fails batch 1's dead attempt and rewrites it (-r1); batch 2 is killed
+        # between its manifest and _CURRENT.
+        add_batch(tmp_path, 2)
+        try2, held = held_try(monkeypatch, tmp_path, port, "hold_before_pointer", run[2, 0], let_through=run[1, 1])
+        took, error = try1.failed()
+        seconds.append(took)
+        assert "batches published before: []" in error
+        kill_when_held(monkeypatch, try2, held, server)
         assert stream_runs(root)[run[1, 0]] == "failed" and snapshots.current().run_id == run[1, 1]
-        # (2) batch 2 killed between its manifest and _CURRENT.
-        killed = kill_when_held(monkeypatch, tmp_path, port, server, 2, "hold_before_pointer")
 
     with connect_server_process(tmp_path / "c") as (port, server):
-        took, error = killed.failed()
-        seconds.append(took)
-        assert "batches published before: []" in str(error)
         record = snapshots.read_run(run[2, 0])  # written and recorded succeeded, never live
         assert record.status == "succeeded" and record.published_at is None and record.manifest_ref
         assert snapshots.current().run_id == run[1, 1]
-        # The restart replays batch 2 and writes it again; the killed attempt stays staged.
-        replay = ingest(monkeypatch, tmp_path, port)["batches"]
-        assert [(b["batch_id"], b["action"], b["run_id"]) for b in replay] == [(2, "written", run[2, 1])]
-        assert snapshots.current().run_id == run[2, 1] and snapshots.read_run(run[2, 0]).published_at is None
-        # (3) batch 3 killed once live, before Spark commits it to the checkpoint.
-        killed = kill_when_held(monkeypatch, tmp_path, port, server, 3, "hold_after_batch")
+        # (3) the restart writes batch 2 again (-r1; the killed attempt stays staged); batch 3 is
+        # killed once live, before Spark commits it to the checkpoint.
+        add_batch(tmp_path, 3)
+        try3, held = held_try(monkeypatch, tmp_path, port, "hold_after_batch", run[3, 0], let_through=run[2, 1])
+        took, error = try2.failed()
+        seconds.append(took)
+        assert "batches published before: [1]" in error  # the restart's replay, once
+        kill_when_held(monkeypatch, try3, held, server)
+        assert snapshots.current().run_id == run[3, 0] and snapshots.read_run(run[2, 0]).published_at is None
 
     with connect_server(tmp_path / "d") as port:
-        took, error = killed.failed()
+        # The restart replays batch 3's id; the writer skips it (already live).
+        try4 = Try.start(monkeypatch, tmp_path, port)
+        took, error = try3.failed()
         seconds.append(took)
-        # Batch 3 is live, but the try's report was to be written after the batch returned: the error
-        # cannot name it; the run record and _CURRENT do.
+        # Batch 3 is live but the try's report was due after the batch returned: the error names the
+        # replayed batch 2 only; batch 3's run record and _CURRENT say it is live.
+        assert "batches published before: [2]" in error
         record = snapshots.read_run(run[3, 0])
         assert record.status == "succeeded" and record.published_at is not None
-        assert snapshots.current().run_id == run[3, 0]
-        # The restart replays batch 3's id; the writer skips it (already live).
-        replay = ingest(monkeypatch, tmp_path, port)["batches"]
-        assert [(b["batch_id"], b["action"], b["run_id"]) for b in replay] == [(3, "skipped", run[3, 0])]
-        assert ingest(monkeypatch, tmp_path, port)["batches"] == []  # nothing new: nothing written
+        assert try4.batches() == [(3, "skipped", run[3, 0])]
+        assert Try.start(monkeypatch, tmp_path, port).batches() == []  # nothing new: nothing written
 
     # Every batch id live once, by one succeeded run each; the attempt killed mid-write failed, the one
     # killed before _CURRENT staged; _CURRENT never named either; the final state exact.
