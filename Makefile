@@ -67,11 +67,13 @@ demo: install
 
 # Your own DAG file in the demo's Airflow: `make try DAG=path/to/my_dag.py` (CONF='{"rows": 10}' for
 # params); exits non-zero when a task failed, which plain dag.test() does not. GNU make exits 2 for
-# any failed recipe, so the script's own code (1: a task failed, 2: no DAG) is said in the last line.
+# any failed recipe, so the script's own code is said in the last line, with its meaning for 1 (a task
+# failed) and 2 (no DAG); any other (130: Ctrl-C, 137: killed) is shown as it is.
 try: install
 	@test -n "$(DAG)" || { echo 'usage: make try DAG=path/to/dag.py [CONF=JSON]' >&2; exit 2; }
 	@$(PY) dags_example/try_dag.py "$(DAG)" $(if $(CONF),--conf '$(CONF)') || { code=$$?; \
-		echo "make try: exit code $$code ($$( [ $$code = 1 ] && echo 'a task failed' || echo 'no DAG ran'))" >&2; exit $$code; }
+		case $$code in 1) why=' (a task failed)';; 2) why=' (no DAG ran)';; *) why='';; esac; \
+		echo "make try: exit code $$code$$why" >&2; exit $$code; }
 
 # The documentation site into site/, warnings as errors (tests/unit/test_docs.py runs the same build
 # in `make test`); `$(VENV)/bin/mkdocs serve` for a live preview.
