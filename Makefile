@@ -30,11 +30,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q "uv>=0.5"
 	@# pyspark and pyspark-client (pulled by the spark provider) share the pyspark/ folder: one version
-	@# for both (pyproject only has ranges), and pyspark's files put back last, by uninstall + install
-	@# (which reuses the wheel just built; --reinstall would build pyspark from its sdist again).
+	@# for both (pyproject only has ranges), and pyspark's files last. So pyspark-client goes in first,
+	@# alone; the full install finds it there and writes pyspark over it. Each sdist is built once,
+	@# and pyspark installed once (putting it back afterwards, by uninstall + install, counted on uv's
+	@# cache still holding the wheel it had built).
+	$(VENV)/bin/uv pip install --python $(PY) --no-deps "pyspark-client==$(PYSPARK_VERSION)"
 	$(VENV)/bin/uv pip install --python $(PY) -e ".[test]" hatchling "pyspark==$(PYSPARK_VERSION)" "pyspark-client==$(PYSPARK_VERSION)"
-	$(VENV)/bin/uv pip uninstall --python $(PY) pyspark
-	$(VENV)/bin/uv pip install --python $(PY) --no-deps "pyspark==$(PYSPARK_VERSION)"
 	@# Every fresh install builds pyspark from its sdist (~2 GB in uv's cache each time, tests'
 	@# venvs included); drop the builds nothing refers to any more, or the disk fills up.
 	$(VENV)/bin/uv cache prune --quiet
