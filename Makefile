@@ -30,11 +30,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q "uv>=0.5"
 	@# pyspark and pyspark-client (pulled by the spark provider) share the pyspark/ folder: one version
-	@# for both (pyproject only has ranges), and pyspark's files put back last, by uninstall + install
-	@# (which reuses the wheel just built; --reinstall would build pyspark from its sdist again).
+	@# for both (pyproject only has ranges), and pyspark's files last. So pyspark-client goes in first,
+	@# alone; the full install finds it there and writes pyspark over it. Each sdist is built once,
+	@# and pyspark installed once (putting it back afterwards, by uninstall + install, counted on uv's
+	@# cache still holding the wheel it had built).
+	$(VENV)/bin/uv pip install --python $(PY) --no-deps "pyspark-client==$(PYSPARK_VERSION)"
 	$(VENV)/bin/uv pip install --python $(PY) -e ".[test]" hatchling "pyspark==$(PYSPARK_VERSION)" "pyspark-client==$(PYSPARK_VERSION)"
-	$(VENV)/bin/uv pip uninstall --python $(PY) pyspark
-	$(VENV)/bin/uv pip install --python $(PY) --no-deps "pyspark==$(PYSPARK_VERSION)"
 	@# Every fresh install builds pyspark from its sdist (~2 GB in uv's cache each time, tests'
 	@# venvs included); drop the builds nothing refers to any more, or the disk fills up.
 	$(VENV)/bin/uv cache prune --quiet
@@ -67,11 +68,13 @@ demo: install
 
 # Your own DAG file in the demo's Airflow: `make try DAG=path/to/my_dag.py` (CONF='{"rows": 10}' for
 # params); exits non-zero when a task failed, which plain dag.test() does not. GNU make exits 2 for
-# any failed recipe, so the script's own code (1: a task failed, 2: no DAG) is said in the last line.
+# any failed recipe, so the script's own code is said in the last line, with its meaning for 1 (a task
+# failed) and 2 (no DAG); any other (130: Ctrl-C, 137: killed) is shown as it is.
 try: install
 	@test -n "$(DAG)" || { echo 'usage: make try DAG=path/to/dag.py [CONF=JSON]' >&2; exit 2; }
 	@$(PY) dags_example/try_dag.py "$(DAG)" $(if $(CONF),--conf '$(CONF)') || { code=$$?; \
-		echo "make try: exit code $$code ($$( [ $$code = 1 ] && echo 'a task failed' || echo 'no DAG ran'))" >&2; exit $$code; }
+		case $$code in 1) why=' (a task failed)';; 2) why=' (no DAG ran)';; *) why='';; esac; \
+		echo "make try: exit code $$code$$why" >&2; exit $$code; }
 
 # The documentation site into site/, warnings as errors (tests/unit/test_docs.py runs the same build
 # in `make test`); `$(VENV)/bin/mkdocs serve` for a live preview.

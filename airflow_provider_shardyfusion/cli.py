@@ -439,11 +439,23 @@ _CELL_CHARS = 48
 # Columns whose numbers are names, not amounts: no thousands separators (a key reads as typed).
 _VERBATIM = frozenset({"key", "db_id"})
 _LINE_CHARS = 100
+# Columns whose informative end is their tail (a shard's db=/attempt= folder): cut from the left.
+_TAIL = frozenset({"db_url"})
+# Why a cleanup deletes what it does, per rule of core.lifecycle.cleanup_plan (its JSON names the rule).
+_CLEANUP_WHY = {
+    "failed": "the run failed",
+    "expired": "beyond the newest keep_runs succeeded runs",
+    "running": "abandoned: its lease expired; marked failed first",
+    "orphan": "shard folder without a run record",
+    "losing_attempts": "attempts the manifest does not name",
+}
 
 
 def _human_text(result: Any, command: str | None) -> str:
     """A command's result as a person reads it on a terminal: ``field: value`` lines for the scalar
     fields, then each list of records as a table (as ``kubectl get``: upper-case headings, no borders)."""
+    if command in _FOR_PEOPLE and isinstance(result, dict):
+        result = _FOR_PEOPLE[command](result)
     if isinstance(result, list):
         return "\n".join(_table(result, _COLUMNS.get((command or "", None)))) if result else "(none)"
     fields = {k: v for k, v in result.items() if not _is_records(v)}
@@ -465,7 +477,8 @@ def _table(records: list[dict[str, Any]], columns: tuple[str, ...] | None) -> li
                         if not any(isinstance(r.get(k), (dict, list)) for r in records))
     # A column empty in every row says nothing (e.g. no run has an error).
     columns = tuple(c for c in columns if any(r.get(c) not in (None, "", [], {}) for r in records))
-    cells = [[_cell(r.get(c), _CELL_CHARS, verbatim=c in _VERBATIM) for c in columns] for r in records]
+    cells = [[_cell(r.get(c), _CELL_CHARS, verbatim=c in _VERBATIM, tail=c in _TAIL) for c in columns]
+             for r in records]
     numeric = [all(_is_number(r.get(c)) or r.get(c) is None for r in records) for c in columns]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
 
@@ -479,7 +492,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _cell(value: Any, limit: int, *, verbatim: bool = False) -> str:
+def _cell(value: Any, limit: int, *, verbatim: bool = False, tail: bool = False) -> str:
     if value is None or value == []:
         text = "-"
     elif isinstance(value, bool):
@@ -497,4 +510,55 @@ def _cell(value: Any, limit: int, *, verbatim: bool = False) -> str:
         text = change_label(value)  # +inserted ~updated −deleted
     else:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    return "…" + text[-(limit - 1):] if tail else text[:limit - 1] + "…"
+
+
+def _manifest_for_people(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Shard folders relative to the root (printed above them): the run and attempt stay readable."""
+    prefix = str(manifest.get("output_uri") or "").rstrip("/") + "/"
+    shards = [{**s, "db_url": s["db_url"].removeprefix(prefix)} if isinstance(s.get("db_url"), str) else s
+              for s in manifest.get("shards") or []]
+    return {**manifest, "shards": shards}
+
+
+def _cleanup_for_people(report: dict[str, Any]) -> dict[str, Any]:
+    """A cleanup report as a person reads it: the plan's settings, then one row per run it deletes
+    (what, why, objects, bytes), what it leaves alone and why, and what was deleted per category."""
+    plan = report["plan"]
+    dry = bool(report["dry_run"])
+    out: dict[str, Any] = {
+        "dry_run": dry, "output_uri": plan["output_uri"], "live_run_id": plan["current_run_id"],
+        "keep_runs": plan["keep_runs"], "grace_period": f"{plan['grace_period_seconds']:g} s",
+        "pinned": plan["keep_run_ids"],
+        "planned": f"{plan['objects']:,} object(s), {plan['bytes']:,} bytes in {len(plan['items']):,} run(s)",
+    }
+    if not dry:
+        out["deleted"] = f"{report['deleted_objects']:,} object(s), {report['deleted_bytes']:,} bytes"
+        out["marked_failed"] = report["marked_failed"]
+        out["marked_deleted"] = report["marked_deleted"]
+    if report["abandoned"]:
+        out["abandoned"] = report["abandon_reason"] or True
+    out["would_delete" if dry else "plan"] = [
+        {"run_id": i["run_id"], "what": _cleanup_what(i), "why": _CLEANUP_WHY.get(i["rule"], i["rule"]),
+         "objects": i["objects"], "bytes": i["bytes"], "record": "deleted_at set" if i["mark_deleted"] else None}
+        for i in plan["items"]]
+    out["left_alone"] = [{"run_id": s["run_id"], "rule": s["rule"], "why": s["reason"]} for s in plan["skipped"]]
+    if not dry:
+        out["deleted_by_category"] = [{"category": c, **d} for c, d in report["deleted"].items() if d["objects"]]
+    out["skipped_at_execution"] = [{"run_id": s["run_id"], "why": s["reason"]} for s in report["skipped_at_execution"]]
+    out["errors"] = report["errors"]
+    return {k: v for k, v in out.items() if v != []}  # an empty table or list says nothing
+
+
+def _cleanup_what(item: dict[str, Any]) -> str:
+    if item["category"] != "losing_attempts":
+        return item["category"].replace("_", " ")
+    # The attempt folders (shards/run_id=R/db=N/attempt=A-task=T/...) the run loses, from the listed keys.
+    folders = dict.fromkeys("/".join(k.split("/")[2:4]) for k in item["keys"])
+    more = " …" if item["keys_truncated"] else ""
+    return f"losing attempts: {', '.join(folders)}{more}"
+
+
+_FOR_PEOPLE = {"manifest": _manifest_for_people, "cleanup": _cleanup_for_people}

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.browser import headless_chromium
 from tests.spark_connect_server import connect_server, path_without_java
 
 if TYPE_CHECKING:
@@ -567,9 +568,7 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
     opens "Snapshots" in Airflow and, by clicks only, goes from the roots to the delta root's timeline,
     the live delta, its diff against its base and a changed key's history; then reads the quickstart
     root's pages."""
-    from selenium import webdriver
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -585,14 +584,8 @@ def check_history_ui(d: Deployment, quickstart: list[dict[str, Any]], s3_run: di
     assert any((e.get("uri") or "").rstrip("/") == root.rstrip("/") for e in live["asset_events"]), live
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"history UI screenshots: {ARTIFACTS}")
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size={},{}".format(*WINDOW),
-                "--force-device-scale-factor=1", "--hide-scrollbars"):
-        options.add_argument(arg)
-    chromedriver = shutil.which("chromedriver")
-    assert chromedriver, "chromedriver is missing: make install (system-tools) installs Debian's chromium-driver"
-    browser = webdriver.Chrome(service=Service(chromedriver), options=options)
+    browser = headless_chromium("--window-size={},{}".format(*WINDOW), "--force-device-scale-factor=1",
+                                "--hide-scrollbars")
     try:
         wait = WebDriverWait(browser, 60, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
         browser.get(f"{d.api}/shardyfusion/")
@@ -788,8 +781,9 @@ def click_through_a_delta(browser: Any, wait: Any, d: Deployment, base: dict[str
     assert "superseded" not in base_row[1].text
     assert "vs live" in base_row[-1].text and "vs previous" in live_row[-1].text
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.chart")) == 3  # rows, net change, bytes
-    # The docs' picture: the runs table, what each run changed (the charts are above it).
-    browser.execute_script("document.querySelector('table').scrollIntoView()")
+    # The docs' picture (docs/history-timeline.png): the page as it opens, the runs table first with
+    # what each run changed, the charts below it.
+    browser.execute_script("window.scrollTo(0, 0)")
     browser.save_screenshot(str(ARTIFACTS / "timeline.png"))
     live_row[0].find_element(By.LINK_TEXT, delta_id).click()
 

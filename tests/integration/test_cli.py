@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import typing
@@ -259,6 +260,43 @@ def test_a_terminal_gets_tables_and_json_on_request(file_root):
     assert [line.split() for line in got[got.index("results:") + 1:]] == [
         ["KEY", "FOUND", "DB_ID", "VALUE", "VALUE_ENCODING"], ["10", "yes", got[-2].split()[2], "v0-10", "utf8"],
         ["1003", "no", got[-1].split()[2], "-", "-"]]
+
+
+def test_a_terminal_gets_the_cleanup_plan_and_whole_shard_folders_as_tables(file_root):
+    from tests.integration.test_cleanup import objects, succeeded_run
+
+    store = open_store(file_root, None)
+    t = layout.utc_now()
+    # Generated run ids are long: the shard folders of the live one do not fit a cell.
+    live = f"{layout.new_run_id(t)}-scheduled-long-name"
+    for n, run_id in enumerate(("c-old", "c-mid", live)):
+        succeeded_run(store, run_id, t - timedelta(days=3 - n), losing=run_id == "c-mid")
+    before = objects(store)
+
+    args = ("cleanup", file_root, "--dry-run", "--keep-runs", "2", "--grace-period-seconds", "0")
+    plan = json.loads(_on_a_terminal(*args, "--json"))["plan"]
+    text = _on_a_terminal(*args)
+    assert objects(store) == before  # a dry run deletes nothing
+    lines = text.splitlines()
+    assert "dry_run       yes" in lines and f"live_run_id   {live}" in lines
+    heading = lines.index("would_delete:") + 1
+    assert lines[heading].split() == ["RUN_ID", "WHAT", "WHY", "OBJECTS", "BYTES", "RECORD"]
+    rows = {line.split()[0]: line for line in lines[heading + 1:lines.index("", heading)]}
+    assert set(rows) == {item["run_id"] for item in plan["items"]} == {"c-old", "c-mid"}
+    for item in plan["items"]:  # what, why, objects and bytes as the JSON plan has them
+        assert re.search(rf"\s{item['objects']}\s+{item['bytes']:,}\s", rows[item["run_id"]]), rows
+    assert "losing attempts: db=00000/attempt=00-task=3" in rows["c-mid"]
+    assert "attempts the manifest does not name" in rows["c-mid"]
+    assert "beyond the newest keep_runs succeeded runs" in rows["c-old"]
+    assert lines[lines.index("left_alone:") + 2].split()[:2] == [live, "live"]
+
+    shards = _on_a_terminal("manifest", file_root).splitlines()
+    heading = shards.index("shards:") + 1
+    urls = [line.split()[1] for line in shards[heading + 1:]]
+    # Relative to the root, and cut from the left when too long: the db and attempt stay readable.
+    assert [u[-len("db=00000/attempt=01-task=10"):] for u in urls] == [
+        "db=00000/attempt=01-task=10", "db=00001/attempt=01-task=11"]
+    assert all(u.startswith("…") and len(u) == 48 for u in urls), urls
 
 
 def test_history_help_names_every_state_the_ui_shows():

@@ -299,9 +299,13 @@ def test_the_plugin_app_refuses_a_request_without_airflow_authentication():
     assert mounted["url_prefix"] == "/shardyfusion"
     assert ShardyfusionHistoryPlugin.external_views[0]["href"] == "/shardyfusion/"
     client = TestClient(mounted["app"])
-    for path in ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/diff?uri=file:///x&a=r&b=s",
-                 "/key?uri=file:///x&key=1"):
+    paths = ("/", "/root?uri=file:///x", "/run?uri=file:///x&run_id=r", "/diff?uri=file:///x&a=r&b=s",
+             "/changes?uri=file:///x&a=r&b=s&kind=inserted", "/key?uri=file:///x&key=1")
+    for path in paths:
         assert client.get(path).status_code == 401, path
+    # Every route of the app is among them: a page added later is checked too, or this fails.
+    routes = {r.path for r in mounted["app"].routes if "GET" in getattr(r, "methods", ())}
+    assert routes == {p.split("?")[0] for p in paths}, routes
 
 
 def test_run_page_answers_cleanly_when_its_manifest_is_missing_corrupt_or_outside_the_root(file_root, tmp_path):

@@ -83,13 +83,20 @@ def _check_signature(where: str, tree: ast.Module) -> None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> dict[str, str]:
-    """The built site, once per module: its HTML pages by path (``guides/delta.html``)."""
+def site_dir(tmp_path_factory) -> Path:
+    """The site, built once per module (``site`` and the browser test share the build)."""
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(site_dir) -> dict[str, str]:
+    """The built site's HTML pages by path (``guides/delta.html``)."""
+    out = site_dir
     pages = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*.html")}
     pages["search/search_index.js"] = (out / "search" / "search_index.js").read_text()
     return pages
@@ -166,3 +173,46 @@ def test_no_shell_block_a_reader_pastes_closes_their_terminal(site):
         for block in re.findall(r'<div class="language-(?:bash|sh|shell|console)[^"]*"[^>]*>(.*?)</pre>', page, re.S):
             for line in _text(block).splitlines():
                 assert not re.match(r"\s*(set\s+-\w*e|exit\b)", line), f"{name}: {line}"
+
+
+# The plan every guide follows (issue 41): what it is for (the opening), then these sections, in
+# this order, "How it works" last; "Using it" is split under headings of its own.
+GUIDE_SECTIONS = ("prerequisites", "using-it", "example", "reference", "how-it-works")
+
+
+def test_each_guide_shows_its_sections_in_the_page_table_of_contents(site):
+    guides = sorted(name for name in site if name.startswith("guides/"))
+    assert len(guides) >= 12, guides
+    for name in guides:
+        page = site[name]
+        content = page[page.index("<article"):]
+        h2 = re.findall(r'<h2 id="([^"]+)"', content)
+        assert [next((s for s in GUIDE_SECTIONS if i.startswith(s)), i) for i in h2] == list(GUIDE_SECTIONS), \
+            f"{name}: sections {h2}"
+        using = content[content.index('id="using-it"'):content.index(f'id="{h2[2]}"')]
+        h3 = re.findall(r'<h3 id="([^"]+)"', using)
+        assert len(h3) >= 2, f"{name}: 'Using it' is not split under headings: {h3}"
+        # The page's table of contents (the secondary nav) links every section and subsection.
+        toc_start = page.index('class="md-nav md-nav--secondary"')
+        toc = set(re.findall(r'<a href="#([^"]+)" class="md-nav__link"', page[toc_start:page.index("<article")]))
+        assert set(h2 + h3) <= toc, f"{name}: not in the table of contents: {set(h2 + h3) - toc}"
+
+
+def test_searching_the_site_opened_from_disk_finds_the_delta_guide_first(site_dir):
+    """Material's own search (lunr in its worker, the iframe shim) in a real headless chromium,
+    from file://: what a reader gets typing "delta"."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import headless_chromium
+
+    browser = headless_chromium()
+    try:
+        browser.get((site_dir / "index.html").as_uri() + "?q=delta")  # Material opens search with ?q=
+        first = "ol.md-search-result__list > li.md-search-result__item a"
+        WebDriverWait(browser, 90).until(lambda b: b.find_elements(By.CSS_SELECTOR, first))
+        hits = [a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, first)]
+    finally:
+        browser.quit()
+    pages = [h.split("?")[0].split("#")[0].removeprefix(site_dir.as_uri() + "/") for h in hits]
+    assert pages[0] == "guides/delta.html", pages[:5]
