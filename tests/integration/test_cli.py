@@ -263,7 +263,7 @@ def test_a_terminal_gets_tables_and_json_on_request(file_root):
 
 
 def test_a_terminal_gets_the_cleanup_plan_and_whole_shard_folders_as_tables(file_root):
-    from tests.integration.test_cleanup import objects, succeeded_run
+    from tests.cleanup_runs import objects, succeeded_run
 
     store = open_store(file_root, None)
     t = layout.utc_now()
