@@ -70,6 +70,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
+def _no_log_handler_outlives_its_stream():
+    """A test that runs an Airflow operator sets Airflow's logging up on the streams of that moment,
+    capsys's; once capsys closed them, every later log line in the worker printed "--- Logging
+    error ---" to stderr, failing the next test that expects a quiet stderr (order-dependent)."""
+    yield
+    for logger in (logging.root, *logging.root.manager.loggerDict.values()):
+        for handler in list(getattr(logger, "handlers", ())):
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                logger.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
 def _tier_guard(request, monkeypatch):
     """In every run, not only a tier run: a test not marked 'spark' cannot launch Spark or get a
     session of one already running, and one not marked 's3' cannot reach the S3 server, so
