@@ -28,6 +28,7 @@ from ..core.model.snapshot import SnapshotRoot
 from ..core.storage import open_store
 from ..core.stream.batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
 from ..core.stream.owner import DEFAULT_LEASE, Claim, StreamOwner, claim, still_held
+from ..core.stream.report import BatchOutcome
 from ..core.write.job_contract import RunStats
 from .faults import NO_FAULTS, Faults
 
@@ -73,21 +74,6 @@ def check_session(spark) -> None:
         conf_value = None
     if conf_value is not None and str(conf_value).strip().lower() == "true":
         raise _async_refusal(f"Spark conf {ASYNC_PROGRESS_CONF}={conf_value!r}")
-
-
-@dataclass
-class BatchOutcome:
-    """What one call did with a micro-batch (also kept on the writer, e.g. for an XCom)."""
-
-    batch_id: int
-    action: str  # "skipped" | "written"
-    run_id: str
-    reason: str
-    rows: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "action": self.action, "run_id": self.run_id, "reason": self.reason,
-                "rows": self.rows}
 
 
 @dataclass
