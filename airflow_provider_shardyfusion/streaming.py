@@ -23,7 +23,8 @@ run record carry ``writer.stream_id`` and ``writer.batch_id``.
 Ownership (``core.stream.owner``): the stream belongs to the checkpoint that numbers its batches
 and to one writer's lease; another checkpoint is refused unless ``stream_reset=True``. A batch is
 refused while ``_CURRENT`` names another run than the stream's last batch (``check_live_run``)
-unless it is ``accept_live_run``.
+unless it is ``accept_live_run``. Just before a batch's run is committed the writer checks it still
+holds the stream (and renews its lease): one that lost it meanwhile fails the batch unpublished.
 
 The configuration's ``input`` is not read (each batch's DataFrame is the input); it may describe
 the stream's source. ``delete_column`` needs ``write_mode="delta"`` in the config; the write mode of

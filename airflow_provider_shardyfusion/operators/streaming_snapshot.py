@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from airflow_provider_shardyfusion.core.model.config import WriteConfig
     from airflow_provider_shardyfusion.core.model.encoding import KeyEncoding, ValueFormat
     from airflow_provider_shardyfusion.core.stream.job import StreamSettings, StreamTrigger
+    from airflow_provider_shardyfusion.core.stream.report import StreamReport
     from airflow_provider_shardyfusion.submission.bundle import Bundle
 
 __all__ = ["StreamingSnapshotOperator"]
@@ -56,7 +57,6 @@ _WRITE_FIELDS = tuple(a.name for a in write_args.OPERATOR_ARGS if a.name not in 
 # id and the base per batch); the input fields only describe the source (``_source_input``).
 _BATCH_CONFIG = {"input_options": None, "input_sql": None, "run_id": None, "cache_input": _D.cache_input,
                  "publish": True, "write_mode": "delta", "base_run_id": None}
-LIVE_ACTIONS = ("written", "published")
 
 
 class StreamingSnapshotOperator(SparkJobOperator):
@@ -303,23 +303,22 @@ class StreamingSnapshotOperator(SparkJobOperator):
             ) from (submit_error or exc)
         return self._finish(context, config.output_uri, stream, report, submit_error, launcher=plan.launcher)
 
-    def _read_report(self, output_uri: str, stream: StreamSettings) -> dict[str, Any] | None:
+    def _read_report(self, output_uri: str, stream: StreamSettings) -> StreamReport | None:
         from airflow_provider_shardyfusion.core.stream.job import read_report
 
         return read_report(self.hook.get_store(output_uri), stream.stream_id, stream.report_id)
 
-    def _finish(self, context: Context, output_uri: str, stream: StreamSettings, report: dict[str, Any] | None,
+    def _finish(self, context: Context, output_uri: str, stream: StreamSettings, report: StreamReport | None,
                 submit_error: Exception | None, *, launcher: str = SPARK_SUBMIT) -> dict[str, Any]:
-        batches = [{k: b.get(k) for k in ("batch_id", "run_id", "action", "rows")}
-                   for b in (report or {}).get("batches") or [] if isinstance(b, dict)]
-        live = [b for b in batches if b["action"] in LIVE_ACTIONS]
+        batches = report.batches if report is not None else ()
+        live = [b for b in batches if b.live]
         for batch in live:
-            self.log.info("Stream %s batch %s: run %s %s, %s rows", stream.stream_id, batch["batch_id"],
-                          batch["run_id"], batch["action"], batch["rows"])
-            summary = {"stream_id": stream.stream_id, **batch, "output_uri": output_uri, "published": True}
+            self.log.info("Stream %s batch %s: run %s %s, %s rows", stream.stream_id, batch.batch_id, batch.run_id,
+                          batch.action, batch.rows)
+            summary = {"stream_id": stream.stream_id, **batch.summary(), "output_uri": output_uri, "published": True}
             emit_snapshot_event(context, self.outlets or [], output_uri, summary, live=True)
-        error = (report or {}).get("error") or (None if submit_error is None else f"{type(submit_error).__name__}: "
-                                                 f"{submit_error}")
+        error = (report.error if report is not None else None) or (
+            None if submit_error is None else f"{type(submit_error).__name__}: {submit_error}")
         if error is not None or report is None:
             tail = self._launcher_tail()
             if tail:
@@ -328,11 +327,11 @@ class StreamingSnapshotOperator(SparkJobOperator):
             error_type = SparkSubmitError if launcher == SPARK_SUBMIT else SparkConnectError
             raise error_type(
                 f"stream {stream.stream_id!r}: the streaming job failed ({error or 'it left no report'}); "
-                f"batches published before: {[b['batch_id'] for b in live]} (the next run resumes from the checkpoint)"
+                f"batches published before: {[b.batch_id for b in live]} (the next run resumes from the checkpoint)"
             ) from submit_error
         pointer = self.hook.get_snapshots(output_uri).current()
         return {"stream_id": stream.stream_id, "output_uri": output_uri, "trigger": stream.trigger,
-                "batches": batches, "published": len(live),
+                "batches": [b.summary() for b in batches], "published": len(live),
                 "live_run_id": pointer.run_id if pointer is not None else None}
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

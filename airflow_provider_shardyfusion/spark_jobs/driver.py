@@ -45,6 +45,8 @@ from .shard_task import RESULT_DDL, TaskResult, WritePlan, make_write_fn, shards
 from .value_encoder import EngineValues, encode_json_in_engine
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..core.model.config import WriteConfig
 
 __all__ = [
@@ -100,13 +102,14 @@ def writer_info(spark, config: WriteConfig) -> WriterIdentity:
 
 
 def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any = None,
-              stream_batch: tuple[str, int] | None = None) -> RunRecord:
+              stream_batch: tuple[str, int] | None = None, fence: Callable[[], None] | None = None) -> RunRecord:
     """Run the whole write; return the succeeded run record. Raises provider errors.
 
     ``faults``: test-only (``spark_jobs.faults``), resolved by the job's entry script.
     ``df``: a DataFrame written instead of reading ``config.input`` (a streaming micro-batch).
     ``stream_batch``: ``(stream_id, batch_id)`` of a micro-batch, named in the ``writer`` of the run record
-    and the manifest.
+    and the manifest. ``fence``: called just before the run is committed; raising there fails the run,
+    unpublished (a streaming writer checks it still holds its stream: ``core.write.commit.publish``).
     """
     config.validate()
     store = open_store(config.output_uri, config.storage_options)
@@ -135,7 +138,7 @@ def run_write(spark, config: WriteConfig, *, faults: Faults = NO_FAULTS, df: Any
             stats = dict(manifest.stats, durations_s=dict(durations))
             faults.hold_point("hold_before_publish", run_id)
             with _Step(run_id, durations, "publish"):
-                record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish,
+                record = publish(store, manifest, lifecycle, stats=stats, live=config.options.publish, fence=fence,
                                  before_pointer_move=lambda: faults.hold_point("hold_before_pointer", run_id))
         except BaseException as exc:
             job_errors.raise_translated(exc)

@@ -10,7 +10,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core import layout
@@ -27,12 +27,13 @@ from ..core.model.config import DeltaSpec, WriteConfig
 from ..core.model.snapshot import SnapshotRoot
 from ..core.storage import open_store
 from ..core.stream.batches import Decision, StreamRun, decide_batch, parse_batch_run_id, validate_stream_id
-from ..core.stream.owner import DEFAULT_LEASE, StreamOwner, claim
+from ..core.stream.owner import DEFAULT_LEASE, Claim, StreamOwner, claim, still_held
+from ..core.stream.report import BatchOutcome
 from ..core.write.job_contract import RunStats
 from .faults import NO_FAULTS, Faults
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 __all__ = [
     "ASYNC_PROGRESS_CONF", "ASYNC_PROGRESS_OPTION", "QUERY_ID_PROPERTY", "BatchOutcome", "BatchWriter",
@@ -76,21 +77,6 @@ def check_session(spark) -> None:
 
 
 @dataclass
-class BatchOutcome:
-    """What one call did with a micro-batch (also kept on the writer, e.g. for an XCom)."""
-
-    batch_id: int
-    action: str  # "skipped" | "written"
-    run_id: str
-    reason: str
-    rows: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "action": self.action, "run_id": self.run_id, "reason": self.reason,
-                "rows": self.rows}
-
-
-@dataclass
 class BatchWriter:
     """The ``foreachBatch`` function: ``writer(batch_df, batch_id)``; ``outcomes`` lists every call."""
 
@@ -104,6 +90,7 @@ class BatchWriter:
     outcomes: list[BatchOutcome] = field(default_factory=list)
     writer_id: str = field(default_factory=lambda: secrets.token_hex(8))
     _held: bool = field(default=False, repr=False)
+    _lease_until: datetime | None = field(default=None, repr=False)
 
     def __call__(self, batch_df, batch_id: int) -> None:
         spark = batch_df.sparkSession
@@ -116,6 +103,23 @@ class BatchWriter:
 
     def _claim(self, snapshots: SnapshotRoot, checkpoint_id: str) -> StreamOwner:
         """Claim (or renew) the stream for this writer with a conditional put on its owner object."""
+        def decide(current: StreamOwner | None) -> Claim:
+            fresh = current is None or current.checkpoint_id != checkpoint_id
+            return claim(current, stream_id=self.stream_id, checkpoint_id=checkpoint_id, writer_id=self.writer_id,
+                         held=self._held, now=layout.utc_now(), lease=self.lease, stream_reset=self.stream_reset,
+                         next_free_batch=next_free_batch(snapshots, self.stream_id) if fresh else 0)
+
+        return self._put_owner(snapshots, decide)
+
+    def _still_held(self, snapshots: SnapshotRoot, run_id: str) -> None:
+        """The fence before a batch's run is committed: this writer must still hold the stream (its lease
+        renewed by a conditional put), else ``StreamOwnershipError`` and the run fails unpublished."""
+        self._put_owner(snapshots, lambda current: Claim(still_held(
+            current, stream_id=self.stream_id, writer_id=self.writer_id, now=layout.utc_now(), lease=self.lease,
+            held_until=self._lease_until, what=f"run {run_id!r}")))
+
+    def _put_owner(self, snapshots: SnapshotRoot, decide: Callable[[StreamOwner | None], Claim]) -> StreamOwner:
+        """Read the owner object, ``decide`` what it becomes, and put that conditionally (again if it changed)."""
         key = layout.stream_owner_key(self.stream_id)
         for _ in range(3):
             try:
@@ -123,14 +127,11 @@ class BatchWriter:
                 current, etag = StreamOwner.from_bytes(obj.data), obj.etag
             except ObjectNotFoundError:
                 current, etag = None, None
-            fresh = current is None or current.checkpoint_id != checkpoint_id
-            decided = claim(current, stream_id=self.stream_id, checkpoint_id=checkpoint_id, writer_id=self.writer_id,
-                            held=self._held, now=layout.utc_now(), lease=self.lease, stream_reset=self.stream_reset,
-                            next_free_batch=next_free_batch(snapshots, self.stream_id) if fresh else 0)
+            decided = decide(current)
             if snapshots.store.put_if_match(key, decided.owner.to_bytes(), etag) is not None:
                 if decided.warning:
                     log.warning("%s", decided.warning)
-                self._held = True
+                self._held, self._lease_until = True, decided.owner.lease_expires_at
                 return decided.owner
         raise StreamOwnershipError(f"stream {self.stream_id!r}: its owner object {snapshots.store.uri(key)} kept "
                                    "changing while this writer claimed it (another writer on the stream?)")
@@ -164,7 +165,7 @@ class BatchWriter:
             return
         self._abandon(snapshots, decision)
         assert decision.write_mode is not None
-        self._write(spark, batch_df, batch_id, decision.run_id, decision.write_mode)
+        self._write(spark, batch_df, batch_id, decision.run_id, decision.write_mode, snapshots)
         self._hold_after_batch(decision.run_id)
 
     def _hold_after_batch(self, run_id: str | None) -> None:
@@ -180,7 +181,8 @@ class BatchWriter:
             log.warning("stream %s: run %s was still 'running'; marked failed (its writer is gone)", self.stream_id,
                         run_id)
 
-    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: Literal["full", "delta"]) -> None:
+    def _write(self, spark, batch_df, batch_id: int, run_id: str, mode: Literal["full", "delta"],
+               snapshots: SnapshotRoot) -> None:
         from .driver import run_write
 
         config = batch_config(self.config, run_id, mode)
@@ -188,8 +190,8 @@ class BatchWriter:
         delete_column = self.config.delta.delete_column
         if mode == "full" and delete_column is not None:
             df = batch_df.where(f"NOT coalesce(`{delete_column}`, false)").drop(delete_column)
-        record = run_write(spark, config, faults=self.faults, df=df,
-                           stream_batch=(self.stream_id, batch_id))
+        record = run_write(spark, config, faults=self.faults, df=df, stream_batch=(self.stream_id, batch_id),
+                           fence=lambda: self._still_held(snapshots, run_id))
         if record.published_at is None:
             raise PublishManifestError(
                 f"stream {self.stream_id!r} batch {batch_id}: run {run_id!r} was written but is not live "

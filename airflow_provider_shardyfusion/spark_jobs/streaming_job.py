@@ -11,7 +11,7 @@ new since the last run and stops; ``processing_time`` runs until stopped.
 The JSON is ``core.stream.job.encode_job_config``: the WriteConfig and the stream settings. The
 batches handled are reported in ``runs/_streams/<stream_id>/<report_id>.json`` under the root
 (``core.stream.job``), rewritten after every micro-batch and when the query ended, and printed as
-one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.write.job_contract``).
+one ``SHARDYFUSION_STREAM_RESULT {json}`` line on stderr for humans (``core.stream.report``).
 
 Stopping: SIGTERM, or the operator's stop object (``stop_key``), stops the query after the
 micro-batch in progress (a batch interrupted anyway is rewritten by the next run: exactly once).
@@ -28,7 +28,6 @@ Exit codes: 0 the query ended (available_now: everything new was written; or it 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -37,9 +36,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..core.write.job_contract import STREAMING_JOB, stream_result_line
+from ..core.write.job_contract import STREAMING_JOB
 
 if TYPE_CHECKING:
+    from ..core.stream.report import BatchOutcome, StreamReport
     from .faults import Faults
 
 __all__ = [
@@ -52,7 +52,11 @@ log = logging.getLogger("shardyfusion.streaming_job")
 
 
 class Reporter:
-    """Runs the writer for each micro-batch and keeps the report object under the root current."""
+    """Runs the writer for each micro-batch and keeps the report object under the root current.
+
+    Pickled by value with ``RemoteBatches``: the provider's modules are imported inside its methods,
+    once the bundle is on the server's path (``RemoteBatches._start``).
+    """
 
     def __init__(self, writer, store, key: str, stream_id: str):
         self.writer, self.store, self.key, self.stream_id = writer, store, key, stream_id
@@ -65,27 +69,32 @@ class Reporter:
             finally:
                 self.write(finished=False)
 
-    def result(self, *, finished: bool, error: str | None = None, batches: list | None = None) -> dict:
-        if batches is None:
-            batches = [o.to_dict() for o in self.writer.outcomes]
-        return {"stream_id": self.stream_id, "finished": finished, "error": error, "batches": batches}
+    def result(self, *, finished: bool, error: str | None = None,
+               batches: tuple[BatchOutcome, ...] | None = None) -> StreamReport:
+        from airflow_provider_shardyfusion.core.stream.report import StreamReport
 
-    def write(self, *, finished: bool, error: str | None = None, batches: list | None = None) -> dict:
-        result = self.result(finished=finished, error=error, batches=batches)
+        return StreamReport(self.stream_id, finished, error,
+                            tuple(self.writer.outcomes) if batches is None else batches)
+
+    def write(self, *, finished: bool, error: str | None = None,
+              batches: tuple[BatchOutcome, ...] | None = None) -> StreamReport:
+        report = self.result(finished=finished, error=error, batches=batches)
         try:
-            self.store.put(self.key, json.dumps(result, sort_keys=True).encode())
+            self.store.put(self.key, report.to_bytes())
         except Exception as exc:  # the snapshots are what matters; the report is for the operator
             log.warning("could not write the stream report %s: %s", self.key, exc)
-        return result
+        return report
 
-    def stored_batches(self) -> list:
+    def stored_batches(self) -> tuple[BatchOutcome, ...]:
         """The batches of the report as stored (written by the micro-batch function on a Connect server)."""
+        from airflow_provider_shardyfusion.core.stream.report import StreamReport
+
         try:
             if self.store.exists(self.key):
-                return list(json.loads(self.store.get(self.key).data).get("batches") or [])
-        except Exception as exc:
+                return StreamReport.from_bytes(self.store.get(self.key).data).batches
+        except Exception as exc:  # a malformed report names its field here
             log.warning("could not read the stream report %s: %s", self.key, exc)
-        return []
+        return ()
 
 
 class RemoteBatches:
@@ -279,9 +288,9 @@ def run(config, stream, writer, job_json: str, faults: Faults) -> None:
     finally:
         if not remote:  # over Connect the writer lives on the server; its lease runs out
             _release(writer)
-        result = reporter.write(finished=True, error=": ".join(failure) if failure else None,
+        report = reporter.write(finished=True, error=": ".join(failure) if failure else None,
                                 batches=reporter.stored_batches() if remote else None)
-        print(stream_result_line(result), file=sys.stderr)
+        print(report.result_line(), file=sys.stderr)
         spark.stop()
     if failure is not None:
         raise Failed(*failure)

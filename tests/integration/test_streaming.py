@@ -97,6 +97,40 @@ def test_a_stream_of_json_values_is_encoded_by_the_engine_and_read_typed(spark, 
     stream.check_each_batch_live_once(2)
 
 
+def test_a_micro_batch_whose_value_schema_differs_from_the_base_is_refused_before_its_rows_are_read(spark, tmp_path):
+    """SPEC §18 schema rules, for a micro-batch: checked per batch, on the batch's schema alone."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_shardyfusion.core.errors import ConfigError
+
+    stream = Stream(spark, tmp_path, value_format="json")
+    # The writer called as foreachBatch calls it, without a query: batch 0 is the base.
+    writer = foreach_batch_writer(stream.config, stream_id=STREAM, checkpoint_location=stream.checkpoint)
+    (stream.source.parent / "checkpoint").mkdir()
+    (stream.source.parent / "checkpoint" / "metadata").write_text('{"id": "query-1"}')
+    writer(batch_df(spark, stream.add_file({k: f"v0-{k}" for k in range(20)})), 0)
+    base = batch_run_id(STREAM, 0)
+
+    # The next batch's payload is a bigint; any row of it read raises, so the refusal below proves none was.
+    @F.udf("bigint")
+    def unread(key):
+        raise RuntimeError("a row of the refused batch was read")
+
+    batch = spark.range(3).select(F.col("id"), unread("id").alias("payload"), F.lit(False).alias("deleted"))
+    with pytest.raises(ConfigError) as refused:
+        writer(batch, 1)
+    said = str(refused.value)
+    assert f"on base run {base!r}: the value schema differs from the base's: column 'payload' changed from string " \
+           "to int64" in said, said
+    assert "a row of the refused batch was read" not in said
+    assert [(o.batch_id, o.action) for o in writer.outcomes] == [(0, "written")]
+    assert stream.snapshots().current().run_id == base
+    failed = stream.stream_records()[batch_run_id(STREAM, 1)]
+    assert failed.status == "failed" and failed.published_at is None and failed.error.type == "ConfigError"
+    stream.check_reader().close()  # still batch 0, exactly
+    stream.check_each_batch_live_once(1)
+
+
 def test_failed_and_unpublished_batches_are_completed_once(spark, tmp_path):
     stream = Stream(spark, tmp_path)
     stream.add_file({k: f"v0-{k}" for k in range(100)})

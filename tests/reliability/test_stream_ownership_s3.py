@@ -11,6 +11,11 @@ back with ``ShardedReader`` and compared with a model the test builds.
   faults' ``hold_before_publish``): a ``stream_reset`` query takes the stream over and publishes
   its batch; released, the first writer's batch fails cleanly (its run never goes live) and the
   writer is fenced. Never two owners publishing: every live run is the stream's, one per batch.
+- The other order: the held writer is released after the ``stream_reset`` query took the stream
+  over but before that query publishes (it holds just before publishing too). The held batch's
+  base is still live, so only the ownership check before the commit stops it: it fails with a
+  ``StreamOwnershipError`` naming the stream, the new owner and the lease expiry, its run record
+  failed, nothing of it live; the taker then publishes, and the snapshot is exactly the model.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.model.config import build_write_config
 from airflow_provider_shardyfusion.core.model.snapshot import SnapshotRoot
 from airflow_provider_shardyfusion.core.read.reader import ShardedReader
-from airflow_provider_shardyfusion.core.stream.batches import parse_batch_run_id
+from airflow_provider_shardyfusion.core.stream.batches import batch_run_id, parse_batch_run_id
 from airflow_provider_shardyfusion.core.stream.owner import StreamOwner
 from airflow_provider_shardyfusion.spark_jobs.faults import Faults
 from airflow_provider_shardyfusion.streaming import foreach_batch_writer
@@ -155,3 +160,84 @@ def test_a_lease_that_expires_mid_batch_never_makes_two_owners_publish(spark, tm
     figure(writers=2, leases_expired_mid_batch=1, batches_published_by_taker=1, held_batch_published=int(1 in published),
            live_runs_per_batch=max(len(r) for r in published.values()), keys_off_model=off, keys_checked=checked,
            held_error=next(n for n in ("BaseNotLiveError", "StreamOwnershipError", "not live") if n in said))
+
+
+def wait_for(path, thread: threading.Thread, outcome: list, timeout: float = 180) -> None:
+    """Until ``path`` exists (a writer reached its hold); the query in ``thread`` must not end before."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert thread.is_alive() and time.monotonic() < deadline, outcome
+        time.sleep(0.05)
+
+
+def start_query(stream: S3Stream, writer) -> tuple[threading.Thread, list]:
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(stream.run_query(writer)))
+    thread.start()
+    return thread, outcome
+
+
+def test_a_writer_released_before_the_taker_publishes_is_refused_by_its_lease(spark, tmp_path, s3_root, s3_options,
+                                                                              figure):
+    a = S3Stream(spark, tmp_path / "a", s3_root, s3_options)
+    a.add_file({k: f"a0-{k}" for k in range(40)})
+    model, deleted = dict(a.model), set(a.deleted)
+    # Batch 1 is held just before publishing, past the 1 s lease; kept out of the model: it must not go live.
+    a.add_file({k: f"a1-{k}" for k in range(0, 40, 2)}, [1])
+    a.model.clear(), a.model.update(model), a.deleted.clear(), a.deleted.update(deleted)
+    # One query, two batches: batch 0's release exists already, so only batch 1 holds.
+    hold = {"marker": str(tmp_path / "held-{run_id}"), "release": str(tmp_path / "release-{run_id}"), "seconds": 240}
+    (tmp_path / f"release-{batch_run_id(STREAM, 0)}").write_text("go")
+    held = foreach_batch_writer(a.config, stream_id=STREAM, lease_seconds=1,
+                                faults=Faults({"hold_before_publish": hold}))
+    b = S3Stream(spark, tmp_path / "b", s3_root, s3_options)
+    share(a, b)
+    taker_hold = {"marker": str(tmp_path / "taker-held"), "release": str(tmp_path / "taker-release"), "seconds": 240}
+    taker = foreach_batch_writer(b.config, stream_id=STREAM, stream_reset=True,
+                                 faults=Faults({"hold_before_publish": taker_hold}))
+    held_release, taker_release = tmp_path / f"release-{batch_run_id(STREAM, 1)}", tmp_path / "taker-release"
+    threads: list[threading.Thread] = []
+    try:
+        held_thread, held_outcome = start_query(a, held)
+        threads.append(held_thread)
+        wait_for(tmp_path / f"held-{batch_run_id(STREAM, 1)}", held_thread, held_outcome)
+        time.sleep(1.5)  # the held writer's lease has run out
+
+        b.add_file({k: f"b0-{k}" for k in range(30, 60)}, [2])
+        taker_thread, taker_outcome = start_query(b, taker)
+        threads.append(taker_thread)
+        wait_for(tmp_path / "taker-held", taker_thread, taker_outcome)  # the taker owns the stream, not published yet
+        owner = StreamOwner.from_bytes(b.snapshots().store.get(layout.stream_owner_key(STREAM)).data)
+        assert owner.writer_id == taker.writer_id
+        live_before = b.snapshots().current().run_id
+        assert live_before == batch_run_id(STREAM, 0)  # the held batch's base is still live
+
+        held_release.write_text("go")  # the held writer first
+        held_thread.join(timeout=300)
+        said = str(held_outcome[0])
+        assert held_outcome[0] is not None and "StreamOwnershipError" in said, said[-3000:]
+        for needle in (repr(STREAM), repr(taker.writer_id), layout.format_ts(owner.lease_expires_at)):
+            assert needle in said, (needle, said[-3000:])
+        assert [(o.batch_id, o.action) for o in held.outcomes] == [(0, "written")]
+        snapshots = b.snapshots()
+        assert snapshots.current().run_id == live_before  # the refused writer moved nothing
+        record = snapshots.read_run(batch_run_id(STREAM, 1))
+        assert record.status == "failed" and record.published_at is None, record
+        assert record.error is not None and record.error.type == "StreamOwnershipError", record.error
+
+        taker_release.write_text("go")
+        taker_thread.join(timeout=300)
+        assert taker_outcome == [None]
+        assert [(o.batch_id, o.action) for o in taker.outcomes] == [(2, "written")]
+        assert b.snapshots().current().run_id == batch_run_id(STREAM, 2)
+    finally:  # whatever failed, no query is left holding
+        held_release.write_text("go"), taker_release.write_text("go")
+        for thread in threads:
+            thread.join(timeout=300)
+    published = b.published()
+    assert sorted(published) == [0, 2] and all(len(runs) == 1 for runs in published.values()), published
+    off, checked = b.values_off_model()
+    assert off == 0
+    figure(writers=2, held_released_before_taker_published=1, held_batch_published=int(1 in published),
+           held_run_status=record.status, live_runs_per_batch=max(len(r) for r in published.values()),
+           keys_off_model=off, keys_checked=checked, held_error="StreamOwnershipError")

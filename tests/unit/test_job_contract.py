@@ -13,8 +13,6 @@ from airflow_provider_shardyfusion.core.write.job_contract import (
     done_line,
     failed_line,
     parse_failure,
-    parse_stream_result,
-    stream_result_line,
 )
 
 # A run record as the job wrote it before these types existed (a streaming micro-batch's delta).
@@ -77,9 +75,6 @@ def test_the_verdict_line_is_parsed_by_the_module_that_formats_it():
     assert parse_failure(tail) == ("InputDataError", "column 'id': duplicate key 2")
     assert parse_failure(done_line("published", "r1", "file:///m.json")) is None
     assert done_line("staged", "r1", "file:///m.json") == "shardyfusion job staged run r1: file:///m.json"
-    result = {"stream_id": "s", "finished": True, "error": None, "batches": [{"batch_id": 0}]}
-    assert parse_stream_result("noise\n" + stream_result_line(result) + "\nbye") == result
-    assert parse_stream_result("noise") is None
 
 
 def test_a_writers_airflow_try_keeps_what_it_does_not_type_inside_it():

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core.errors import StreamOwnershipError
-from airflow_provider_shardyfusion.core.stream.owner import StreamOwner, claim
+from airflow_provider_shardyfusion.core.stream.owner import StreamOwner, claim, still_held
 
 S = "orders.ingest"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -80,3 +80,23 @@ def test_the_owner_object_round_trips_and_refuses_a_newer_format():
     with pytest.raises(StreamOwnershipError, match="checkpoint_id"):
         StreamOwner.from_dict({**owner.to_dict(), "checkpoint_id": None})
     assert layout.stream_owner_key(S) == "runs/_streams/orders.ingest/_owner.json"
+
+
+def test_a_writer_must_still_hold_the_stream_when_it_commits_a_batch():
+    mine = owner_after({"checkpoint_id": "cp-a", "writer_id": "w1", "now": T0})
+    # Its lease ran out but nobody took the stream: a batch longer than the lease still commits, renewed.
+    late = T0 + LEASE * 2
+    assert still_held(mine, stream_id=S, writer_id="w1", now=late, lease=LEASE) == \
+        StreamOwner(S, "cp-a", "w1", T0, late + LEASE)
+    # Taken over meanwhile (a reset checkpoint here): refused, naming the stream, the owner and both leases.
+    taker = claim(mine, stream_id=S, checkpoint_id="cp-b", writer_id="w2", held=False, now=late, lease=LEASE,
+                  stream_reset=True, next_free_batch=3).owner
+    with pytest.raises(StreamOwnershipError) as refused:
+        still_held(taker, stream_id=S, writer_id="w1", now=late, held_until=mine.lease_expires_at, what="run 'r-1'")
+    said = str(refused.value)
+    for needle in ("stream 'orders.ingest'", "this writer ('w1', its lease until 2026-01-01T00:10:00.000000Z)",
+                   "writer 'w2' of checkpoint 'cp-b'", f"lease until {layout.format_ts(late + LEASE)}", "run 'r-1'",
+                   "Nothing of it is published"):
+        assert needle in said, (needle, said)
+    with pytest.raises(StreamOwnershipError, match="its owner object is gone"):
+        still_held(None, stream_id=S, writer_id="w1", now=late)

@@ -1,4 +1,5 @@
-"""The streaming job's report as the operator reads it (core/stream/job.py): outages, malformed, stop waits."""
+"""The streaming job's report as the operator reads it (core/stream/job.py, core/stream/report.py): typed,
+through outages, malformed ones named by field, stop waits."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ from airflow_provider_shardyfusion.core.errors import ConfigError, StorageError
 from airflow_provider_shardyfusion.core.retry import RetryPolicy
 from airflow_provider_shardyfusion.core.storage import open_store
 from airflow_provider_shardyfusion.core.stream.job import StreamSettings, read_report, report_key, wait_for_stop
+from airflow_provider_shardyfusion.core.stream.report import BatchOutcome, StreamReport, parse_result_line
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.0, max_delay_s=0.0, deadline_s=None)
+REPORT = StreamReport("s1", True, None, (BatchOutcome(0, "written", "s1-b000000000000", "written (full)", rows=3),
+                                         BatchOutcome(1, "skipped", "s1-b000000000001", "already live")))
+# As the job writes it: every field of every batch, rows null when not counted.
+REPORT_JSON = {"stream_id": "s1", "finished": True, "error": None, "batches": [
+    {"batch_id": 0, "action": "written", "run_id": "s1-b000000000000", "reason": "written (full)", "rows": 3},
+    {"batch_id": 1, "action": "skipped", "run_id": "s1-b000000000001", "reason": "already live", "rows": None}]}
 
 
 class FlakyStore:
@@ -34,10 +42,35 @@ class FlakyStore:
 def test_report_is_read_through_a_short_outage_and_an_absent_one_is_none(tmp_path):
     store = open_store(f"file://{tmp_path}/snap")
     assert read_report(store, "s1", "r1", policy=FAST) is None
-    store.put(report_key("s1", "r1"), json.dumps({"finished": True, "batches": [{"batch_id": 0}]}).encode())
+    store.put(report_key("s1", "r1"), json.dumps(REPORT_JSON).encode())
     flaky = FlakyStore(store, failures=3)
-    assert read_report(flaky, "s1", "r1", policy=FAST) == {"finished": True, "batches": [{"batch_id": 0}]}
+    assert read_report(flaky, "s1", "r1", policy=FAST) == REPORT
     assert flaky.calls == 4
+
+
+def test_the_report_crosses_the_job_boundary_typed_and_unchanged():
+    assert json.loads(REPORT.to_bytes()) == REPORT_JSON
+    assert StreamReport.from_bytes(REPORT.to_bytes()) == REPORT
+    assert REPORT.batches[0].summary() == {"batch_id": 0, "run_id": "s1-b000000000000",
+                                           "action": "written", "rows": 3}
+    assert [b.live for b in REPORT.batches] == [True, False]
+    # The job's stderr line, parsed by the module that formats it.
+    assert parse_result_line("noise\n" + REPORT.result_line() + "\nbye") == REPORT
+    assert parse_result_line("noise") is None
+
+
+@pytest.mark.parametrize(("batch", "said"), [
+    ({"rows": "3"}, r"field 'rows' is missing or not int \(got '3'\) at \$\.batches\[1\]\.rows"),
+    ({"action": "lost"}, r"action 'lost' is not one of \['skipped', 'written', 'published'\] at \$\.batches\[1\]\.action"),
+    ({"run_id": None}, r"field 'run_id' is missing or not str \(got None\) at \$\.batches\[1\]\.run_id"),
+    ("not a batch", r"batches entry 'not a batch' is not an object at \$\.batches\[1\]"),
+])
+def test_a_malformed_batch_entry_is_one_error_naming_the_field(tmp_path, batch, said):
+    store = open_store(f"file://{tmp_path}/snap")
+    entry = {**REPORT_JSON["batches"][1], **batch} if isinstance(batch, dict) else batch
+    store.put(report_key("s1", "r1"), json.dumps({**REPORT_JSON, "batches": [REPORT_JSON["batches"][0], entry]}).encode())
+    with pytest.raises(StorageError, match=rf"report runs/_streams/s1/r1.json is malformed: stream report: {said}"):
+        read_report(store, "s1", "r1", policy=FAST)
 
 
 def test_report_unreadable_for_longer_than_the_retries_or_malformed_is_a_storage_error(tmp_path):
@@ -50,7 +83,7 @@ def test_report_unreadable_for_longer_than_the_retries_or_malformed_is_a_storage
     assert flaky.calls == FAST.attempts
     store.put(key, b"[1, 2]")
     once = FlakyStore(store, failures=0)
-    with pytest.raises(StorageError, match=rf"report {key} is not a JSON object"):
+    with pytest.raises(StorageError, match=rf"report {key} is malformed: stream report must be a JSON object, got list"):
         read_report(once, "s1", "r1", policy=FAST)
     assert once.calls == 1  # a whole-written object does not heal: no retry
 
@@ -69,7 +102,8 @@ class Clock:
 
 def test_wait_for_stop_needs_the_finished_report_and_the_process_gone():
     clock = Clock()
-    reads = iter([StorageError("outage"), None, {"finished": False}, {"finished": True}, {"finished": True}])
+    running_report, finished = StreamReport("s1", False), StreamReport("s1", True)
+    reads = iter([StorageError("outage"), None, running_report, finished, finished])
 
     def read():
         item = next(reads)
@@ -84,7 +118,7 @@ def test_wait_for_stop_needs_the_finished_report_and_the_process_gone():
 
 def test_wait_for_stop_gives_up_at_the_timeout():
     clock = Clock()
-    assert not wait_for_stop(lambda: {"finished": False}, lambda: True, timeout=2.5, poll=1.0, clock=clock,
+    assert not wait_for_stop(lambda: StreamReport("s1", False), lambda: True, timeout=2.5, poll=1.0, clock=clock,
                              sleep=clock.sleep)
     assert clock.slept == [1.0, 1.0, 0.5] and clock.now == 2.5
 

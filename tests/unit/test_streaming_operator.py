@@ -51,8 +51,10 @@ def stub_job(monkeypatch, report):
                 config, stream = decode_job_config(base64.urlsafe_b64decode(b64).decode())
                 seen.append({"application": application, "config": config, "stream": stream})
                 if report is not None:
+                    # The job always names its stream first; what the test gives overrides it.
+                    written = {"stream_id": stream.stream_id, **report} if isinstance(report, dict) else report
                     open_store(config.output_uri).put(report_key(stream.stream_id, stream.report_id),
-                                                      json.dumps(report).encode())
+                                                      json.dumps(written).encode())
 
         return StubbedHook
 
@@ -108,7 +110,17 @@ def test_a_job_whose_report_cannot_be_read_says_so(monkeypatch, tmp_path):
     connections(monkeypatch)
     stub_job(monkeypatch, ["not", "an", "object"])
     with pytest.raises(StorageError, match=r"stream 'dag_x.write': the streaming job ended but its report cannot "
-                                           r"be read \(.*is not a JSON object\)"):
+                                           r"be read \(.*must be a JSON object, got list\)"):
+        make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
+
+
+def test_a_malformed_batch_entry_fails_the_task_naming_the_field(monkeypatch, tmp_path):
+    """A batch the operator cannot read is never left out of the XCom and the asset events in silence."""
+    connections(monkeypatch)
+    stub_job(monkeypatch, {"finished": True, "error": None, "batches": [BATCHES[1], {**BATCHES[1], "batch_id": "5"}]})
+    with pytest.raises(StorageError, match=r"report cannot be read \(the streaming job's report runs/_streams/dag_x\.write/"
+                                           r".* is malformed: stream report: field 'batch_id' is missing or not int "
+                                           r"\(got '5'\) at \$\.batches\[1\]\.batch_id\)"):
         make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
 
 
@@ -165,7 +177,8 @@ def test_on_kill_asks_the_job_to_stop_then_kills_spark_submit(monkeypatch, tmp_p
     op._stream, op._active_output_uri = stream, root
     op._launcher = type("H", (), {"on_kill": lambda self: killed.append(True)})()
     store = open_store(root)
-    store.put(report_key(stream.stream_id, stream.report_id), b'{"finished": true, "batches": []}')
+    store.put(report_key(stream.stream_id, stream.report_id),
+              json.dumps({"stream_id": stream.stream_id, "finished": True, "batches": []}).encode())
     op.on_kill()
     assert store.exists(stop_key(stream.stream_id, stream.report_id)) and killed == [True]
 

@@ -2,11 +2,12 @@
 
 The job's ``--config-b64`` holds ``{"write_config": <WriteConfig>, "stream": <StreamSettings>}``.
 
-The job reports the batches it handled in a small JSON object under the snapshot root,
-``runs/_streams/<stream_id>/<report_id>.json`` (``report_key``), rewritten after every micro-batch
-and once more when the query ended. The operator reads it back after spark-submit returned. The
-store is the channel every deploy mode shares (a cluster-mode driver's output never reaches the
-worker) and nothing in the job's log can truncate or interleave it. ``runs/_streams/`` is never a
+The job reports the batches it handled in a small JSON object under the snapshot root, a
+``core.stream.report.StreamReport`` in ``runs/_streams/<stream_id>/<report_id>.json``
+(``report_key``), rewritten after every micro-batch and once more when the query ended. The
+operator reads it back after spark-submit returned. The store is the channel every deploy mode
+shares (a cluster-mode driver's output never reaches the worker) and nothing in the job's log can
+truncate or interleave it. ``runs/_streams/`` is never a
 run record (those are ``runs/run_id=<id>/run.json``), so cleanup and history ignore it.
 ``stop_key`` is the other direction: the operator's ``on_kill`` puts it, the job stops its query
 after the micro-batch in progress.
@@ -27,6 +28,7 @@ from airflow_provider_shardyfusion.core.model.config import WriteConfig
 from airflow_provider_shardyfusion.core.retry import RetryPolicy, call_with_retry
 from airflow_provider_shardyfusion.core.secrets import refuse_secret_options, refuse_userinfo
 from airflow_provider_shardyfusion.core.stream.batches import MAX_STREAM_ID_CHARS, validate_stream_id
+from airflow_provider_shardyfusion.core.stream.report import StreamReport
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -145,33 +147,26 @@ REPORT_READ_POLICY = RetryPolicy(attempts=5, base_delay_s=1.0, max_delay_s=8.0, 
 
 
 def read_report(store: ObjectStore, stream_id: str, report_id: str, *,
-                policy: RetryPolicy = REPORT_READ_POLICY) -> dict[str, Any] | None:
+                policy: RetryPolicy = REPORT_READ_POLICY) -> StreamReport | None:
     """The job's report, or None when it wrote none; ``StorageError`` naming it when it cannot be read.
 
-    Storage errors are retried under ``policy``; a report that is not a JSON object is an error at
-    once (the job writes it whole, so reading again would not help).
+    Storage errors are retried under ``policy``; a report that is not what the job writes is an
+    error at once, naming the field (the job writes it whole, so reading again would not help).
     """
     key = report_key(stream_id, report_id)
 
-    def load() -> dict[str, Any] | None:
+    def load() -> StreamReport | None:
         if not store.exists(key):
             return None
-        data = store.get(key).data
-        try:
-            report = json.loads(data)
-        except ValueError as exc:
-            raise ConfigError(f"the streaming job's report {key} is not JSON: {exc}") from None
-        if not isinstance(report, dict):
-            raise ConfigError(f"the streaming job's report {key} is not a JSON object")
-        return report
+        return StreamReport.from_bytes(store.get(key).data)
 
     try:
         return call_with_retry(load, policy=policy, describe=f"reading the streaming job's report {key}")
     except ConfigError as exc:
-        raise StorageError(str(exc)) from None
+        raise StorageError(f"the streaming job's report {key} is malformed: {exc}") from None
 
 
-def wait_for_stop(read: Callable[[], dict[str, Any] | None], running: Callable[[], bool], *, timeout: float,
+def wait_for_stop(read: Callable[[], StreamReport | None], running: Callable[[], bool], *, timeout: float,
                   poll: float = 1.0, clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> bool:
     """Whether the job reported its query finished and its process ended within ``timeout`` seconds.
@@ -185,7 +180,7 @@ def wait_for_stop(read: Callable[[], dict[str, Any] | None], running: Callable[[
             report = read()
         except StorageError:
             report = None
-        if report is not None and report.get("finished") and not running():
+        if report is not None and report.finished and not running():
             return True
         left = deadline - clock()
         if left <= 0:

@@ -16,8 +16,12 @@ conditional puts only:
   start and end of every batch. A new writer of the same checkpoint takes over at once (a restart
   after a crash: the checkpoint guarantees it replays, never races); the writer it replaced is
   fenced (its next batch is refused). A reset never takes over a writer whose lease is live.
+- Before a batch's run is committed (marked succeeded, then ``_CURRENT``), the writer reads the
+  owner object again (``still_held``): a writer that lost the stream while its batch was written
+  (its lease ran out and another writer took over) is refused there, whether or not the taker has
+  published yet: its batch's base may still be live, so nothing else would stop it.
 
-``claim`` is pure: the store calls are the writer's (``streaming.BatchWriter``).
+``claim`` and ``still_held`` are pure: the store calls are the writer's (``streaming.BatchWriter``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from airflow_provider_shardyfusion.core import layout
 from airflow_provider_shardyfusion.core import serialization as ser
 from airflow_provider_shardyfusion.core.errors import StreamOwnershipError
 
-__all__ = ["DEFAULT_LEASE", "STREAM_OWNER_FORMAT_VERSION", "Claim", "StreamOwner", "claim"]
+__all__ = ["DEFAULT_LEASE", "STREAM_OWNER_FORMAT_VERSION", "Claim", "StreamOwner", "claim", "still_held"]
 
 STREAM_OWNER_FORMAT_VERSION = 1
 DEFAULT_LEASE = timedelta(minutes=10)
@@ -112,6 +116,28 @@ def claim(current: StreamOwner | None, *, stream_id: str, checkpoint_id: str, wr
                f"until {layout.format_ts(current.lease_expires_at)}; taken over (a restart after a crash; were it "
                "still running, it is fenced at its next batch)") if live else None
     return Claim(replace(current, writer_id=writer_id, acquired_at=now, lease_expires_at=now + lease), warning)
+
+
+def still_held(current: StreamOwner | None, *, stream_id: str, writer_id: str, now: datetime,
+               lease: timedelta = DEFAULT_LEASE, held_until: datetime | None = None, what: str = "its batch") -> StreamOwner:
+    """The owner with ``writer_id``'s lease renewed, for the conditional put just before it commits
+    ``what``; ``StreamOwnershipError`` naming the owner and its lease when the writer lost the stream.
+
+    A lease that ran out while nobody took the stream over is renewed, not refused: a batch may take
+    longer than the lease, and the conditional put makes the renewal and a takeover exclusive.
+    ``held_until``: when this writer's own lease ran out, as far as it knows (for the message).
+    """
+    if current is not None and current.writer_id == writer_id:
+        return replace(current, lease_expires_at=now + lease)
+    mine = f"this writer ({writer_id!r}" + (f", its lease until {layout.format_ts(held_until)})" if held_until else ")")
+    holder = ("its owner object is gone" if current is None else
+              f"it is held by writer {current.writer_id!r} of checkpoint {current.checkpoint_id!r} (since "
+              f"{layout.format_ts(current.acquired_at)}, its lease until {layout.format_ts(current.lease_expires_at)})")
+    raise StreamOwnershipError(
+        f"stream {stream_id!r}: {mine} lost the stream while it wrote {what}: {holder}. Nothing of it is published "
+        "(its run is marked failed) and this query's checkpoint does not commit it; this writer stops. Run one query "
+        "per stream, with a lease longer than a batch takes"
+    )
 
 
 def _reset(current: StreamOwner, mine: StreamOwner, *, live: bool, stream_reset: bool, next_free_batch: int) -> Claim:

@@ -52,16 +52,22 @@ def publish(
     live: bool = True,
     sleep: Callable[[float], None] = time.sleep,
     before_pointer_move: Callable[[], None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> RunRecord:
     """Write the manifest, mark the run succeeded (fenced), then move ``_CURRENT``.
 
     ``live=False`` stages the run (SPEC §8): ``_CURRENT`` is left alone and
     ``PublishSnapshotOperator`` makes it live later. ``before_pointer_move`` runs between the two
-    (the reliability tests hold and kill the writer there). Returns the final run record.
+    (the reliability tests hold and kill the writer there). ``fence`` runs just before the run is
+    marked succeeded: what it raises refuses the commit while the record is still running, so the
+    run fails instead of staying a succeeded run that could be published later (a streaming writer
+    checks there that it still holds its stream). Returns the final run record.
     """
     snapshots = SnapshotRoot(store)
     ref = snapshots.write_manifest(manifest)
     log.info("run %s: manifest written to %s", manifest.run_id, ref.uri)
+    if fence is not None:
+        fence()
     data = manifest.to_bytes()  # what write_manifest stored: its identity goes into the record
     record = mark_succeeded(lifecycle, ref.uri, stats if stats is not None else dict(manifest.stats), sleep=sleep,
                             manifest_checksum=bytes_checksum(data), manifest_size=len(data), publishing=live)

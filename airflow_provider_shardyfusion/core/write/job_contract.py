@@ -2,7 +2,7 @@
 
 - The job's verdict: one line on stderr, written by the job with ``failed_line`` / ``done_line``
   and read back from spark-submit's output by the operator with ``parse_failure``; the streaming
-  job's ``SHARDYFUSION_STREAM_RESULT`` line likewise (``stream_result_line`` / ``parse_stream_result``).
+  job's ``SHARDYFUSION_STREAM_RESULT`` line is its typed report (``core.stream.report``).
 - ``RunStats``: a run's ``stats`` (run record and manifest), typed.
 - ``WriterIdentity`` and ``TaskTry``: a run's ``writer``, and in it the Airflow try that wrote it.
 
@@ -16,7 +16,6 @@ the others only when set; tests/unit/test_job_contract.py).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from airflow_provider_shardyfusion.core.model.manifest import WriteMode
 
 __all__ = [
     "JOB", "STREAMING_JOB", "STREAM_RESULT_MARKER", "RunStats", "TaskTry", "WriterIdentity", "done_line",
-    "failed_line", "parse_failure", "parse_stream_result", "stream_result_line",
+    "failed_line", "parse_failure",
 ]
 
 JOB = "shardyfusion job"
@@ -55,19 +54,6 @@ def parse_failure(tail: str) -> tuple[str, str] | None:
         m = _FAILED_RE.search(line)
         if m:
             return m["type"], m["message"]
-    return None
-
-
-def stream_result_line(result: Mapping[str, Any]) -> str:
-    return f"{STREAM_RESULT_MARKER} {json.dumps(result, sort_keys=True)}"
-
-
-def parse_stream_result(tail: str) -> dict[str, Any] | None:
-    """The streaming job's newest result line in ``tail``, if any."""
-    for line in reversed(tail.splitlines()):
-        head, _, rest = line.partition(f"{STREAM_RESULT_MARKER} ")
-        if _ and not head.strip():
-            return dict(json.loads(rest))
     return None
 
 
