@@ -100,3 +100,19 @@ def test_a_writer_must_still_hold_the_stream_when_it_commits_a_batch():
         assert needle in said, (needle, said)
     with pytest.raises(StreamOwnershipError, match="its owner object is gone"):
         still_held(None, stream_id=S, writer_id="w1", now=late)
+
+
+def test_a_writer_fenced_by_a_reset_never_takes_the_stream_back_by_a_reset_of_its_own():
+    current = owner_after({"checkpoint_id": "cp-a", "writer_id": "w1", "now": T0})
+    # A new checkpoint resets the stream once w1's lease ran out; w1 was only slow, not gone.
+    taken = claim(current, stream_id=S, checkpoint_id="cp-b", writer_id="w2", held=False, now=T0 + LEASE * 2,
+                  stream_reset=True, next_free_batch=5).owner
+    assert (taken.checkpoint_id, taken.writer_id) == ("cp-b", "w2")
+    # Long after w2's lease ran out too, w1 (started with stream_reset=True) comes back: still fenced.
+    with pytest.raises(StreamOwnershipError, match=r"writer 'w2' of checkpoint 'cp-b' took .*'w1'\) is fenced"):
+        claim(taken, stream_id=S, checkpoint_id="cp-a", writer_id="w1", held=True, now=T0 + LEASE * 10,
+              stream_reset=True, next_free_batch=6)
+    # A new writer of cp-a that never held the stream may still reset it, as before.
+    back = claim(taken, stream_id=S, checkpoint_id="cp-a", writer_id="w3", held=False, now=T0 + LEASE * 10,
+                 stream_reset=True, next_free_batch=6)
+    assert (back.owner.checkpoint_id, back.owner.writer_id, back.owner.batch_offset) == ("cp-a", "w3", 6)

@@ -102,16 +102,19 @@ def claim(current: StreamOwner | None, *, stream_id: str, checkpoint_id: str, wr
                          f"at batch {next_free_batch}")
         return Claim(mine)
     live = now < current.lease_expires_at
+    if held and current.writer_id != writer_id:
+        # Before the checkpoint test: a writer fenced by a reset of another checkpoint must not take
+        # the stream back by a reset of its own once the new owner's lease runs out.
+        of = "the same checkpoint" if current.checkpoint_id == checkpoint_id else f"checkpoint {current.checkpoint_id!r}"
+        raise StreamOwnershipError(
+            f"stream {stream_id!r}: writer {current.writer_id!r} of {of} took the stream over at "
+            f"{layout.format_ts(current.acquired_at)}; this writer ({writer_id!r}) is fenced and stops. Run one query "
+            "per stream"
+        )
     if current.checkpoint_id != checkpoint_id:
         return _reset(current, mine, live=live, stream_reset=stream_reset, next_free_batch=next_free_batch)
     if current.writer_id == writer_id:
         return Claim(replace(current, lease_expires_at=now + lease))
-    if held:
-        raise StreamOwnershipError(
-            f"stream {stream_id!r}: writer {current.writer_id!r} of the same checkpoint took the stream over at "
-            f"{layout.format_ts(current.acquired_at)}; this writer ({writer_id!r}) is fenced and stops. Run one query "
-            "per stream"
-        )
     warning = (f"stream {stream_id!r}: writer {current.writer_id!r} of the same checkpoint still held a lease "
                f"until {layout.format_ts(current.lease_expires_at)}; taken over (a restart after a crash; were it "
                "still running, it is fenced at its next batch)") if live else None
