@@ -327,12 +327,22 @@ class StreamingSnapshotOperator(SparkJobOperator):
             error_type = SparkSubmitError if launcher == SPARK_SUBMIT else SparkConnectError
             raise error_type(
                 f"stream {stream.stream_id!r}: the streaming job failed ({error or 'it left no report'}); "
-                f"batches published before: {[b.batch_id for b in live]} (the next run resumes from the checkpoint)"
+                f"batches published before: {[b.batch_id for b in live]}{self._live_now(output_uri)} "
+                "(the next run resumes from the checkpoint)"
             ) from submit_error
         pointer = self.hook.get_snapshots(output_uri).current()
         return {"stream_id": stream.stream_id, "output_uri": output_uri, "trigger": stream.trigger,
                 "batches": [b.summary() for b in batches], "published": len(live),
                 "live_run_id": pointer.run_id if pointer is not None else None}
+
+    def _live_now(self, output_uri: str) -> str:
+        """What ``_CURRENT`` names as the job failed: the report lists a batch once its function returned,
+        so a job that died between a batch's ``_CURRENT`` and its checkpoint commit published one more."""
+        try:
+            pointer = self.hook.get_snapshots(output_uri).current()
+        except Exception as exc:  # the job's own error matters more; say why this part is missing
+            return f"; _CURRENT could not be read ({type(exc).__name__})"
+        return f"; _CURRENT names run {pointer.run_id!r}" if pointer is not None else "; nothing is live"
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """No facets of its own (``None``): the OpenLineage listener then reports the declared outlets;

@@ -191,9 +191,9 @@ def test_connect_server_killed_at_three_points_then_restarted_from_the_checkpoin
         try4 = Try.start(monkeypatch, tmp_path, port)
         took, error = try3.failed()
         seconds.append(took)
-        # Batch 3 is live but the try's report was due after the batch returned: the error names the
-        # replayed batch 2 only; batch 3's run record and _CURRENT say it is live.
-        assert "batches published before: [2]" in error
+        # Batch 3 is live but the try's report was due after the batch returned: the report names the
+        # replayed batch 2 only, and the error adds what _CURRENT names, batch 3's run.
+        assert f"batches published before: [2]; _CURRENT names run {run[3, 0]!r}" in error
         record = snapshots.read_run(run[3, 0])
         assert record.status == "succeeded" and record.published_at is not None
         assert try4.batches() == [(3, "skipped", run[3, 0])]

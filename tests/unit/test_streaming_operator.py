@@ -95,7 +95,7 @@ def test_execute_submits_the_streaming_job_and_reports_its_batches(monkeypatch, 
 def test_a_failed_job_raises_and_names_the_batches_published_before(monkeypatch, tmp_path):
     connections(monkeypatch)
     stub_job(monkeypatch, {"finished": True, "error": "StreamingQueryException: boom", "batches": BATCHES[1:2]})
-    with pytest.raises(SparkSubmitError, match=r"boom.*published before: \[4\]"):
+    with pytest.raises(SparkSubmitError, match=r"boom.*published before: \[4\]; nothing is live \(the next"):
         make_stream_op(f"file://{tmp_path}/snap").execute(stream_context())
 
 
