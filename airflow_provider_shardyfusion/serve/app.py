@@ -25,8 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_shardyfusion.core.errors import ConfigError, KeyEncodingError, ShardNotServedError, ShardyfusionError
 from airflow_provider_shardyfusion.core.model.encoding import KeyText, key_to_show, keys_from_json
-from airflow_provider_shardyfusion.serve.metrics import ServeMetrics
+from airflow_provider_shardyfusion.serve.metrics import ServeMetrics, render
 from airflow_provider_shardyfusion.serve.readiness import unready_reason
+from airflow_provider_shardyfusion.serve.worker_metrics import SharedMetrics
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -118,11 +119,26 @@ def reader_factory(config: ServeConfig) -> Callable[[], ShardedReader]:
 class SnapshotService:
     """What the routes do, apart from HTTP parsing: read from one snapshot, shape answers and errors."""
 
-    def __init__(self, slot: ReaderSlot, *, key_type: KeyText, max_staleness_s: float | None = None):
+    def __init__(self, slot: ReaderSlot, *, key_type: KeyText, max_staleness_s: float | None = None,
+                 metrics_dir: str | None = None):
         self.slot = slot
         self.max_staleness_s = max_staleness_s
         self.key_type = key_type
         self.metrics = ServeMetrics(max_staleness_s=max_staleness_s)
+        # With several workers, a scrape shows them all (serve.worker_metrics); alone, only this one.
+        self.shared = SharedMetrics(metrics_dir, self.metrics.pid, lambda: self.metrics.snapshot(self.slot.reader)) \
+            if metrics_dir is not None else None
+
+    def open(self) -> None:
+        """At start-up: share this worker's metrics from now on, and open the reader (or keep trying)."""
+        if self.shared is not None:
+            self.shared.start()
+        self.slot.open()
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+        self.slot.close()
 
     def answer(self, route: str, status: int, body: dict[str, Any], run_id: str | None = None) -> Response:
         self.metrics.request(route, status)
@@ -249,27 +265,31 @@ class SnapshotService:
         return self.answer("readyz", 200 if reason is None else 503, body, health.run_id)
 
     def metrics_text(self) -> Response:
-        text = self.metrics.exposition(self.slot.reader)
+        """The answer to ``GET /metrics``: every worker's series (one file each to read: in a thread)."""
+        workers = self.shared.scrape() if self.shared is not None else [self.metrics.snapshot(self.slot.reader)]
+        text = render(workers)
         self.metrics.request("metrics", 200)
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def create_app(factory: Callable[[], ShardedReader], *, key_type: KeyText = "auto", retry_s: float = 5.0,
-               max_staleness_s: float | None = None) -> FastAPI:
+               max_staleness_s: float | None = None, metrics_dir: str | None = None) -> FastAPI:
     """The FastAPI app serving the reader ``factory`` opens (once, at start-up; closed at shutdown).
 
     A read that needs a shard not open yet (which may download it) runs in the server's thread pool,
     never on the event loop; one from open shards only, of up to ``INLINE_MAX_KEYS`` keys, runs on the
-    loop (``ShardedReader.multi_get_if_open``)."""
-    service = SnapshotService(ReaderSlot(factory, retry_s), key_type=key_type, max_staleness_s=max_staleness_s)
+    loop (``ShardedReader.multi_get_if_open``). ``metrics_dir``: the folder the workers of one server
+    share their metrics through (``serve.worker_metrics``), None for a single worker."""
+    service = SnapshotService(ReaderSlot(factory, retry_s), key_type=key_type, max_staleness_s=max_staleness_s,
+                              metrics_dir=metrics_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await run_in_threadpool(service.slot.open)
+        await run_in_threadpool(service.open)
         try:
             yield
         finally:
-            await run_in_threadpool(service.slot.close)
+            await run_in_threadpool(service.close)
 
     app = FastAPI(title="shardyfusion serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   redirect_slashes=False)
@@ -309,7 +329,7 @@ def create_app(factory: Callable[[], ShardedReader], *, key_type: KeyText = "aut
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
-        return service.metrics_text()
+        return await run_in_threadpool(service.metrics_text)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:  # 404/405 of the router
@@ -329,7 +349,7 @@ def app_from_environment() -> FastAPI:
 
     config = ServeConfig.from_environment()
     return create_app(reader_factory(config), key_type=config.key_type, retry_s=config.follow_interval_s or 5.0,
-                      max_staleness_s=config.max_staleness_s)
+                      max_staleness_s=config.max_staleness_s, metrics_dir=config.metrics_dir)
 
 
 async def _read_body(request: Request) -> bytes | None:

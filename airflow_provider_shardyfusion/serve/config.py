@@ -43,6 +43,8 @@ class ServeConfig:
     max_staleness_s: float | None = DEFAULT_MAX_STALENESS_S
     cache_dir: str | None = None
     key_type: KeyText = "auto"
+    # Not an option: the folder ``run_server`` makes for the workers' metrics (serve.worker_metrics).
+    metrics_dir: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()

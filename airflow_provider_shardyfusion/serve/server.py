@@ -2,7 +2,8 @@
 
 Each worker opens its own reader from the ``ServeConfig`` in the environment; they share one
 ``cache_dir`` (a shard is downloaded and built once, under the reader's per-shard lock). Without
-``--cache-dir``, several workers share a temporary folder removed when the server stops. SIGTERM
+``--cache-dir``, several workers share a temporary folder removed when the server stops; so is the
+folder through which each ``/metrics`` scrape shows every worker (``serve.worker_metrics``). SIGTERM
 (or Ctrl-C) stops accepting connections and lets in-flight requests finish (uvicorn's graceful
 shutdown, at most ``GRACEFUL_S`` seconds) before the readers close.
 
@@ -47,17 +48,20 @@ def run_server(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8080
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be within 0-65535, got {port}")
     check_shard_ids(config)
-    shared: str | None = None
+    made: list[str] = []
+    if workers > 1:
+        made.append(tempfile.mkdtemp(prefix="shardyfusion-serve-metrics-"))
+        config = replace(config, metrics_dir=made[-1])
     if workers > 1 and config.cache_dir is None:
-        shared = tempfile.mkdtemp(prefix="shardyfusion-serve-")
-        config = replace(config, cache_dir=shared)
+        made.append(tempfile.mkdtemp(prefix="shardyfusion-serve-"))
+        config = replace(config, cache_dir=made[-1])
     os.environ[SERVE_CONFIG_ENV] = config.to_json()  # read by each worker (serve.app.app_from_environment)
     try:
         uvicorn.run(APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_level=log_level,
                     access_log=False, timeout_graceful_shutdown=GRACEFUL_S, server_header=False)
     finally:
-        if shared is not None:
-            shutil.rmtree(shared, ignore_errors=True)
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_shard_ids(config: ServeConfig) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import http.client
+import itertools
 import json
 import os
 import random
@@ -362,15 +363,19 @@ def test_publish_while_8_clients_read_then_rollback(tmp_path):
             return all("r1" in s for s in seen)
 
         wait_for(rolled_back, timeout=30, what="every client to read run r1 again")
-        # --workers 2: both worker processes answer reads (each /metrics scrape lands on one of them).
-        workers: set[int] = set()
-
-        def both_workers_read() -> bool:
-            workers.update(_pids_that_read(server))
-            return len(workers) == 2
-
-        wait_for(both_workers_read, timeout=30, what="both workers to answer multi_get")
-        assert workers <= {child.pid for child in psutil.Process(server.proc.pid).children()}
+        # --workers 2: both worker processes answer reads, and every scrape, whichever worker answers
+        # it, shows both, each series labelled with its worker's pid.
+        wait_for(lambda: len(_reads_by_pid(server)) == 2, timeout=30, what="both workers to answer multi_get")
+        scrapes = []
+        for _ in range(4):
+            time.sleep(0.4)  # the workers answer reads and rewrite their metrics files in between
+            scrapes.append(_reads_by_pid(server))
+        children = {child.pid for child in psutil.Process(server.proc.pid).children()}
+        for earlier, later in itertools.pairwise(scrapes):
+            assert set(earlier) == set(later) and set(later) <= children, (earlier, later, children)
+            # The clients are still reading: each worker's counter goes on, never back.
+            assert all(later[pid] >= earlier[pid] for pid in later), (earlier, later)
+        assert sum(scrapes[-1].values()) > sum(scrapes[0].values()), scrapes
     finally:
         stop.set()
         for t in threads:
@@ -445,9 +450,11 @@ def test_storage_down_ready_but_degraded_then_503_after_max_staleness_reads_serv
 _READS = re.compile(r'^shardyfusion_serve_requests_total\{pid="(\d+)",route="multi_get",code="200"\} (\d+)$', re.M)
 
 
-def _pids_that_read(server: Server) -> set[int]:
-    """The pid of the worker one /metrics scrape landed on, if it has answered a multi_get."""
-    return {int(pid) for pid, n in _READS.findall(server.call("GET", "/metrics")[2]) if int(n) > 0}
+def _reads_by_pid(server: Server) -> dict[int, int]:
+    """The multi_get answers (200) of each worker that has answered one, as one /metrics scrape shows them."""
+    text = server.call("GET", "/metrics")[2]
+    assert text.count("# TYPE shardyfusion_serve_requests_total ") == 1, text  # each family once
+    return {int(pid): int(n) for pid, n in _READS.findall(text) if int(n) > 0}
 
 
 def _unready(server: Server) -> str | None:
