@@ -238,11 +238,7 @@ def _child_compaction(root: str, memory: str) -> None:
             build_delta(root, changes, run_id=run_id)
             model.update(changes)
             free = scratch.free_bytes(memory)
-            try:
-                reader.refresh()
-                error = None
-            except Exception as exc:  # reported, and the test fails on it
-                error = f"{type(exc).__name__}: {exc}"
+            error = _refresh_error(reader)
             health = reader.health()
             live = reader._current().live.get(0)
             seen[name] = {"refresh_error": error, "run_id": reader.run_id, "free_before": free,
@@ -271,6 +267,15 @@ def _child_compaction(root: str, memory: str) -> None:
     print(json.dumps(seen))
 
 
+def _refresh_error(reader) -> str | None:
+    """Refresh ``reader``; what it raised, as text (reported by the child, and the test fails on it), or None."""
+    try:
+        reader.refresh()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _child(root: str, memory: str) -> None:
     """The reader's side, in the child process with ``memory`` a tmpfs of its own."""
     from airflow_provider_shardyfusion.core import scratch
@@ -292,11 +297,7 @@ def _child(root: str, memory: str) -> None:
             delta = build_delta(root, changes, run_id=run_id)
             model.update(changes)
             free = scratch.free_bytes(memory)
-            try:
-                reader.refresh()
-                error = None
-            except Exception as exc:  # reported, and the test fails on it
-                error = f"{type(exc).__name__}: {exc}"
+            error = _refresh_error(reader)
             health = reader.health()
             layer_bytes = next(s for s in delta.manifest.shards if s.db_id == 0).layers[-1].byte_size
             seen[name] = {"refresh_error": error, "run_id": reader.run_id, "free_before": free,
