@@ -182,6 +182,100 @@ def _child_after_check(root: str, memory: str) -> None:
     print(json.dumps(seen))
 
 
+def test_a_follower_with_no_room_to_compact_a_live_shard_keeps_following(tmp_path, figure):
+    """A live shard past ``max_local_layers`` whose compaction (a rewrite of the whole shard) does
+    not fit in the folder is not compacted: it is served read-only from the cache, and health says
+    why; with the room back a later refresh opens it live again, compacted."""
+    seen = _in_small_tmpfs(tmp_path, "compaction")
+    before = seen["under_bound"]
+    assert before["refresh_error"] is None and before["values_exact"] and before["live_runs"] == 1, before
+    full = seen["no_room"]
+    # Before the fix: compacted though the room was missing, and counted so (RocksDB's error is lost).
+    assert full["refresh_error"] is None and full["run_id"] == "t2" and full["values_exact"], full
+    assert full["read_only"] == 1 and full["live_shards"] == [1] and full["status"] == "healthy", full
+    assert full["reason"].startswith("no room for shard 0 in ") and "no room to compact its 2 sorted runs" \
+        in full["reason"], full
+    assert full["free_before"] < 2 * full["shard_bytes"], full
+    back = seen["room_back"]
+    assert back["refresh_error"] is None and back["run_id"] == "t3" and back["values_exact"], back
+    assert back["read_only"] == 0 and back["reason"] is None and back["live_shards"] == [0, 1], back
+    # Opened live again from its 4 layers, linked in: compacted (by the reader, or by RocksDB in the
+    # background first: its live shards compact level 0 as it fills).
+    assert back["live_runs"] == 1, back
+    figure(tmpfs_bytes=TMPFS_BYTES, shard_bytes=full["shard_bytes"], bytes_free_when_full=full["free_before"],
+           max_local_layers=1, sorted_runs_when_full=2, refreshes_failed=0, shards_read_only=full["read_only"],
+           sorted_runs_after_room=back["live_runs"],
+           values_checked=before["values_checked"] + full["values_checked"] + back["values_checked"])
+
+
+def _child_compaction(root: str, memory: str) -> None:
+    """The follower's side: shard 0 (about 1 MB, linked in at opening: it takes no room in the
+    folder) takes one small layer a refresh; past one sorted run its live shard is compacted. The
+    folder is filled (by a file, as another process would) before the second refresh: RocksDB's own
+    background compaction of the new layer (its live shards compact level 0 as it fills) cannot
+    run there either, so the shard is past the bound when the reader checks."""
+    import gc
+    import time
+
+    from airflow_provider_shardyfusion.core import scratch
+    from airflow_provider_shardyfusion.core.read.local_copy import sorted_runs
+    from airflow_provider_shardyfusion.core.read.reader import ShardedReader
+    from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard
+
+    scratch.MEMORY_DIR = memory
+    by_shard = keys_by_shard(NUM_DBS, 250)
+    keys = sorted(k for ks in by_shard.values() for k in ks)
+    rng = random.Random(11)
+    # Random values do not compress: shard 0 is about 1 MB, more than half the room left below.
+    model = {**{k: rng.randbytes(4000) for k in by_shard[0]}, **{k: b"t0" for k in by_shard[1]}}
+    built = build_snapshot(root, list(model.items()), num_dbs=NUM_DBS, run_id="t0", shard_layout="sst")
+    shard_bytes = next(s for s in built.manifest.shards if s.db_id == 0).byte_size
+    seen: dict[str, object] = {}
+    with ShardedReader(root, ingest_refreshes=True, max_local_layers=1) as reader:
+        assert reader.multi_get(keys) == [model[k] for k in keys]
+
+        def step(name: str, run_id: str, changes: dict[int, bytes]) -> None:
+            build_delta(root, changes, run_id=run_id)
+            model.update(changes)
+            free = scratch.free_bytes(memory)
+            error = _refresh_error(reader)
+            health = reader.health()
+            live = reader._current().live.get(0)
+            seen[name] = {"refresh_error": error, "run_id": reader.run_id, "free_before": free,
+                          "shard_bytes": shard_bytes, "values_exact": reader.multi_get(keys) == [model[k] for k in keys],
+                          "values_checked": len(keys), "status": health.status,
+                          "read_only": health.shards_read_only, "reason": health.read_only_reason,
+                          "live_runs": sorted_runs(live.db) if live is not None else None,
+                          "live_shards": sorted(s.db_id for s in reader.describe().live_shards)}
+
+        step("under_bound", "t1", {by_shard[0][0]: b"t1", by_shard[1][0]: b"t1"})
+        # The files t1's compaction replaced go once the retired snapshot does and RocksDB purges
+        # them: fill only then, or their room (about the shard's) comes back for RocksDB's own compaction.
+        gc.collect()
+        filler = Path(memory) / "filler"
+        with filler.open("wb") as out:
+            for _ in range(100):
+                while scratch.free_bytes(memory) > LEFT_FREE:
+                    out.write(b"\0" * min(1 << 20, scratch.free_bytes(memory) - LEFT_FREE + 4096))
+                    out.flush()
+                time.sleep(0.02)
+                if scratch.free_bytes(memory) <= LEFT_FREE:
+                    break
+        step("no_room", "t2", {by_shard[0][1]: b"t2", by_shard[1][1]: b"t2"})
+        filler.unlink()  # room comes back
+        step("room_back", "t3", {by_shard[0][2]: b"t3", by_shard[1][2]: b"t3"})
+    print(json.dumps(seen))
+
+
+def _refresh_error(reader) -> str | None:
+    """Refresh ``reader``; what it raised, as text (reported by the child, and the test fails on it), or None."""
+    try:
+        reader.refresh()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _child(root: str, memory: str) -> None:
     """The reader's side, in the child process with ``memory`` a tmpfs of its own."""
     from airflow_provider_shardyfusion.core import scratch
@@ -203,11 +297,7 @@ def _child(root: str, memory: str) -> None:
             delta = build_delta(root, changes, run_id=run_id)
             model.update(changes)
             free = scratch.free_bytes(memory)
-            try:
-                reader.refresh()
-                error = None
-            except Exception as exc:  # reported, and the test fails on it
-                error = f"{type(exc).__name__}: {exc}"
+            error = _refresh_error(reader)
             health = reader.health()
             layer_bytes = next(s for s in delta.manifest.shards if s.db_id == 0).layers[-1].byte_size
             seen[name] = {"refresh_error": error, "run_id": reader.run_id, "free_before": free,
@@ -234,5 +324,7 @@ def _child(root: str, memory: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "after-check":
         _child_after_check(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "compaction":
+        _child_compaction(sys.argv[2], sys.argv[3])
     else:
         _child(sys.argv[1], sys.argv[2])

@@ -213,10 +213,16 @@ class LiveShards:
         """Why the memory-backed folder cannot take ``job``'s new layers (RocksDB copies them in, and
         may rewrite them in a compaction), or None when it can."""
         added = sum(layer.byte_size for layer in job.added)
-        free = _free_bytes(self.root)
-        if free >= 2 * added:
+        free = self._short_of_room(added)
+        if free is None:
             return None
         return self.served_read_only(job.entry.db_id, f"new layers of {added} bytes; {free} bytes free")
+
+    def _short_of_room(self, size: int) -> int | None:
+        """The bytes free in the memory-backed folder when fewer than twice ``size`` (RocksDB writes
+        what it copies in or compacts before it drops anything), else None."""
+        free = _free_bytes(self.root)
+        return None if free >= 2 * size else free
 
     def served_read_only(self, db_id: int, detail: str) -> str:
         """Log and return why shard ``db_id`` is served read-only from the cache: no room for it (``detail``)."""
@@ -354,18 +360,45 @@ class LiveShards:
         """Compact ``live`` in place once it holds more than ``max_local_layers`` sorted runs.
 
         A pinned snapshot of it (``pin``) keeps reading what it read: compaction keeps every version
-        a RocksDB snapshot still sees.
+        a RocksDB snapshot still sees. A compaction rewrites the whole shard into the memory-backed
+        folder, so it runs only where that folder has room for it (``_no_room_to_compact``); else
+        this raises an ``OSError`` (ENOSPC), and the shard is served read-only from the cache, as
+        when an ingestion runs out of room: a shard left with ever more sorted runs would read
+        slower with every refresh, where the cache's copy is compacted on disk.
         """
         if self._max_local_layers is None or (runs := sorted_runs(live.db)) <= self._max_local_layers:
             return
+        reason = self._no_room_to_compact(live, runs)
+        if reason is not None:
+            live.broken = True  # it holds layers no snapshot will serve from it
+            raise OSError(errno.ENOSPC, reason)
         try:
             live.db.compact_range(None, None)
         except Exception:
             live.broken = True
             raise
+        # rocksdict's compact_range cannot report RocksDB's error (e.g. a folder full meanwhile):
+        # what it did is read back. The shard is exact either way, only slower to read; a later
+        # refresh that adds to it compacts it again.
+        left = sorted_runs(live.db)
+        if left > max(self._max_local_layers, 1):
+            log.warning("shard %s of run %s: its live shard still holds %d of its %d sorted runs after a compaction "
+                        "(RocksDB reported no error; %s bytes free in %s, %s background errors): served as it is, "
+                        "not compacted", shard.db_id, run_id, left, runs, _free_bytes(self.root), self.root,
+                        live.db.property_int_value("rocksdb.background-errors"))
+            return
         log.info("shard %s of run %s: %d sorted runs of its live shard compacted into one", shard.db_id, run_id, runs)
         self._stats.shard_compacted()
 
+    def _no_room_to_compact(self, live: LiveDb, runs: int) -> str | None:
+        """Why the memory-backed folder cannot take a compaction of ``live`` (``runs`` sorted runs),
+        or None when it can: it writes about the shard's live bytes (RocksDB's count) again before
+        dropping the old files, so it needs room for them as a new layer would (``_short_of_room``)."""
+        size = live.db.property_int_value("rocksdb.live-sst-files-size") or 0
+        free = self._short_of_room(size)
+        if free is None:
+            return None
+        return f"no room to compact its {runs} sorted runs of {size} bytes: {free} bytes free, {2 * size} needed"
 
 def _drop_live(lock: threading.RLock, databases: list[_LiveDatabase], held: _LiveBytes, home: _LiveDatabase,
                name: str, size: int) -> None:
