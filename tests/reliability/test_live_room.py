@@ -160,7 +160,9 @@ def _child_after_check(root: str, memory: str) -> None:
                 time.sleep(0.02)
             gc.collect()  # the retired snapshot's live shards are dropped
             health = reader.health()
-            live, shards, served = reader._cache._live, reader._current().shards, reader.describe().live_shards
+            shards = {s.db_id: s for s in reader.manifest.shards}
+            served = reader.describe().live_shards
+            live = reader._cache._live  # the room budget's own count has no public view
             seen[name] = {"check_failures": failed_checks + (health.last_error is not None), "run_id": reader.run_id,
                           "values_exact": reader.multi_get(keys) == [model[k] for k in keys],
                           "values_checked": len(keys), "read_only": health.shards_read_only,
@@ -218,7 +220,6 @@ def _child_compaction(root: str, memory: str) -> None:
     import time
 
     from airflow_provider_shardyfusion.core import scratch
-    from airflow_provider_shardyfusion.core.read.local_copy import sorted_runs
     from airflow_provider_shardyfusion.core.read.reader import ShardedReader
     from tests.snapshot_factory import build_delta, build_snapshot, keys_by_shard
 
@@ -240,12 +241,12 @@ def _child_compaction(root: str, memory: str) -> None:
             free = scratch.free_bytes(memory)
             error = _refresh_error(reader)
             health = reader.health()
-            live = reader._current().live.get(0)
+            shard0 = next((s for s in reader.describe().live_shards if s.db_id == 0), None)
             seen[name] = {"refresh_error": error, "run_id": reader.run_id, "free_before": free,
                           "shard_bytes": shard_bytes, "values_exact": reader.multi_get(keys) == [model[k] for k in keys],
                           "values_checked": len(keys), "status": health.status,
                           "read_only": health.shards_read_only, "reason": health.read_only_reason,
-                          "live_runs": sorted_runs(live.db) if live is not None else None,
+                          "live_runs": shard0.sorted_runs if shard0 is not None else None,
                           "live_shards": sorted(s.db_id for s in reader.describe().live_shards)}
 
         step("under_bound", "t1", {by_shard[0][0]: b"t1", by_shard[1][0]: b"t1"})
