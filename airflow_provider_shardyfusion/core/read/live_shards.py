@@ -68,8 +68,8 @@ LIVE_SHARDS_PER_DB = 16
 # disk write of a freshly downloaded shard, but its data stays out of memory), the cached file never
 # moved away. Either is staged next to the live databases and moved in: a copy cut short by a full
 # folder is then a file of ours to remove (RocksDB's own copy left its part in the database's folder).
-_LINK_IN = IngestExternalFileOptions()
-_LINK_IN.set_move_files(True)
+_MOVE_IN = IngestExternalFileOptions()
+_MOVE_IN.set_move_files(True)
 # What rocksdict's Snapshot raises (a bare Exception) for a key it does not hold.
 _NOT_FOUND = "key not found"
 # How RocksDB's IOError (a bare Exception from rocksdict) says its file system is full.
@@ -348,7 +348,7 @@ class LiveShards:
                         os.symlink(os.path.abspath(path), incoming)
                     else:
                         shutil.copyfile(path, incoming)
-                    live.db.ingest_external_file([incoming], _LINK_IN)
+                    live.db.ingest_external_file([incoming], _MOVE_IN)
                 finally:
                     if os.path.lexists(incoming):
                         os.unlink(incoming)
